@@ -1,0 +1,11 @@
+"""dpopt: differentially private optimisers with exact, checked privacy accounting.
+
+Public API (re-exports only): algorithms, the ledger and calibration, the training loop.
+"""
+
+from .accounting import Ledger, calibrate, epsilon_of
+from .algorithms import DPAGD, DPSGD, DPSRM, Storm, dp_gd, rrpsgd
+from .train import History, run
+
+__all__ = ["DPAGD", "DPSGD", "DPSRM", "History", "Ledger", "Storm", "calibrate", "dp_gd", "epsilon_of", "rrpsgd", "run"]
+__version__ = "0.1.0"

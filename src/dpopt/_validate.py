@@ -1,0 +1,85 @@
+"""Argument checks at the edge of the library, with one message style.
+
+Every check raises :class:`DpoptError` (a ``ValueError``) whose message names the
+argument, its value and the allowed range, e.g. ``"epsilon=-1 must be > 0"``. The CLI
+prints that one line and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+
+class DpoptError(ValueError):
+    """Invalid input: the message names the argument and the allowed values."""
+
+
+def positive(name: str, value: float, *, allow_inf: bool = False) -> float:
+    """``value`` must be a finite number > 0 (or +inf when ``allow_inf``)."""
+    number = _number(name, value)
+    if not number > 0 or (math.isinf(number) and not allow_inf):
+        bound = "> 0" if allow_inf else "> 0 and finite"
+        raise DpoptError(f"{name}={value!r} must be {bound}")
+    return number
+
+
+def non_negative(name: str, value: float) -> float:
+    """``value`` must be a finite number >= 0."""
+    number = _number(name, value)
+    if not (number >= 0 and math.isfinite(number)):
+        raise DpoptError(f"{name}={value!r} must be >= 0 and finite")
+    return number
+
+
+def open_unit(name: str, value: float) -> float:
+    """``value`` must lie in the open interval (0, 1)."""
+    number = _number(name, value)
+    if not 0 < number < 1:
+        raise DpoptError(f"{name}={value!r} must be in (0, 1)")
+    return number
+
+
+def unit_interval(name: str, value: float, *, include_zero: bool = False) -> float:
+    """``value`` must lie in (0, 1] (or [0, 1] when ``include_zero``)."""
+    number = _number(name, value)
+    low_ok = number >= 0 if include_zero else number > 0
+    if not (low_ok and number <= 1):
+        interval = "[0, 1]" if include_zero else "(0, 1]"
+        raise DpoptError(f"{name}={value!r} must be in {interval}")
+    return number
+
+
+def positive_int(name: str, value: int, *, maximum: int | None = None,
+                 maximum_name: str | None = None) -> int:
+    """``value`` must be an integer in [1, maximum]."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise DpoptError(f"{name}={value!r} must be an integer >= 1")
+    if value < 1 or (maximum is not None and value > maximum):
+        upper = "" if maximum is None else f" and <= {maximum_name or maximum}"
+        if maximum is not None and maximum_name:
+            upper = f" and <= {maximum_name}={maximum}"
+        raise DpoptError(f"{name}={value!r} must be >= 1{upper}")
+    return value
+
+
+def one_of(name: str, value: Any, allowed: Iterable[Any]) -> Any:
+    """``value`` must be one of ``allowed``."""
+    options = list(allowed)
+    if value not in options:
+        listed = ", ".join(str(option) for option in options)
+        raise DpoptError(f"{name}={value!r} must be one of: {listed}")
+    return value
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool):
+        raise DpoptError(f"{name}={value!r} must be a number")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise DpoptError(f"{name}={value!r} must be a number") from None
+    if math.isnan(number):
+        raise DpoptError(f"{name}={value!r} must be a number, not NaN")
+    return number

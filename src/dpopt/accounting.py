@@ -1,0 +1,293 @@
+"""The privacy ledger and noise calibration, both over ``dp_accounting``.
+
+One description of the mechanisms serves twice (double entry): an algorithm's
+``planned_event(n, steps)`` calibrates its noise before training, and the :class:`Ledger`
+records every event a step actually returns. A contract test asserts the two agree.
+
+Accountants: PLD (tightest, the default) or RDP. A ledger asked for PLD falls back to RDP for
+events PLD cannot compose (sampling without replacement, zCDP, trees) and says so in
+:attr:`Ledger.accountant`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import dp_accounting as dpa
+from dp_accounting import NeighboringRelation
+from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.rdp import rdp_privacy_accountant
+
+from . import _validate
+
+ACCOUNTANTS = ("pld", "rdp")
+RELATION_NAMES = {
+    NeighboringRelation.ADD_OR_REMOVE_ONE: "add/remove-one",
+    NeighboringRelation.REPLACE_ONE: "replace-one",
+    NeighboringRelation.REPLACE_SPECIAL: "replace-special",
+}
+#: PLD grid: the coarsest (fast, accurate to ~0.1 % when ε is large against √T) and the finest.
+COARSE_DISCRETIZATION = 1e-3
+FINEST_DISCRETIZATION = 1e-5
+
+
+def run_length(events: Sequence[dpa.DpEvent]) -> list[tuple[dpa.DpEvent, int]]:
+    """Flatten compositions into ``[(atomic event, count), ...]``, merging equal neighbours."""
+    runs: list[tuple[dpa.DpEvent, int]] = []
+
+    def push(event: dpa.DpEvent, count: int) -> None:
+        if count == 0:
+            return
+        if isinstance(event, dpa.ComposedDpEvent) and count == 1:
+            for sub in event.events:
+                push(sub, 1)
+        elif isinstance(event, dpa.SelfComposedDpEvent) and not isinstance(event.event, dpa.ComposedDpEvent):
+            push(event.event, count * event.count)
+        elif runs and runs[-1][0] == event:
+            runs[-1] = (event, runs[-1][1] + count)
+        else:
+            runs.append((event, count))
+
+    for event in events:
+        push(event, 1)
+    return runs
+
+
+def count_steps(event: dpa.DpEvent) -> int:
+    """How many atomic events ``event`` composes."""
+    return sum(count for _, count in run_length([event]))
+
+
+def compose(runs: Sequence[tuple[dpa.DpEvent, int]]) -> dpa.DpEvent:
+    """The canonical event of a run-length list: ``Composed([SelfComposed(e, k), ...])``."""
+    return dpa.ComposedDpEvent([dpa.SelfComposedDpEvent(event, count) for event, count in runs])
+
+
+def canonical(event: dpa.DpEvent) -> dpa.DpEvent:
+    """The canonical form of any event, so that equal compositions compare equal."""
+    return compose(run_length([event]))
+
+
+def _accountant(kind: str, relation: NeighboringRelation, discretization: float) -> dpa.PrivacyAccountant:
+    if kind == "pld":
+        return pld_privacy_accountant.PLDAccountant(relation, value_discretization_interval=discretization)
+    return rdp_privacy_accountant.RdpAccountant(neighboring_relation=relation)
+
+
+def accountant_for(event: dpa.DpEvent, relation: NeighboringRelation, requested: str) -> str:
+    """``requested``, or "rdp" where PLD cannot compose ``event``; error if neither can."""
+    _validate.one_of("accountant", requested, ACCOUNTANTS)
+    for kind in (requested, "rdp"):
+        if _accountant(kind, relation, COARSE_DISCRETIZATION).supports(event):
+            return kind
+    raise _validate.DpoptError(
+        f"event {event} is not supported by dp_accounting under {RELATION_NAMES[relation]} adjacency"
+    )
+
+
+def pld_discretization(epsilon_estimate: float, steps: int) -> float:
+    """The PLD grid for an ε of about ``epsilon_estimate`` over ``steps`` composed events.
+
+    Pessimistic rounding costs up to one grid step per composed event, which matters when ε
+    is small against √T; the grid is ε/(30√T), kept within [1e-5, 1e-3]. Both ends are
+    upper bounds on the true ε; the finer one is only used where it is cheap (small ε).
+    """
+    return min(COARSE_DISCRETIZATION, max(FINEST_DISCRETIZATION, epsilon_estimate / (30 * math.sqrt(steps))))
+
+
+def epsilon_of(event: dpa.DpEvent, delta: float, relation: NeighboringRelation, accountant: str = "pld",
+               grid: float | None = None) -> float:
+    """ε(δ) of ``event`` under ``relation`` (PLD, falling back to RDP where PLD cannot).
+
+    PLD is evaluated on ``grid``, by default the one :func:`pld_discretization` picks from a
+    coarse first pass; the result is dp_accounting's pessimistic estimate, an upper bound on
+    the true ε.
+    """
+    key = (repr(event), delta, relation, accountant, grid)
+    if key not in _EPSILON_CACHE:
+        _EPSILON_CACHE[key] = _epsilon(event, delta, relation, accountant, grid)
+    return _EPSILON_CACHE[key]
+
+
+#: ε is a pure function of the event; memoised on its ``repr`` (events holding lists are unhashable).
+_EPSILON_CACHE: dict[tuple[Any, ...], float] = {}
+
+
+def _epsilon(event: dpa.DpEvent, delta: float, relation: NeighboringRelation, accountant: str,
+             grid: float | None) -> float:
+    kind = accountant_for(event, relation, accountant)
+    if grid is None:
+        acc = _accountant(kind, relation, COARSE_DISCRETIZATION)
+        acc.compose(event)
+        eps = float(acc.get_epsilon(delta))
+        if kind == "rdp" or not math.isfinite(eps) or eps == 0:
+            return eps
+        grid = pld_discretization(eps, count_steps(event))
+        if grid == COARSE_DISCRETIZATION:
+            return eps
+    acc = _accountant(kind, relation, grid)
+    acc.compose(event)
+    return float(acc.get_epsilon(delta))
+
+
+class Ledger:
+    """What a run has actually spent: every event a step returned, in order.
+
+    ``record(event)`` appends; ``event()`` is the canonical composition; ``epsilon(delta)``
+    asks dp_accounting. The ledger's state is plain data, saved in checkpoints.
+    """
+
+    def __init__(self, relation: NeighboringRelation, accountant: str = "pld") -> None:
+        _validate.one_of("accountant", accountant, ACCOUNTANTS)
+        self.relation = relation
+        self.requested_accountant = accountant
+        self._runs: list[tuple[dpa.DpEvent, int]] = []
+        self._cache: dict[float, float] = {}
+
+    def record(self, event: dpa.DpEvent) -> None:
+        for atom, count in run_length([event]):
+            if self._runs and self._runs[-1][0] == atom:
+                self._runs[-1] = (atom, self._runs[-1][1] + count)
+            else:
+                self._runs.append((atom, count))
+        self._cache.clear()
+
+    def event(self) -> dpa.DpEvent:
+        return compose(self._runs)
+
+    @property
+    def steps(self) -> int:
+        """How many atomic events were recorded."""
+        return count_steps(self.event())
+
+    @property
+    def accountant(self) -> str:
+        """The accountant actually used for the recorded events ("pld" or "rdp")."""
+        return accountant_for(self.event(), self.relation, self.requested_accountant)
+
+    @property
+    def neighboring_relation(self) -> str:
+        return RELATION_NAMES[self.relation]
+
+    def epsilon(self, delta: float) -> float:
+        """ε(δ) of everything recorded so far (0 for an empty ledger)."""
+        _validate.open_unit("delta", delta)
+        if not self._runs:
+            return 0.0
+        if delta not in self._cache:
+            self._cache[delta] = epsilon_of(self.event(), delta, self.relation, self.requested_accountant)
+        return self._cache[delta]
+
+    def state(self) -> dict[str, Any]:
+        return {"relation": self.relation.name, "accountant": self.requested_accountant, "runs": list(self._runs)}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Ledger:
+        ledger = cls(NeighboringRelation[state["relation"]], state["accountant"])
+        ledger._runs = [(event, int(count)) for event, count in state["runs"]]
+        return ledger
+
+
+def _root(gap: Callable[[float], float], start: float, accept: float) -> float:
+    """Smallest s with ``gap(s)`` in [accept, 0] for a decreasing ``gap`` (log ε − log target).
+
+    Secant steps on log s, safeguarded by a bracket once one is known (Illinois false
+    position: the stale end's value is halved when the same end moves twice in a row).
+    """
+    lo = hi = None  # gap(lo) > 0 >= gap(hi)
+    f_lo = f_hi = 0.0
+    scale, f = start, gap(start)
+    previous: tuple[float, float] | None = None
+    side = 0
+    for _ in range(100):
+        moved = -1 if f > 0 else 1
+        if moved == -1:
+            lo, f_lo = scale, f
+            if side == -1 and hi is not None:
+                f_hi /= 2
+        else:
+            hi, f_hi = scale, f
+            if side == 1 and lo is not None:
+                f_lo /= 2
+        side = moved
+        if hi is not None and f_hi >= accept:
+            return hi
+        if lo is not None and hi is not None:
+            if hi / lo < 1 + 1e-12:
+                return hi
+            new = (math.exp(math.log(hi) - f_hi * math.log(hi / lo) / (f_hi - f_lo))
+                   if math.isfinite(f_lo) and math.isfinite(f_hi) else math.sqrt(lo * hi))
+            new = min(max(new, lo * (1 + 1e-9)), hi * (1 - 1e-9))
+        else:
+            slope = (f - previous[1]) / math.log(scale / previous[0]) if previous and math.isfinite(f) else -1.0
+            new = scale * math.exp(min(2.0, max(-2.0, -f / slope if slope < 0 else -f)))
+            if not math.isfinite(new) or new == scale:
+                new = scale * (2.0 if f > 0 else 0.5)
+        if not 1e-8 < new < 1e8:
+            raise _validate.DpoptError("no noise multiplier in [1e-8, 1e8] reaches the target epsilon")
+        previous = (scale, f)
+        scale, f = new, gap(new)
+    raise _validate.DpoptError("noise calibration did not converge")
+
+
+def solve_noise(event_of: Callable[[float], dpa.DpEvent], *, epsilon: float, delta: float,
+                relation: NeighboringRelation, accountant: str = "pld",
+                tolerance: float = 0.005) -> tuple[float, float]:
+    """The smallest noise scale s (to ``tolerance``) with ε(event_of(s)) ≤ ``epsilon``.
+
+    ε is decreasing in s. Two stages: on the coarse PLD grid (fast everywhere, and an upper
+    bound, so its answer is a little too large), then on the grid fitted to the target,
+    starting there; the answer is checked with :func:`epsilon_of`, exactly as the ledger will
+    compute it, and nudged up until it passes. Achieved ε ≤ ``epsilon`` and
+    ≥ (1 − 2·tolerance)·``epsilon``. Returns ``(s, achieved ε)``.
+    """
+    _validate.positive("epsilon", epsilon)
+    _validate.open_unit("delta", delta)
+    kind = accountant_for(event_of(1.0), relation, accountant)
+    accept = math.log(1 - tolerance)
+
+    def gap_on(grid: float | None) -> Callable[[float], float]:
+        def gap(scale: float) -> float:
+            eps = epsilon_of(event_of(scale), delta, relation, kind, grid)
+            return math.log(eps / epsilon) if eps > 0 else -math.inf
+        return gap
+
+    if kind == "rdp":
+        scale = _root(gap_on(None), 1.0, accept)
+    else:
+        scale = _root(gap_on(COARSE_DISCRETIZATION), 1.0, accept)
+        fine = pld_discretization(epsilon, count_steps(event_of(scale)))
+        if fine < COARSE_DISCRETIZATION:
+            scale = _root(gap_on(fine), scale, accept)
+    achieved = epsilon_of(event_of(scale), delta, relation, kind)
+    while achieved > epsilon:
+        scale *= 1 + tolerance / 2
+        achieved = epsilon_of(event_of(scale), delta, relation, kind)
+    return scale, achieved
+
+
+def scaled(algorithm: Any, scale: float, ratios: Sequence[float] | None = None) -> Any:
+    """A copy of ``algorithm`` with noise multipliers ``scale · ratios`` (fields ``NOISE_FIELDS``)."""
+    fields = algorithm.NOISE_FIELDS
+    ratios = tuple(ratios) if ratios is not None else algorithm.noise_ratios
+    if len(ratios) != len(fields):
+        raise _validate.DpoptError(f"noise_ratios={ratios} must have one entry per field {fields}")
+    return dataclasses.replace(algorithm, **{f: scale * r for f, r in zip(fields, ratios)})
+
+
+def calibrate(algorithm: Any, *, epsilon: float, delta: float, n: int, steps: int,
+              ratios: Sequence[float] | None = None, accountant: str = "pld") -> Any:
+    """``algorithm`` with its noise multipliers set so the whole run is (ε, δ)-DP.
+
+    Bisects on a common scale s of all noise multipliers (fixed ratios, default
+    ``algorithm.noise_ratios``) using ``algorithm.planned_event(n, steps)`` — the same event
+    the ledger must equal after the run. Achieved ε ≤ ``epsilon`` and within 1 % of it.
+    """
+    _validate.positive_int("steps", steps)
+    relation = algorithm.relation()
+    scale, _ = solve_noise(lambda s: scaled(algorithm, s, ratios).planned_event(n, steps),
+                           epsilon=epsilon, delta=delta, relation=relation, accountant=accountant)
+    return scaled(algorithm, scale, ratios)

@@ -1,0 +1,88 @@
+"""DP-SGD (Abadi et al. 2016) and its special cases DP-GD and RRPSGD.
+
+Step t, on a batch B_t from the sampler:
+
+    g̃_t = ( Σ_{i∈B_t} clip(∇f_i(θ_t), C) + N(0, (z·Δ)² I) ) / b,     θ_{t+1} = θ_t − η g̃_t
+
+with b the sampler's public expected batch size and Δ the clipped sum's sensitivity (C under
+add/remove-one, 2C under replace-one). Privacy event per step: ``sampler.wrap(Gaussian(z))``.
+
+* DP-GD: ``sampling="full"`` (replace-one, no amplification).
+* RRPSGD (Zhang et al. 2017, "random round private SGD"): DP-SGD whose output is θ^R for R
+  uniform on {0, …, T−1}; R is drawn before training, so it costs no privacy, and all T
+  steps are accounted (their noise was calibrated for T).
+With z = 0 and C = ∞ this is plain minibatch SGD.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import dp_accounting as dpa
+import torch
+from torch import Tensor
+
+from .. import _validate, clipping, mechanisms, sampling
+from ..oracles import Oracle
+from ._common import OUTPUT_RULES, Batch, Output, output_init, output_track, output_value
+
+
+class DPSGDState(NamedTuple):
+    theta: Tensor
+    out: Output
+
+
+@dataclass(frozen=True)
+class DPSGD:
+    """Keyword-only hyper-parameters: step size ``lr`` (η), clip norm ``clip`` (C),
+    ``noise_multiplier`` (z), ``batch_size`` (b, expected size under Poisson), ``sampling``
+    ("poisson", "fixed" or "full") and ``output_rule`` ("last" or "uniform")."""
+
+    lr: float
+    clip: float
+    noise_multiplier: float
+    batch_size: int = 1
+    sampling: str = "poisson"
+    output_rule: str = "last"
+
+    NOISE_FIELDS = ("noise_multiplier",)
+    noise_ratios = (1.0,)
+
+    def __post_init__(self) -> None:
+        _validate.positive("lr", self.lr)
+        _validate.positive("clip", self.clip, allow_inf=True)
+        _validate.non_negative("noise_multiplier", self.noise_multiplier)
+        _validate.positive_int("batch_size", self.batch_size)
+        _validate.one_of("sampling", self.sampling, sampling.SAMPLINGS)
+        _validate.one_of("output_rule", self.output_rule, OUTPUT_RULES)
+
+    def relation(self) -> dpa.NeighboringRelation:
+        return sampling.relation(self.sampling)
+
+    def sampler(self, t: int, n: int) -> sampling.Sampler:
+        return sampling.make(self.sampling, n, self.batch_size)
+
+    def init(self, theta0: Tensor, steps: int, gen: torch.Generator) -> DPSGDState:
+        return DPSGDState(theta0.clone(), output_init(self.output_rule, theta0, steps, gen))
+
+    def step(self, state: DPSGDState, batch: Batch, oracle: Oracle,
+             gen: torch.Generator) -> tuple[DPSGDState, dpa.DpEvent]:
+        rows = oracle.per_record(state.theta, batch.indices)
+        clipped, _ = clipping.clip_sum([clipping.Term(1.0, rows, self.clip)], batch.sampler.relation)
+        noised, event = mechanisms.gaussian(clipped, self.noise_multiplier, gen)
+        out = output_track(state.out, batch.t, state.theta)
+        theta = state.theta - self.lr * noised / batch.sampler.expected_size
+        return DPSGDState(theta, out), batch.sampler.wrap(event)
+
+    def output(self, state: DPSGDState) -> Tensor:
+        return output_value(state.out, state.theta)
+
+    def planned_event(self, n: int, steps: int) -> dpa.DpEvent:
+        step = self.sampler(0, n).wrap(dpa.GaussianDpEvent(self.noise_multiplier))
+        return dpa.SelfComposedDpEvent(step, steps)
+
+
+def dp_gd(*, lr: float, clip: float, noise_multiplier: float, output_rule: str = "last") -> DPSGD:
+    """DP-GD: DP-SGD on the full batch every step (replace-one adjacency)."""
+    return DPSGD(lr=lr, clip=clip, noise_multiplier=noise_multiplier, sampling="full", output_rule=output_rule)

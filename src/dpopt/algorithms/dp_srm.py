@@ -1,0 +1,124 @@
+"""DP-SRM: differentially private stochastic recursive momentum (Wang, Jayaraman, Evans, Gu).
+
+ALGORITHMS.md §1. State θ^t, θ^{t−1} and the private momentum v^{t−1}:
+
+* t = 0, batch B_0 (expected size b0):
+  v^0 = ( Σ_{i∈B_0} clip(∇f_i(θ^0), C1) + N(0, (σ0·Δ1)² I) ) / b0
+* t ≥ 1, batch B_t (expected size b), on the same records at both points:
+  u_i = γ·clip(∇f_i(θ^t), C1) + (1−γ)·clip(∇f_i(θ^t) − ∇f_i(θ^{t−1}), C2),   ‖u_i‖ ≤ S = γC1 + (1−γ)C2
+  v^t = ( Σ_{i∈B_t} u_i + N(0, (σ·Δ)² I) ) / b + (1−γ)·v^{t−1}
+* θ^{t+1} = θ^t − η_t v^t, with η_t = ``lr`` ("plain") or the paper's normalised step
+  η_t = min{ζ/(n0·L·‖v^t‖), 1/(2·n0·L)} ("normalized": every move is ≤ ζ/(n0 L)).
+
+Δ1 = C1 and Δ = S under add/remove-one (Poisson), 2C1 and 2S under replace-one (fixed-size
+sampling without replacement, the paper's Lemma 3.7). Privacy events: step 0 =
+``wrap_0(Gaussian(σ0))``, steps 1..T−1 = ``wrap(Gaussian(σ))``. Output: last iterate, or
+θ^R with R uniform on {0, …, T−1} (the theory's rule; post-processing).
+
+With σ0 = σ = 0 and C1 = C2 = ∞ this is STORM with constant momentum a = γ and step size η.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import dp_accounting as dpa
+import torch
+from torch import Tensor
+
+from .. import _validate, clipping, mechanisms, sampling
+from ..oracles import Oracle
+from ._common import OUTPUT_RULES, Batch, Output, output_init, output_track, output_value
+
+STEP_RULES = ("plain", "normalized")
+
+
+class DPSRMState(NamedTuple):
+    theta: Tensor
+    theta_prev: Tensor
+    momentum: Tensor
+    out: Output
+
+
+@dataclass(frozen=True)
+class DPSRM:
+    """Hyper-parameters (keyword-only): ``lr`` (η), ``clip`` (C1), ``clip_diff`` (C2),
+    ``gamma`` (γ, the paper sets γ = C2), ``noise_multiplier0`` (σ0), ``noise_multiplier``
+    (σ), ``batch_size0`` (b0), ``batch_size`` (b), ``sampling``, ``step_rule`` ("plain" or
+    "normalized" with ``zeta``, ``n0``, ``smoothness`` = L) and ``output_rule``."""
+
+    lr: float
+    clip: float
+    clip_diff: float
+    gamma: float
+    noise_multiplier0: float
+    noise_multiplier: float
+    batch_size0: int
+    batch_size: int
+    sampling: str = "poisson"
+    step_rule: str = "plain"
+    zeta: float = 1.0
+    n0: float = 1.0
+    smoothness: float = 1.0
+    output_rule: str = "last"
+
+    NOISE_FIELDS = ("noise_multiplier0", "noise_multiplier")
+    noise_ratios = (1.0, 1.0)
+
+    def __post_init__(self) -> None:
+        _validate.positive("lr", self.lr)
+        _validate.positive("clip", self.clip, allow_inf=True)
+        _validate.positive("clip_diff", self.clip_diff, allow_inf=True)
+        _validate.unit_interval("gamma", self.gamma)
+        _validate.non_negative("noise_multiplier0", self.noise_multiplier0)
+        _validate.non_negative("noise_multiplier", self.noise_multiplier)
+        _validate.positive_int("batch_size0", self.batch_size0)
+        _validate.positive_int("batch_size", self.batch_size)
+        _validate.one_of("sampling", self.sampling, ("poisson", "fixed"))
+        _validate.one_of("step_rule", self.step_rule, STEP_RULES)
+        for name in ("zeta", "n0", "smoothness"):
+            _validate.positive(name, getattr(self, name))
+        _validate.one_of("output_rule", self.output_rule, OUTPUT_RULES)
+
+    def relation(self) -> dpa.NeighboringRelation:
+        return sampling.relation(self.sampling)
+
+    def sampler(self, t: int, n: int) -> sampling.Sampler:
+        return sampling.make(self.sampling, n, self.batch_size0 if t == 0 else self.batch_size)
+
+    def init(self, theta0: Tensor, steps: int, gen: torch.Generator) -> DPSRMState:
+        zeros = torch.zeros_like(theta0)
+        return DPSRMState(theta0.clone(), theta0.clone(), zeros, output_init(self.output_rule, theta0, steps, gen))
+
+    def step(self, state: DPSRMState, batch: Batch, oracle: Oracle,
+             gen: torch.Generator) -> tuple[DPSRMState, dpa.DpEvent]:
+        grads = oracle.per_record(state.theta, batch.indices)
+        if batch.t == 0:
+            terms = [clipping.Term(1.0, grads, self.clip)]
+            noise, carried = self.noise_multiplier0, torch.zeros_like(state.momentum)
+        else:
+            diffs = grads - oracle.per_record(state.theta_prev, batch.indices)
+            terms = [clipping.Term(self.gamma, grads, self.clip), clipping.Term(1 - self.gamma, diffs, self.clip_diff)]
+            noise, carried = self.noise_multiplier, (1 - self.gamma) * state.momentum
+        clipped, _ = clipping.clip_sum(terms, batch.sampler.relation)
+        noised, event = mechanisms.gaussian(clipped, noise, gen)
+        momentum = noised / batch.sampler.expected_size + carried
+        out = output_track(state.out, batch.t, state.theta)
+        theta = state.theta - self._step_size(momentum) * momentum
+        return DPSRMState(theta, state.theta, momentum, out), batch.sampler.wrap(event)
+
+    def _step_size(self, momentum: Tensor) -> float:
+        if self.step_rule == "plain":
+            return self.lr
+        scale = self.n0 * self.smoothness
+        norm = float(momentum.norm())
+        return min(self.zeta / (scale * norm) if norm > 0 else float("inf"), 1 / (2 * scale))
+
+    def output(self, state: DPSRMState) -> Tensor:
+        return output_value(state.out, state.theta)
+
+    def planned_event(self, n: int, steps: int) -> dpa.DpEvent:
+        first = self.sampler(0, n).wrap(dpa.GaussianDpEvent(self.noise_multiplier0))
+        rest = self.sampler(1, n).wrap(dpa.GaussianDpEvent(self.noise_multiplier))
+        return dpa.ComposedDpEvent([first, dpa.SelfComposedDpEvent(rest, steps - 1)])

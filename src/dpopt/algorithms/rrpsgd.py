@@ -1,0 +1,17 @@
+"""RRPSGD: random-round private SGD (Zhang, Zheng, Mou, Wang 2017).
+
+DP-SGD run for T rounds whose output is the iterate of a uniformly random round R. Drawing R
+up front is data-independent, so the output rule costs no privacy; the noise is calibrated,
+and the ledger charged, for all T rounds (the most R can be).
+"""
+
+from __future__ import annotations
+
+from .dp_sgd import DPSGD
+
+
+def rrpsgd(*, lr: float, clip: float, noise_multiplier: float, batch_size: int,
+           sampling: str = "poisson") -> DPSGD:
+    """DP-SGD with ``output_rule="uniform"``."""
+    return DPSGD(lr=lr, clip=clip, noise_multiplier=noise_multiplier, batch_size=batch_size,
+                 sampling=sampling, output_rule="uniform")

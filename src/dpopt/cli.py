@@ -1,0 +1,256 @@
+"""The ``dpopt`` command line: ``run | reproduce | account | calibrate | data``.
+
+Every command takes ``--json`` for machine-readable output on stdout. Invalid input prints one
+line, ``dpopt: error: <argument>=<value> must be …``, and exits with code 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import dp_accounting as dpa
+import torch
+from dp_accounting import NeighboringRelation
+
+from . import _validate, data, report
+from .accounting import ACCOUNTANTS, RELATION_NAMES, calibrate, epsilon_of, solve_noise
+from .algorithms import DPAGD, DPSGD, DPSRM, Storm, dp_gd, rrpsgd
+from .oracles import make as make_oracle
+from .train import run
+
+MECHANISMS = ("poisson-gaussian", "wor-gaussian", "gaussian")
+ALGORITHMS = ("dp-sgd", "dp-gd", "dp-srm", "rrpsgd", "dp-agd", "storm")
+MODELS = ("logistic", "nonconvex-logistic", "ridge")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"dpopt: error: {message}\n")
+        sys.exit(2)
+
+
+def _mechanism_event(args: argparse.Namespace, z: float) -> tuple[dpa.DpEvent, NeighboringRelation]:
+    """The composed event of ``--steps`` runs of the named mechanism with multiplier z."""
+    steps = _validate.positive_int("steps", args.steps)
+    if args.mechanism == "gaussian":
+        return dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(z), steps), NeighboringRelation.REPLACE_ONE
+    if args.mechanism == "poisson-gaussian":
+        rate = _sampling_rate(args)
+        event = dpa.PoissonSampledDpEvent(rate, dpa.GaussianDpEvent(z))
+        return dpa.SelfComposedDpEvent(event, steps), NeighboringRelation.ADD_OR_REMOVE_ONE
+    if args.dataset_size is None or args.batch_size is None:
+        raise _validate.DpoptError("mechanism=wor-gaussian needs --dataset-size and --batch-size")
+    n = _validate.positive_int("dataset_size", args.dataset_size)
+    b = _validate.positive_int("batch_size", args.batch_size, maximum=n, maximum_name="dataset_size")
+    return (dpa.SelfComposedDpEvent(dpa.SampledWithoutReplacementDpEvent(n, b, dpa.GaussianDpEvent(z)), steps),
+            NeighboringRelation.REPLACE_ONE)
+
+
+def _sampling_rate(args: argparse.Namespace) -> float:
+    if args.sampling_rate is not None:
+        return _validate.unit_interval("sampling_rate", args.sampling_rate)
+    if args.dataset_size is None or args.batch_size is None:
+        raise _validate.DpoptError("mechanism=poisson-gaussian needs --sampling-rate or --dataset-size and --batch-size")
+    n = _validate.positive_int("dataset_size", args.dataset_size)
+    return _validate.positive_int("batch_size", args.batch_size, maximum=n, maximum_name="dataset_size") / n
+
+
+def _account(args: argparse.Namespace) -> dict[str, Any]:
+    z = _validate.positive("noise_multiplier", args.noise_multiplier)
+    delta = _validate.open_unit("delta", args.delta)
+    event, relation = _mechanism_event(args, z)
+    from .accounting import accountant_for
+
+    return {"epsilon": epsilon_of(event, delta, relation, args.accountant), "delta": delta,
+            "accountant": accountant_for(event, relation, args.accountant),
+            "neighboring_relation": RELATION_NAMES[relation], "mechanism": args.mechanism,
+            "noise_multiplier": z, "steps": args.steps}
+
+
+def _calibrate(args: argparse.Namespace) -> dict[str, Any]:
+    target = _validate.positive("epsilon", args.epsilon)
+    delta = _validate.open_unit("delta", args.delta)
+    relation = _mechanism_event(args, 1.0)[1]
+    z, achieved = solve_noise(lambda s: _mechanism_event(args, s)[0], epsilon=target, delta=delta,
+                              relation=relation, accountant=args.accountant)
+    from .accounting import accountant_for
+
+    return {"noise_multiplier": z, "epsilon": achieved, "target_epsilon": target, "delta": delta,
+            "accountant": accountant_for(_mechanism_event(args, z)[0], relation, args.accountant),
+            "neighboring_relation": RELATION_NAMES[relation], "mechanism": args.mechanism, "steps": args.steps}
+
+
+def _build_algorithm(args: argparse.Namespace, n: int) -> Any:
+    b = args.batch_size
+    if args.algorithm in ("dp-sgd", "rrpsgd", "dp-srm", "storm"):
+        _validate.positive_int("batch_size", b, maximum=n, maximum_name="n (training records)")
+    if args.algorithm == "dp-sgd":
+        return DPSGD(lr=args.lr, clip=args.clip, noise_multiplier=1.0, batch_size=b, sampling=args.sampling)
+    if args.algorithm == "rrpsgd":
+        return rrpsgd(lr=args.lr, clip=args.clip, noise_multiplier=1.0, batch_size=b, sampling=args.sampling)
+    if args.algorithm == "dp-gd":
+        return dp_gd(lr=args.lr, clip=args.clip, noise_multiplier=1.0)
+    if args.algorithm == "dp-srm":
+        b0 = min(n, 2 * b)
+        return DPSRM(lr=args.lr, clip=args.clip, clip_diff=args.clip_diff, gamma=args.gamma, noise_multiplier0=1.0,
+                     noise_multiplier=1.0, batch_size0=b0, batch_size=b, sampling=args.sampling)
+    if args.algorithm == "storm":
+        return Storm(lr=args.lr, momentum=args.gamma, batch_size0=min(n, 2 * b), batch_size=b, sampling=args.sampling)
+    return DPAGD(clip=args.clip, obj_clip=args.obj_clip, noise_multiplier=1.0)
+
+
+def _run(args: argparse.Namespace) -> dict[str, Any]:
+    _validate.one_of("algorithm", args.algorithm, ALGORITHMS)
+    _validate.one_of("dataset", args.dataset, data.names())
+    epsilon = _validate.positive("epsilon", args.epsilon)
+    delta = _validate.open_unit("delta", args.delta)
+    steps = _validate.positive_int("steps", args.steps)
+    dataset = data.load(args.dataset, args.data_dir)
+    oracle = make_oracle(args.model, torch.as_tensor(dataset.X_train), torch.as_tensor(dataset.y_train), reg=args.reg)
+    algorithm = _build_algorithm(args, oracle.n)
+    if args.algorithm != "storm":
+        algorithm = calibrate(algorithm, epsilon=epsilon, delta=delta, n=oracle.n, steps=steps,
+                              accountant=args.accountant)
+    out = Path(args.out or f"results/run-{args.algorithm}-{args.dataset}")
+    X_test, y_test = torch.as_tensor(dataset.X_test), torch.as_tensor(dataset.y_test)
+    history = run(algorithm, oracle, steps=steps, seed=args.seed, delta=delta, accountant=args.accountant,
+                  test_error=lambda theta: oracle.error(theta, X_test, y_test),
+                  checkpoint_path=out / "checkpoint.pt", checkpoint_every=args.checkpoint_every,
+                  max_epsilon=args.max_epsilon, progress=not args.json and sys.stderr.isatty())
+    payload = {"algorithm": args.algorithm, "dataset": args.dataset, "model": args.model, "epsilon_target": epsilon,
+               "hyperparameters": repr(algorithm), **history.to_dict()}
+    report.write_json(out / "history.json", payload)
+    report.write_text(out / "summary.md", report.markdown_table(
+        [{"algorithm": args.algorithm, "dataset": args.dataset, **history.final}],
+        ["algorithm", "dataset", "epsilon", "objective", "grad_norm", "test_error", "passes", "wall_time_s"]) + "\n")
+    report.curves_figure(out / "curves.png", {
+        "objective": {args.algorithm: ([r["passes"] for r in history.records], [r["objective"] for r in history.records])},
+        "gradient norm": {args.algorithm: ([r["passes"] for r in history.records],
+                                           [r["grad_norm"] for r in history.records])}}, xlabel="data passes")
+    return {k: payload[k] for k in ("algorithm", "dataset", "epsilon_target", "final", "delta", "accountant",
+                                    "neighboring_relation", "steps_done", "stopped")} | {"out": str(out)}
+
+
+def _reproduce(args: argparse.Namespace) -> dict[str, Any]:
+    from .experiments import reproduce
+
+    return reproduce(args.name, seeds=args.seeds, quick=args.quick, out=args.out, data_dir=args.data_dir,
+                     retune=args.retune, progress=not args.json)
+
+
+def _data(args: argparse.Namespace) -> Any:
+    if args.action == "list":
+        return {"datasets": data.names(), "data_dir": str(Path(args.data_dir) if args.data_dir else data.default_data_dir())}
+    if args.name is None:
+        raise _validate.DpoptError(f"`dpopt data {args.action}` needs a data set name: one of {', '.join(data.names())}")
+    if args.action == "info":
+        return data.info(args.name)
+    return {"fetched": [str(path) for path in data.fetch(args.name, args.data_dir)]}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="dpopt", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def common(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+
+    for name, help_text in (("account", "ε of a mechanism run --steps times"),
+                            ("calibrate", "noise multiplier for a target ε (the inverse of account)")):
+        sub = commands.add_parser(name, help=help_text)
+        sub.add_argument("--mechanism", choices=MECHANISMS, required=True)
+        if name == "account":
+            sub.add_argument("--noise-multiplier", type=float, required=True)
+        else:
+            sub.add_argument("--epsilon", type=float, required=True)
+        sub.add_argument("--sampling-rate", type=float)
+        sub.add_argument("--dataset-size", type=int)
+        sub.add_argument("--batch-size", type=int)
+        sub.add_argument("--steps", type=int, required=True)
+        sub.add_argument("--delta", type=float, required=True)
+        sub.add_argument("--accountant", choices=ACCOUNTANTS, default="pld")
+        common(sub)
+
+    sub = commands.add_parser("run", help="train one algorithm on one data set at a target ε")
+    sub.add_argument("--algorithm", required=True, help=f"one of: {', '.join(ALGORITHMS)}")
+    sub.add_argument("--dataset", default="adult", help="a registered data set (`dpopt data list`)")
+    sub.add_argument("--model", choices=MODELS, default="logistic")
+    sub.add_argument("--reg", type=float, default=1e-3, help="regularisation λ")
+    sub.add_argument("--epsilon", type=float, required=True)
+    sub.add_argument("--delta", type=float, default=1e-5)
+    sub.add_argument("--steps", type=int, default=500)
+    sub.add_argument("--batch-size", type=int, default=256)
+    sub.add_argument("--sampling", choices=("poisson", "fixed"), default="poisson")
+    sub.add_argument("--lr", type=float, default=0.5)
+    sub.add_argument("--clip", type=float, default=1.0)
+    sub.add_argument("--clip-diff", type=float, default=0.01, help="DP-SRM's C2")
+    sub.add_argument("--gamma", type=float, default=0.01, help="DP-SRM/STORM momentum γ")
+    sub.add_argument("--obj-clip", type=float, default=1.0, help="DP-AGD's clip of per-record losses")
+    sub.add_argument("--accountant", choices=ACCOUNTANTS, default="pld")
+    sub.add_argument("--seed", type=int, default=0)
+    sub.add_argument("--max-epsilon", type=float, help="stop before a step that would exceed this ε")
+    sub.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints (resumes from out/)")
+    sub.add_argument("--data-dir", help="data directory (default: $DPOPT_DATA or the user cache)")
+    sub.add_argument("--out", help="output directory (default results/run-<algorithm>-<dataset>)")
+    common(sub)
+
+    sub = commands.add_parser("reproduce", help="reproduce a paper's experiment")
+    sub.add_argument("name", help="experiment name, e.g. dp-srm-ijcnn1")
+    sub.add_argument("--quick", action="store_true", help="a fast smoke version (2 seeds)")
+    sub.add_argument("--seeds", type=int)
+    sub.add_argument("--retune", action="store_true", help="re-run the step-size tuning instead of the preset's")
+    sub.add_argument("--data-dir")
+    sub.add_argument("--out")
+    common(sub)
+
+    sub = commands.add_parser("data", help="list, describe or download data sets")
+    sub.add_argument("action", choices=("list", "info", "fetch"))
+    sub.add_argument("name", nargs="?")
+    sub.add_argument("--data-dir")
+    common(sub)
+    return parser
+
+
+HANDLERS = {"account": _account, "calibrate": _calibrate, "run": _run, "reproduce": _reproduce, "data": _data}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``dpopt`` console script."""
+    args = _parser().parse_args(argv)
+    try:
+        result = HANDLERS[args.command](args)
+    except _validate.DpoptError as err:
+        sys.stderr.write(f"dpopt: error: {err}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("dpopt: interrupted; completed checkpoints and results are intact\n")
+        return 130
+    if args.json:
+        print(json.dumps(result, default=str))
+    else:
+        print(_human(args.command, result))
+    return 0
+
+
+def _human(command: str, result: Any) -> str:
+    if command == "account":
+        return (f"ε = {result['epsilon']:.6g} at δ = {result['delta']:g} ({result['accountant']}, "
+                f"{result['neighboring_relation']})")
+    if command == "calibrate":
+        return (f"noise multiplier = {result['noise_multiplier']:.6g} gives ε = {result['epsilon']:.6g} at "
+                f"δ = {result['delta']:g} ({result['accountant']}, {result['neighboring_relation']})")
+    if command == "reproduce":
+        return f"wrote results for {result['experiment']} ({result['seeds']} seeds)"
+    return json.dumps(result, indent=2, default=str)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

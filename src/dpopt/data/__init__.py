@@ -1,0 +1,26 @@
+"""Real data sets, pinned by sha256, loaded as dense float64 train/test splits.
+
+>>> from dpopt import data
+>>> data.names()
+('adult', 'ijcnn1')
+>>> ds = data.load("adult")          # bundled with the package: works offline
+>>> ds.X_train.shape, ds.X_test.shape
+((32561, 123), (16281, 123))
+
+Other data sets are downloaded once with :func:`fetch` (CLI: ``dpopt data fetch ijcnn1``)
+into :func:`default_data_dir` (``$DPOPT_DATA`` or the user cache dir) or ``data_dir``.
+Every problem (unknown name, missing or corrupt file, malformed line) raises
+:class:`DataError` with a one-line message saying what to do.
+"""
+
+from dpopt.data.registry import (
+    DataError,
+    Dataset,
+    default_data_dir,
+    fetch,
+    info,
+    load,
+    names,
+)
+
+__all__ = ["DataError", "Dataset", "default_data_dir", "fetch", "info", "load", "names"]

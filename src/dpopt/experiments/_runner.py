@@ -1,0 +1,97 @@
+"""Shared machinery of the reproductions: methods, tuning by training objective, seeds, tests.
+
+A :class:`Method` builds an (uncalibrated) algorithm and its number of steps from the data size,
+the privacy target and its hyper-parameters; private methods are calibrated with
+:func:`dpopt.accounting.calibrate` on their planned event before every run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy import stats
+from tqdm import tqdm
+
+from ..accounting import calibrate
+from ..report import summarise
+from ..train import History, run
+
+Params = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Method:
+    """A method of a reproduction: ``build(n, params) -> (algorithm, steps)``; ``grid`` is what
+    is tuned (by final training objective); ``tuned[ε]`` the values chosen by the last tuning."""
+
+    name: str
+    build: Callable[[int, Params], tuple[Any, int]]
+    grid: dict[str, Sequence[Any]]
+    tuned: dict[float, Params] = field(default_factory=dict)
+    private: bool = True
+
+
+@dataclass(frozen=True)
+class Problem:
+    """An oracle with its test-error function (``test_error(θ)``)."""
+
+    oracle: Any
+    test_error: Callable[[Any], float]
+
+
+def run_seeds(method: Method, params: Params, problem: Problem, *, epsilon: float, delta: float,
+              seeds: Sequence[int], log_points: int = 40) -> list[History]:
+    """Calibrate (private methods) and run ``method`` once per seed."""
+    algorithm, steps = method.build(problem.oracle.n, params)
+    if method.private:
+        algorithm = calibrate(algorithm, epsilon=epsilon, delta=delta, n=problem.oracle.n, steps=steps)
+    return [run(algorithm, problem.oracle, steps=steps, seed=seed, delta=delta, test_error=problem.test_error,
+                log_every=max(1, steps // log_points)) for seed in seeds]
+
+
+def grid_points(grid: dict[str, Sequence[Any]]) -> list[Params]:
+    keys = list(grid)
+    return [dict(zip(keys, values)) for values in itertools.product(*(grid[key] for key in keys))]
+
+
+def tune(method: Method, problem: Problem, *, epsilon: float, delta: float, seeds: Sequence[int],
+         progress: bool = False) -> dict[str, Any]:
+    """Every grid point on ``seeds`` (distinct from the evaluation seeds); the point with the
+    lowest mean final training objective wins (diverged runs count as +∞). Returns the choice,
+    every point's score and the cost (runs, wall seconds). Tuning is NOT privacy-accounted."""
+    start = time.perf_counter()
+    scores = []
+    for params in tqdm(grid_points(method.grid), desc=f"tune {method.name} ε={epsilon}", disable=not progress,
+                       leave=False):
+        histories = run_seeds(method, params, problem, epsilon=epsilon, delta=delta, seeds=seeds, log_points=1)
+        objectives = [h.final["objective"] for h in histories]
+        score = float(np.mean(objectives)) if all(math.isfinite(o) for o in objectives) else math.inf
+        scores.append({"params": params, "objective": score})
+    best = min(scores, key=lambda s: s["objective"])
+    return {"chosen": best["params"], "scores": scores,
+            "cost": {"runs": len(scores) * len(seeds), "wall_time_s": time.perf_counter() - start}}
+
+
+def metrics(histories: Sequence[History], names: Sequence[str]) -> dict[str, dict[str, float]]:
+    """Mean (std) over seeds of each final metric in ``names``."""
+    return {name: summarise([h.final[name] for h in histories]) for name in names}
+
+
+def one_sided_p(ours: Sequence[float], theirs: Sequence[float]) -> float:
+    """Welch's t-test p-value for mean(ours) < mean(theirs)."""
+    if np.allclose(ours, ours[0]) and np.allclose(theirs, theirs[0]):
+        return 0.0 if ours[0] < theirs[0] else 1.0
+    return float(stats.ttest_ind(ours, theirs, equal_var=False, alternative="less").pvalue)
+
+
+def mean_curve(histories: Sequence[History], metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """(passes, mean of ``metric``) over seeds at the logged steps."""
+    passes = np.mean([[r["passes"] for r in h.records] for h in histories], axis=0)
+    values = np.mean([[r[metric] for r in h.records] for h in histories], axis=0)
+    return passes, values

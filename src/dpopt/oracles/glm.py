@@ -1,0 +1,179 @@
+"""Closed-form oracles for generalised linear models: the fast path.
+
+For a loss ℓ(⟨x_i, θ⟩; y_i) plus a regulariser r(θ), every per-record gradient has the form
+
+    ∇f_i(θ) = c_i(θ) · x_i + ∇r(θ),        c_i = ℓ'(⟨x_i, θ⟩; y_i),
+
+so a batch of them is the lazy :class:`LinearRows` (``coef``, ``X``, ``shift``), never a
+``[B, d]`` matrix: norms cost O(B) after one matrix-vector product, and a clipped sum is
+``Xᵀ(w ∘ c) + (Σ w_i) ∇r``. The difference of two such batches at θ and θ′ (DP-SRM) has the
+same form. Losses (per record, averaged):
+
+* :class:`Logistic`: log(1 + exp(−y⟨x, θ⟩)), y ∈ {−1, +1};
+* :class:`NonconvexLogistic`: logistic + λ Σ_j θ_j²/(1 + θ_j²) (the DP-SRM experiment);
+* :class:`Ridge`: ½(⟨x, θ⟩ − y)² + (λ/2)‖θ‖²; :class:`LeastSquares` is Ridge with λ = 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from .. import _validate
+from ..clipping import PerRecord
+
+
+class Oracle(Protocol):
+    """What an algorithm may ask about the training data."""
+
+    n: int
+    dim: int
+
+    def per_record(self, theta: Tensor, indices: Tensor) -> PerRecord: ...
+
+    def loss(self, theta: Tensor, indices: Tensor | None = None) -> Tensor: ...
+
+    def per_record_loss(self, thetas: Tensor, indices: Tensor) -> Tensor: ...
+
+    def regulariser(self, theta: Tensor) -> Tensor: ...
+
+    def gradient(self, theta: Tensor) -> Tensor: ...
+
+
+@dataclass(frozen=True)
+class LinearRows:
+    """Rows ``coef_i · x_i + shift`` of a GLM batch (``sq_norms_i = ‖x_i‖²``)."""
+
+    X: Tensor
+    sq_norms: Tensor
+    coef: Tensor
+    shift: Tensor
+
+    def norms(self) -> Tensor:
+        cross = self.X @ self.shift
+        squared = self.coef**2 * self.sq_norms + 2 * self.coef * cross + self.shift @ self.shift
+        return squared.clamp(min=0).sqrt()
+
+    def weighted_sum(self, weights: Tensor) -> Tensor:
+        scaled = torch.where(weights != 0, weights * self.coef, torch.zeros_like(self.coef))
+        return self.X.T @ scaled + weights.sum() * self.shift
+
+    def dense(self) -> Tensor:
+        """The ``[B, d]`` matrix (for tests and small batches)."""
+        return self.coef[:, None] * self.X + self.shift
+
+    def __sub__(self, other: LinearRows) -> LinearRows:
+        return LinearRows(self.X, self.sq_norms, self.coef - other.coef, self.shift - other.shift)
+
+
+class GLM:
+    """Data ``X [n, d]``, targets ``y [n]``; subclasses give ℓ, ℓ′ and the regulariser."""
+
+    def __init__(self, X: Tensor, y: Tensor, *, reg: float = 0.0) -> None:
+        self.X = torch.as_tensor(X, dtype=torch.float64)
+        self.y = torch.as_tensor(y, dtype=torch.float64)
+        if self.X.ndim != 2 or self.y.shape != (self.X.shape[0],):
+            raise _validate.DpoptError(f"X.shape={tuple(self.X.shape)} and y.shape={tuple(self.y.shape)} must be [n, d] and [n]")
+        if not (self.X.isfinite().all() and self.y.isfinite().all()):
+            raise _validate.DpoptError("data must be finite: X or y contains NaN or inf")
+        self.reg = _validate.non_negative("reg", reg)
+        self.n, self.dim = self.X.shape
+        self.sq_norms = (self.X**2).sum(dim=1)
+
+    def _link(self, margin: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-record loss ℓ(m; y) and its derivative ℓ′(m; y) at margins m = ⟨x, θ⟩."""
+        raise NotImplementedError
+
+    def _regulariser(self, theta: Tensor) -> tuple[Tensor, Tensor]:
+        """r(θ) and ∇r(θ)."""
+        return theta.new_zeros(()), torch.zeros_like(theta)
+
+    def per_record(self, theta: Tensor, indices: Tensor) -> LinearRows:
+        """Per-record gradients of the records ``indices`` (distinct). A batch of every record
+        uses the data in place (the set, not the order, determines every clipped sum)."""
+        if len(indices) == self.n:
+            X, y, sq_norms = self.X, self.y, self.sq_norms
+        else:
+            X, y, sq_norms = self.X[indices], self.y[indices], self.sq_norms[indices]
+        _, slope = self._link(X @ theta, y)
+        return LinearRows(X, sq_norms, slope, self._regulariser(theta)[1])
+
+    def per_record_loss(self, thetas: Tensor, indices: Tensor) -> Tensor:
+        """``[B, K]``: the data loss ℓ(⟨x_i, θ_k⟩; y_i) of records ``indices`` at K points ``thetas [K, d]``
+        (one matrix product; the regulariser, which does not depend on the data, is excluded)."""
+        values, _ = self._link(self.X[indices] @ thetas.T, self.y[indices][:, None])
+        return values
+
+    def regulariser(self, theta: Tensor) -> Tensor:
+        """r(θ), the data-independent part of F."""
+        return self._regulariser(theta)[0]
+
+    def loss(self, theta: Tensor, indices: Tensor | None = None) -> Tensor:
+        """F(θ) = mean_i ℓ(⟨x_i, θ⟩; y_i) + r(θ) over ``indices`` (default all records)."""
+        X, y = (self.X, self.y) if indices is None else (self.X[indices], self.y[indices])
+        values, _ = self._link(X @ theta, y)
+        return values.mean() + self._regulariser(theta)[0]
+
+    def gradient(self, theta: Tensor) -> Tensor:
+        """∇F(θ) over all records."""
+        _, slope = self._link(self.X @ theta, self.y)
+        return self.X.T @ slope / self.n + self._regulariser(theta)[1]
+
+    def error(self, theta: Tensor, X: Tensor, y: Tensor) -> float:
+        """Test error: misclassification rate (classification) or mean squared error."""
+        raise NotImplementedError
+
+
+class Logistic(GLM):
+    """Logistic loss log(1 + exp(−y m)); labels y ∈ {−1, +1}."""
+
+    def _link(self, margin: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        z = y * margin
+        return torch.nn.functional.softplus(-z), -y * torch.sigmoid(-z)
+
+    def error(self, theta: Tensor, X: Tensor, y: Tensor) -> float:
+        X = torch.as_tensor(X, dtype=torch.float64)
+        predicted = torch.where(X @ theta >= 0, 1.0, -1.0)
+        return float((predicted != torch.as_tensor(y, dtype=torch.float64)).double().mean())
+
+
+class NonconvexLogistic(Logistic):
+    """Logistic loss + λ Σ_j θ_j²/(1 + θ_j²); ∇r = 2λ θ/(1 + θ²)²."""
+
+    def _regulariser(self, theta: Tensor) -> tuple[Tensor, Tensor]:
+        sq = theta**2
+        return self.reg * (sq / (1 + sq)).sum(), 2 * self.reg * theta / (1 + sq) ** 2
+
+
+class Ridge(GLM):
+    """Squared loss ½(m − y)² + (λ/2)‖θ‖²."""
+
+    def _link(self, margin: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        residual = margin - y
+        return 0.5 * residual**2, residual
+
+    def _regulariser(self, theta: Tensor) -> tuple[Tensor, Tensor]:
+        return 0.5 * self.reg * theta @ theta, self.reg * theta
+
+    def error(self, theta: Tensor, X: Tensor, y: Tensor) -> float:
+        X = torch.as_tensor(X, dtype=torch.float64)
+        return float(((X @ theta - torch.as_tensor(y, dtype=torch.float64)) ** 2).mean())
+
+
+class LeastSquares(Ridge):
+    """Ridge with λ = 0."""
+
+    def __init__(self, X: Tensor, y: Tensor) -> None:
+        super().__init__(X, y, reg=0.0)
+
+
+MODELS = {"logistic": Logistic, "nonconvex-logistic": NonconvexLogistic, "ridge": Ridge}
+
+
+def make(model: str, X: Tensor, y: Tensor, *, reg: float = 0.0) -> GLM:
+    """The GLM oracle named ``model`` ("logistic", "nonconvex-logistic", "ridge")."""
+    _validate.one_of("model", model, MODELS)
+    return MODELS[model](X, y, reg=reg)

@@ -1,0 +1,122 @@
+"""Samplers: which records a step sees, and the amplification that buys.
+
+``sampler.wrap(event)`` is the only place amplification by sampling enters the accounting:
+a mechanism run on the sampled batch returns its event, and the sampler wraps it. Each
+sampler also states the neighbouring relation its guarantee is under and the public constant
+a noised sum is divided by (``expected_size``: never the realised, private, batch size).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import dp_accounting as dpa
+import torch
+from dp_accounting import NeighboringRelation
+from torch import Tensor
+
+from . import _validate
+
+
+@dataclass(frozen=True)
+class FullBatch:
+    """Every record, every step. Replace-one adjacency (n is public); no amplification."""
+
+    n: int
+
+    relation = NeighboringRelation.REPLACE_ONE
+
+    @property
+    def expected_size(self) -> float:
+        return float(self.n)
+
+    def sample(self, gen: torch.Generator) -> Tensor:
+        return torch.arange(self.n)
+
+    def wrap(self, event: dpa.DpEvent) -> dpa.DpEvent:
+        return event
+
+
+@dataclass(frozen=True)
+class Poisson:
+    """Each record independently with probability ``rate`` (add/remove-one adjacency).
+
+    The batch size is random and private; sums are divided by the public ``rate · n``.
+    An empty batch is a valid outcome: the step still releases noise and is still accounted.
+    Event: ``PoissonSampledDpEvent(rate, event)``.
+    """
+
+    n: int
+    rate: float
+
+    relation = NeighboringRelation.ADD_OR_REMOVE_ONE
+
+    def __post_init__(self) -> None:
+        _validate.unit_interval("sampling_rate", self.rate)
+
+    @classmethod
+    def from_batch_size(cls, n: int, batch_size: int) -> Poisson:
+        """Rate ``batch_size / n`` (the expected batch size is ``batch_size``)."""
+        _validate.positive_int("batch_size", batch_size, maximum=n, maximum_name="n")
+        return cls(n, batch_size / n)
+
+    @property
+    def expected_size(self) -> float:
+        return self.rate * self.n
+
+    def sample(self, gen: torch.Generator) -> Tensor:
+        return torch.nonzero(torch.rand(self.n, generator=gen) < self.rate).flatten()
+
+    def wrap(self, event: dpa.DpEvent) -> dpa.DpEvent:
+        return dpa.PoissonSampledDpEvent(self.rate, event)
+
+
+@dataclass(frozen=True)
+class FixedSize:
+    """A uniformly random subset of exactly ``size`` records, without replacement.
+
+    Replace-one adjacency (n is public). Event: ``SampledWithoutReplacementDpEvent(n, size,
+    event)``, which dp_accounting accounts with RDP (Wang, Balle, Kasiviswanathan 2019).
+    """
+
+    n: int
+    size: int
+
+    relation = NeighboringRelation.REPLACE_ONE
+
+    def __post_init__(self) -> None:
+        _validate.positive_int("batch_size", self.size, maximum=self.n, maximum_name="n")
+
+    @property
+    def expected_size(self) -> float:
+        return float(self.size)
+
+    def sample(self, gen: torch.Generator) -> Tensor:
+        return torch.randperm(self.n, generator=gen)[: self.size]
+
+    def wrap(self, event: dpa.DpEvent) -> dpa.DpEvent:
+        if self.size == self.n:
+            return event
+        return dpa.SampledWithoutReplacementDpEvent(self.n, self.size, event)
+
+
+Sampler = FullBatch | Poisson | FixedSize
+
+SAMPLINGS = ("poisson", "fixed", "full")
+_KINDS = {"poisson": Poisson, "fixed": FixedSize, "full": FullBatch}
+
+
+def relation(kind: str) -> NeighboringRelation:
+    """The neighbouring relation the sampler named ``kind`` guarantees privacy under."""
+    _validate.one_of("sampling", kind, SAMPLINGS)
+    return _KINDS[kind].relation
+
+
+def make(kind: str, n: int, batch_size: int) -> Sampler:
+    """The sampler named ``kind`` ("poisson", "fixed" or "full") for n records."""
+    _validate.one_of("sampling", kind, SAMPLINGS)
+    if kind == "full":
+        return FullBatch(n)
+    if kind == "poisson":
+        return Poisson.from_batch_size(n, batch_size)
+    return FixedSize(n, batch_size)

@@ -1,0 +1,16 @@
+"""Shared pytest fixtures."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def shared_data_dir() -> Path:
+    """Folder of the real data files: ``$DPOPT_TEST_DATA`` or ``shared/data`` beside the repo."""
+    env = os.environ.get("DPOPT_TEST_DATA")
+    path = Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
+    if not path.is_dir():
+        pytest.skip(f"real data not found at {path}: set DPOPT_TEST_DATA")
+    return path

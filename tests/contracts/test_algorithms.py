@@ -1,0 +1,332 @@
+"""Contracts every algorithm obeys, over ONE table of all algorithms.
+
+(a) double entry: what a run records equals what was planned (DESIGN.md rule 1);
+(b) noise 0 and clip ∞ reproduce the non-private method (ALGORITHMS.md §5);
+(c) calibrate, then run: the run's ε is within the target;
+(d) hyper-parameter validation: a bad value raises DpoptError naming the field.
+
+The run is replayed by hand with ``train._generators`` (the generators ``dpopt.run`` uses), so
+the replay's ledger is the run's ledger; the replay is checked against ``dpopt.run``'s output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import dp_accounting as dpa
+import pytest
+import torch
+
+import dpopt
+from dpopt import accounting, train
+from dpopt._validate import DpoptError
+from dpopt.accounting import Ledger, canonical, epsilon_of
+from dpopt.algorithms._common import Batch
+from dpopt.oracles import NonconvexLogistic
+
+N, DIM, DELTA, SEED = 400, 5, 1e-5, 3
+
+
+@cache
+def oracle() -> NonconvexLogistic:
+    """n = 400, d = 5 logistic data (nonconvex regulariser, as in the DP-SRM experiment)."""
+    gen = torch.Generator().manual_seed(0)
+    X = torch.randn(N, DIM, generator=gen, dtype=torch.float64)
+    w = torch.randn(DIM, generator=gen, dtype=torch.float64)
+    y = torch.where(X @ w + 0.5 * torch.randn(N, generator=gen, dtype=torch.float64) >= 0, 1.0, -1.0)
+    return NonconvexLogistic(X, y, reg=0.1)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One algorithm: ``make(noise, clip)`` builds it (noise 0 and clip ∞: its non-private form)."""
+
+    make: Callable[[float, float], Any]
+    steps: int
+    adaptive: bool = False     # the ledger is adaptive (a privacy filter): compare ε only
+    private: bool = True       # False: a non-private method (no noise to calibrate)
+
+
+INF = math.inf
+TABLE: dict[str, Case] = {
+    "dpsgd-poisson": Case(lambda z, c: dpopt.DPSGD(lr=0.5, clip=c, noise_multiplier=z, batch_size=40), 30),
+    "dpsgd-fixed": Case(lambda z, c: dpopt.DPSGD(lr=0.5, clip=c, noise_multiplier=z, batch_size=40,
+                                                 sampling="fixed"), 30),
+    "dp_gd": Case(lambda z, c: dpopt.dp_gd(lr=0.5, clip=c, noise_multiplier=z), 20),
+    "rrpsgd": Case(lambda z, c: dpopt.rrpsgd(lr=0.5, clip=c, noise_multiplier=z, batch_size=40), 30),
+    "dpsrm-poisson": Case(lambda z, c: dpopt.DPSRM(lr=0.5, clip=c, clip_diff=c / 10 if c < INF else INF, gamma=0.3,
+                                                   noise_multiplier0=z, noise_multiplier=z, batch_size0=80,
+                                                   batch_size=40), 30),
+    "dpsrm-fixed": Case(lambda z, c: dpopt.DPSRM(lr=0.5, clip=c, clip_diff=c / 10 if c < INF else INF, gamma=0.3,
+                                                 noise_multiplier0=z, noise_multiplier=z, batch_size0=80,
+                                                 batch_size=40, sampling="fixed"), 30),
+    "storm": Case(lambda z, c: dpopt.Storm(lr=0.5, momentum=0.3, batch_size0=80, batch_size=40), 30, private=False),
+    "dpagd": Case(lambda z, c: dpopt.DPAGD(noise_multiplier=z, clip=c, obj_clip=2.0 if c < INF else INF,
+                                           grad_fraction=0.05, select_fraction=0.05, adapt_every=5), 40,
+                  adaptive=True),
+}
+NAMES = list(TABLE)
+PRIVATE = [name for name in NAMES if TABLE[name].private]
+
+
+@dataclass
+class Replay:
+    state: Any
+    ledger: Ledger
+    thetas: list[torch.Tensor]          # θ^0 … θ^T
+    batches: list[torch.Tensor]
+    epsilons: list[float]               # the ledger's ε(δ) after each step (when tracked)
+
+
+def replay(algo: Any, steps: int, seed: int = SEED, track_epsilon: bool = False) -> Replay:
+    """``dpopt.run``'s loop, by hand: the same generators, samplers, steps and ledger."""
+    sample_gen, noise_gen = train._generators(seed)
+    theta0 = torch.zeros(DIM, dtype=torch.float64)
+    state = algo.init(theta0, steps, sample_gen)
+    ledger = Ledger(algo.relation())
+    thetas, batches, epsilons = [state.theta.clone()], [], []
+    for t in range(steps):
+        sampler = algo.sampler(t, N)
+        indices = sampler.sample(sample_gen)
+        state, event = algo.step(state, Batch(t, indices, sampler), oracle(), noise_gen)
+        ledger.record(event)
+        thetas.append(state.theta.clone())
+        batches.append(indices)
+        if track_epsilon:
+            epsilons.append(ledger.epsilon(DELTA))
+    return Replay(state, ledger, thetas, batches, epsilons)
+
+
+def run(algo: Any, steps: int, seed: int = SEED) -> dpopt.History:
+    return dpopt.run(algo, oracle(), steps=steps, seed=seed, delta=DELTA, log_every=steps)
+
+
+# ------------------------------------------------------------------------------ (a) double entry
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_double_entry(name):
+    case = TABLE[name]
+    algo = case.make(1.0, 1.0)
+    history = run(algo, case.steps)
+    manual = replay(algo, case.steps, track_epsilon=case.adaptive)
+    # The replay is dpopt.run's loop: same output, bit for bit.
+    assert torch.equal(algo.output(manual.state), history.theta)
+    planned = algo.planned_event(N, case.steps)
+    relation = algo.relation()
+    planned_epsilon = epsilon_of(planned, DELTA, relation)
+    if not case.adaptive:
+        assert manual.ledger.event() == canonical(planned)
+        assert manual.ledger.steps == case.steps == accounting.count_steps(planned)
+    else:
+        # A privacy filter: never above the plan, and the whole budget once exhausted.
+        assert manual.state.exhausted
+        assert all(eps <= planned_epsilon * (1 + 1e-12) for eps in manual.epsilons)
+    if math.isinf(planned_epsilon):
+        assert math.isinf(history.final["epsilon"]) and not case.private
+    else:
+        # Equal compositions; dp_accounting's PLD differs by ~1e-13 between the planned and the
+        # canonical nesting of the same events.
+        assert history.final["epsilon"] == pytest.approx(planned_epsilon, rel=1e-9)
+    assert history.final["epsilon"] == pytest.approx(manual.ledger.epsilon(DELTA), rel=1e-12)
+    assert history.accountant == manual.ledger.accountant
+    assert history.neighboring_relation == accounting.RELATION_NAMES[relation]
+
+
+def test_dpagd_records_only_zcdp_that_sums_to_the_budget():
+    algo = TABLE["dpagd"].make(1.0, 1.0)
+    manual = replay(algo, TABLE["dpagd"].steps)
+    runs = accounting.run_length([manual.ledger.event()])
+    spent = sum(event.rho * count for event, count in runs if isinstance(event, dpa.ZCDpEvent))
+    assert all(isinstance(event, dpa.ZCDpEvent | dpa.NoOpDpEvent) for event, _ in runs)
+    assert spent == pytest.approx(algo.rho_total, rel=1e-12) and algo.rho_total == 0.5
+    assert manual.ledger.accountant == "rdp"
+
+
+# ------------------------------------------------------------------ (b) non-private references
+
+
+def sgd_reference(lr: float, batch_size: int, sampling: str, steps: int, seed: int = SEED,
+                  uniform_output: bool = False) -> tuple[list[torch.Tensor], int]:
+    """Plain minibatch SGD with autograd on ``oracle.loss``: θ ← θ − η·∇(Σ_{i∈B} f_i(θ))/b, b the
+    sampler's expected batch size, batches drawn exactly as dpopt.run draws them."""
+    sample_gen, _ = train._generators(seed)
+    pick = int(torch.randint(steps, (1,), generator=sample_gen)) if uniform_output else -1
+    sampler = dpopt.sampling.make(sampling, N, batch_size)
+    theta = torch.zeros(DIM, dtype=torch.float64)
+    thetas = [theta]
+    for _ in range(steps):
+        indices = sampler.sample(sample_gen)
+        point = theta.clone().requires_grad_(True)
+        if len(indices):
+            (grad,) = torch.autograd.grad(len(indices) * oracle().loss(point, indices), point)
+        else:
+            grad = torch.zeros_like(theta)
+        theta = theta - lr * grad / sampler.expected_size
+        thetas.append(theta)
+    return thetas, pick
+
+
+def assert_trajectories_equal(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
+    assert len(got) == len(want)
+    for t, (a, b) in enumerate(zip(got, want)):
+        assert torch.allclose(a, b, rtol=0, atol=1e-10), (t, a, b)
+    assert float(want[-1].norm()) > 0.1  # the runs went somewhere
+
+
+@pytest.mark.parametrize(("name", "sampling", "batch"), [
+    ("dpsgd-poisson", "poisson", 40), ("dpsgd-fixed", "fixed", 40), ("dp_gd", "full", 40)])
+def test_dpsgd_without_noise_or_clipping_is_sgd(name, sampling, batch):
+    case = TABLE[name]
+    algo = case.make(0.0, INF)
+    manual = replay(algo, case.steps)
+    want, _ = sgd_reference(0.5, batch, sampling, case.steps)
+    assert_trajectories_equal(manual.thetas, want)
+    assert torch.allclose(run(algo, case.steps).theta, want[-1], rtol=0, atol=1e-10)
+    assert math.isinf(epsilon_of(algo.planned_event(N, case.steps), DELTA, algo.relation()))
+
+
+def test_rrpsgd_outputs_the_sgd_iterate_at_the_predrawn_round():
+    case = TABLE["rrpsgd"]
+    algo = case.make(0.0, INF)
+    want, pick = sgd_reference(0.5, 40, "poisson", case.steps, uniform_output=True)
+    assert 0 < pick < case.steps - 1  # this seed tests a genuinely intermediate round
+    history = run(algo, case.steps)
+    assert torch.allclose(history.theta, want[pick], rtol=0, atol=1e-10)
+    assert not torch.allclose(history.theta, want[-1], rtol=0, atol=1e-6)
+    manual = replay(algo, case.steps)
+    assert torch.allclose(algo.output(manual.state), want[pick], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize(("name", "sampling"), [("dpsrm-poisson", "poisson"), ("dpsrm-fixed", "fixed")])
+def test_dpsrm_without_noise_or_clipping_is_storm(name, sampling):
+    case = TABLE[name]
+    algo = case.make(0.0, INF)
+    storm = dpopt.Storm(lr=algo.lr, momentum=algo.gamma, step_rule="constant", batch_size0=algo.batch_size0,
+                        batch_size=algo.batch_size, sampling=sampling)
+    got, want = replay(algo, case.steps), replay(storm, case.steps)
+    for a, b in zip(got.batches, want.batches):
+        assert torch.equal(a, b)
+    assert_trajectories_equal(got.thetas, want.thetas)
+
+
+def test_dpsrm_with_gamma_one_is_storm_with_momentum_one_is_sgd():
+    """γ = 1 is allowed (γ ∈ (0, 1]); then the difference term has weight 0 and C2 = ∞ is harmless."""
+    algo = dpopt.DPSRM(lr=0.5, clip=INF, clip_diff=INF, gamma=1.0, noise_multiplier0=0.0, noise_multiplier=0.0,
+                       batch_size0=40, batch_size=40)
+    want, _ = sgd_reference(0.5, 40, "poisson", 20)
+    assert_trajectories_equal(replay(algo, 20).thetas, want)
+
+
+def test_storm_with_momentum_one_is_sgd():
+    storm = dpopt.Storm(lr=0.5, momentum=1.0, batch_size0=40, batch_size=40)
+    want, _ = sgd_reference(0.5, 40, "poisson", 30)
+    assert_trajectories_equal(replay(storm, 30).thetas, want)
+
+
+def test_dpagd_without_noise_or_clipping_is_normalised_gd_with_exact_line_search():
+    algo = TABLE["dpagd"].make(0.0, INF)
+    steps = TABLE["dpagd"].steps
+    # Reference: d = ∇F/‖∇F‖; α* = argmin_{α∈Φ} F(θ − αd), Φ = {0, α_max/m, …, α_max};
+    # every τ = 5 steps α_max ← min(1.1·max nonzero α chosen in those steps, 2) (kept if none).
+    theta, max_step, chosen, thetas = torch.zeros(DIM, dtype=torch.float64), algo.max_step, [], []
+    thetas.append(theta)
+    for t in range(steps):
+        point = theta.clone().requires_grad_(True)
+        (grad,) = torch.autograd.grad(oracle().loss(point), point)
+        direction = grad / grad.norm()
+        alphas = torch.linspace(0.0, max_step, algo.num_candidates + 1, dtype=torch.float64)
+        values = torch.stack([oracle().loss(theta - a * direction) for a in alphas])
+        k = int(torch.argmin(values))
+        if k > 0:
+            theta = theta - alphas[k] * direction
+            chosen.append(float(alphas[k]))
+        if (t + 1) % algo.adapt_every == 0:
+            if chosen:
+                max_step = min((1 + algo.step_growth) * max(chosen), algo.max_step)
+            chosen = []
+        thetas.append(theta)
+    assert_trajectories_equal(replay(algo, steps).thetas, thetas)
+
+
+# --------------------------------------------------------------------- (c) calibrate, then run
+
+
+@pytest.mark.parametrize("name", PRIVATE)
+def test_calibrate_then_run(name):
+    case, target = TABLE[name], 1.0
+    algo = accounting.calibrate(case.make(1.0, 1.0), epsilon=target, delta=DELTA, n=N, steps=case.steps)
+    history = run(algo, case.steps)
+    assert history.final["epsilon"] <= target
+    assert history.final["epsilon"] >= 0.99 * target
+    for field in algo.NOISE_FIELDS:
+        assert getattr(algo, field) > 0
+
+
+def test_calibrating_a_non_private_method_fails_clearly():
+    with pytest.raises(DpoptError, match="no noise multiplier"):
+        accounting.calibrate(TABLE["storm"].make(0.0, INF), epsilon=1.0, delta=DELTA, n=N, steps=10)
+
+
+# ------------------------------------------------------------------- (d) hyper-parameter checks
+
+#: name → (a valid algorithm, [(field, bad value), ...]); each bad value alone must be refused.
+BAD_VALUES: dict[str, list[tuple[str, Any]]] = {
+    "dpsgd-poisson": [("lr", 0.0), ("lr", -1.0), ("lr", INF), ("lr", math.nan), ("clip", 0.0), ("clip", -2.0),
+                      ("clip", math.nan), ("noise_multiplier", -0.5), ("noise_multiplier", INF),
+                      ("batch_size", 0), ("batch_size", 2.5), ("batch_size", True), ("sampling", "shuffle"),
+                      ("output_rule", "best")],
+    "dpsrm-poisson": [("lr", 0.0), ("clip", -1.0), ("clip_diff", 0.0), ("gamma", 0.0), ("gamma", 1.5),
+                      ("noise_multiplier0", -1.0), ("noise_multiplier", -1.0), ("batch_size0", 0),
+                      ("batch_size", 0), ("sampling", "full"), ("step_rule", "adam"), ("zeta", 0.0),
+                      ("n0", -1.0), ("smoothness", 0.0), ("output_rule", "best")],
+    "storm": [("lr", 0.0), ("momentum", 0.0), ("momentum", 1.5), ("batch_size0", 0), ("batch_size", -3),
+              ("sampling", "full"), ("step_rule", "adam"), ("k", 0.0), ("w", -1.0), ("c", 0.0)],
+    "dpagd": [("noise_multiplier", -1.0), ("clip", 0.0), ("obj_clip", -1.0), ("clip", INF), ("obj_clip", INF),
+              ("grad_fraction", 0.0), ("grad_fraction", 1.0), ("select_fraction", 1.5), ("gamma", 0.0),
+              ("max_step", 0.0), ("num_candidates", 0), ("adapt_every", 0), ("step_growth", -0.1)],
+}
+BAD_VALUES["dpsgd-fixed"] = BAD_VALUES["dpsgd-poisson"]
+BAD_VALUES["dpsrm-fixed"] = BAD_VALUES["dpsrm-poisson"]
+BAD_CASES = [(name, field, bad) for name, bads in BAD_VALUES.items() for field, bad in bads]
+
+
+@pytest.mark.parametrize(("name", "field", "bad"), BAD_CASES)
+def test_bad_hyper_parameter_is_named(name, field, bad):
+    good = TABLE[name].make(1.0, 1.0)
+    with pytest.raises(DpoptError, match=re.escape(f"{field}={bad!r}")):
+        dataclasses.replace(good, **{field: bad})
+
+
+#: The factory functions validate through DPSGD; errors still name their own keyword.
+@pytest.mark.parametrize(("factory", "kwargs", "field"), [
+    (dpopt.dp_gd, {"lr": -1.0, "clip": 1.0, "noise_multiplier": 1.0}, "lr"),
+    (dpopt.dp_gd, {"lr": 0.1, "clip": 0.0, "noise_multiplier": 1.0}, "clip"),
+    (dpopt.dp_gd, {"lr": 0.1, "clip": 1.0, "noise_multiplier": -1.0}, "noise_multiplier"),
+    (dpopt.dp_gd, {"lr": 0.1, "clip": 1.0, "noise_multiplier": 1.0, "output_rule": "mean"}, "output_rule"),
+    (dpopt.rrpsgd, {"lr": 0.0, "clip": 1.0, "noise_multiplier": 1.0, "batch_size": 4}, "lr"),
+    (dpopt.rrpsgd, {"lr": 0.1, "clip": 1.0, "noise_multiplier": 1.0, "batch_size": 0}, "batch_size"),
+    (dpopt.rrpsgd, {"lr": 0.1, "clip": 1.0, "noise_multiplier": 1.0, "batch_size": 4, "sampling": "x"}, "sampling"),
+])
+def test_factory_validation(factory, kwargs, field):
+    with pytest.raises(DpoptError, match=re.escape(f"{field}={kwargs[field]!r}")):
+        factory(**kwargs)
+
+
+def test_dpagd_budget_fractions_must_fit():
+    with pytest.raises(DpoptError, match=r"grad_fraction=0.6 \+ select_fraction=0.6 must be <= 1"):
+        dpopt.DPAGD(noise_multiplier=1.0, clip=1.0, obj_clip=1.0, grad_fraction=0.6, select_fraction=0.6)
+
+
+def test_the_table_covers_every_exported_algorithm():
+    built = {type(case.make(1.0, 1.0)) for case in TABLE.values()}
+    assert built == {dpopt.DPSGD, dpopt.DPSRM, dpopt.Storm, dpopt.DPAGD}
+    assert {"rrpsgd", "dp_gd"} <= set(TABLE)
+    assert TABLE["rrpsgd"].make(1.0, 1.0).output_rule == "uniform"
+    assert TABLE["dp_gd"].make(1.0, 1.0).sampling == "full"

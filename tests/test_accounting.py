@@ -1,0 +1,214 @@
+"""Accounting: ε against dp_accounting, calibration round trips, the ledger, fallbacks, errors."""
+
+from __future__ import annotations
+
+import math
+import pickle
+
+import dp_accounting as dpa
+import pytest
+from dp_accounting import NeighboringRelation
+from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.rdp import rdp_privacy_accountant
+
+import dpopt
+from dpopt import accounting
+from dpopt._validate import DpoptError
+from dpopt.accounting import Ledger, calibrate, canonical, epsilon_of, solve_noise
+
+ADD_REMOVE = NeighboringRelation.ADD_OR_REMOVE_ONE
+REPLACE_ONE = NeighboringRelation.REPLACE_ONE
+DELTA = 1e-5
+
+
+def poisson_step(rate: float = 0.02, z: float = 1.3) -> dpa.DpEvent:
+    return dpa.PoissonSampledDpEvent(rate, dpa.GaussianDpEvent(z))
+
+
+def test_epsilon_matches_dp_accounting_pld_default():
+    event = dpa.SelfComposedDpEvent(poisson_step(0.02, 1.3), 1500)
+    reference = pld_privacy_accountant.PLDAccountant(ADD_REMOVE)  # default grid 1e-4
+    reference.compose(event)
+    want = reference.get_epsilon(DELTA)
+    got = epsilon_of(event, DELTA, ADD_REMOVE)
+    assert got == pytest.approx(want, rel=1e-3)
+    assert 2.9 < got < 3.2  # the well-known order of magnitude for these settings
+
+
+def test_epsilon_rdp_matches_dp_accounting():
+    event = dpa.SelfComposedDpEvent(poisson_step(0.02, 1.3), 1500)
+    reference = rdp_privacy_accountant.RdpAccountant(neighboring_relation=ADD_REMOVE)
+    reference.compose(event)
+    assert epsilon_of(event, DELTA, ADD_REMOVE, accountant="rdp") == reference.get_epsilon(DELTA)
+    # RDP is looser than PLD (both upper bounds; PLD is nearly tight).
+    assert epsilon_of(event, DELTA, ADD_REMOVE, accountant="rdp") > epsilon_of(event, DELTA, ADD_REMOVE)
+
+
+@pytest.mark.parametrize(("steps", "epsilon", "batch"), [(50, 0.5, 40), (1000, 2.0, 8), (100_000, 8.0, 4)])
+def test_calibrate_dpsgd_round_trip(steps, epsilon, batch):
+    n = 400
+    algo = calibrate(dpopt.DPSGD(lr=0.1, clip=1.0, noise_multiplier=1.0, batch_size=batch),
+                     epsilon=epsilon, delta=DELTA, n=n, steps=steps)
+    achieved = epsilon_of(algo.planned_event(n, steps), DELTA, algo.relation())
+    assert 0.99 * epsilon <= achieved <= epsilon
+    assert algo.lr == 0.1 and algo.clip == 1.0 and algo.batch_size == batch  # only the noise changed
+
+
+@pytest.mark.parametrize(("steps", "epsilon"), [(200, 1.0), (3000, 4.0)])
+def test_solve_noise_round_trip(steps, epsilon):
+    scale, achieved = solve_noise(lambda s: dpa.SelfComposedDpEvent(poisson_step(0.05, s), steps),
+                                  epsilon=epsilon, delta=DELTA, relation=ADD_REMOVE)
+    assert achieved == epsilon_of(dpa.SelfComposedDpEvent(poisson_step(0.05, scale), steps), DELTA, ADD_REMOVE)
+    assert 0.99 * epsilon <= achieved <= epsilon
+
+
+def test_calibrate_dpsrm_jointly_keeps_the_ratio():
+    n, steps, epsilon = 400, 300, 1.0
+    base = dpopt.DPSRM(lr=0.1, clip=1.0, clip_diff=0.1, gamma=0.1, noise_multiplier0=1.0, noise_multiplier=1.0,
+                       batch_size0=80, batch_size=20)
+    algo = calibrate(base, epsilon=epsilon, delta=DELTA, n=n, steps=steps, ratios=(2.0, 1.0))
+    assert algo.noise_multiplier0 == pytest.approx(2.0 * algo.noise_multiplier, rel=1e-12)
+    achieved = epsilon_of(algo.planned_event(n, steps), DELTA, algo.relation())
+    assert 0.99 * epsilon <= achieved <= epsilon
+
+
+def test_calibrate_with_fixed_size_sampling_uses_rdp():
+    n, steps, epsilon = 400, 200, 2.0
+    algo = calibrate(dpopt.DPSGD(lr=0.1, clip=1.0, noise_multiplier=1.0, batch_size=20, sampling="fixed"),
+                     epsilon=epsilon, delta=DELTA, n=n, steps=steps)
+    event = algo.planned_event(n, steps)
+    assert accounting.accountant_for(event, REPLACE_ONE, "pld") == "rdp"
+    achieved = epsilon_of(event, DELTA, REPLACE_ONE)
+    assert 0.99 * epsilon <= achieved <= epsilon
+
+
+def test_ledger_records_and_is_monotone():
+    ledger = Ledger(ADD_REMOVE)
+    assert ledger.steps == 0 and ledger.epsilon(DELTA) == 0.0
+    step = poisson_step(0.05, 1.0)
+    previous = 0.0
+    for k in range(1, 9):
+        ledger.record(step)
+        eps = ledger.epsilon(DELTA)
+        assert eps > previous
+        assert eps == epsilon_of(dpa.SelfComposedDpEvent(step, k), DELTA, ADD_REMOVE)
+        previous = eps
+    assert ledger.steps == 8
+    assert ledger.event() == dpa.ComposedDpEvent([dpa.SelfComposedDpEvent(step, 8)])
+    assert ledger.accountant == "pld" and ledger.neighboring_relation == "add/remove-one"
+    # A smaller δ costs more ε.
+    assert ledger.epsilon(1e-8) > ledger.epsilon(DELTA)
+
+
+def test_ledger_merges_runs_and_keeps_order():
+    a, b = poisson_step(0.05, 1.0), poisson_step(0.2, 2.0)
+    ledger = Ledger(ADD_REMOVE)
+    for event in (a, a, dpa.SelfComposedDpEvent(a, 3), b, dpa.ComposedDpEvent([b, a])):
+        ledger.record(event)
+    assert ledger.event() == dpa.ComposedDpEvent([
+        dpa.SelfComposedDpEvent(a, 5), dpa.SelfComposedDpEvent(b, 2), dpa.SelfComposedDpEvent(a, 1)])
+    assert ledger.steps == 8
+    assert canonical(dpa.ComposedDpEvent([a, dpa.SelfComposedDpEvent(a, 4), b, b, a])) == ledger.event()
+    assert accounting.count_steps(ledger.event()) == 8
+
+
+def test_ledger_state_round_trip():
+    a, b = poisson_step(0.05, 1.0), poisson_step(0.2, 2.0)
+    ledger = Ledger(ADD_REMOVE, "rdp")
+    for event in (a, a, b):
+        ledger.record(event)
+    eps = ledger.epsilon(DELTA)
+    state = pickle.loads(pickle.dumps(ledger.state()))
+    assert state["relation"] == "ADD_OR_REMOVE_ONE" and state["accountant"] == "rdp"
+    restored = Ledger.from_state(state)
+    assert restored.event() == ledger.event()
+    assert restored.relation == ADD_REMOVE and restored.requested_accountant == "rdp"
+    assert restored.epsilon(DELTA) == eps
+    # Recording continues where it left off, and the cached ε is invalidated.
+    restored.record(b)
+    ledger.record(b)
+    assert restored.event() == ledger.event()
+    assert restored.epsilon(DELTA) == ledger.epsilon(DELTA) > eps
+
+
+def test_pld_falls_back_to_rdp_for_sampling_without_replacement():
+    event = dpa.SampledWithoutReplacementDpEvent(400, 20, dpa.GaussianDpEvent(1.5))
+    ledger = Ledger(REPLACE_ONE, "pld")
+    for _ in range(100):
+        ledger.record(event)
+    assert ledger.accountant == "rdp"
+    reference = rdp_privacy_accountant.RdpAccountant(neighboring_relation=REPLACE_ONE)
+    reference.compose(dpa.SelfComposedDpEvent(event, 100))
+    assert ledger.epsilon(DELTA) == pytest.approx(reference.get_epsilon(DELTA), rel=1e-12)
+    assert ledger.neighboring_relation == "replace-one"
+
+
+def test_non_private_events_cost_infinity():
+    ledger = Ledger(ADD_REMOVE)
+    ledger.record(poisson_step())
+    ledger.record(dpa.NonPrivateDpEvent())
+    assert math.isinf(ledger.epsilon(DELTA))
+
+
+@pytest.mark.parametrize(("event", "relation"), [
+    (dpa.GaussianDpEvent(0.0), REPLACE_ONE),
+    (dpa.PoissonSampledDpEvent(0.1, dpa.GaussianDpEvent(0.0)), ADD_REMOVE),
+    (dpa.SampledWithoutReplacementDpEvent(400, 40, dpa.GaussianDpEvent(0.0)), REPLACE_ONE),
+])
+def test_zero_noise_costs_infinity_under_every_sampler(event, relation):
+    """Noise multiplier 0 is every algorithm's non-private reference (ALGORITHMS.md §5): its ε is
+    ∞, whichever accountant the event needs (dp_accounting's RDP divides by σ² for sampling
+    without replacement)."""
+    ledger = Ledger(relation)
+    for _ in range(3):
+        ledger.record(event)
+    assert math.isinf(ledger.epsilon(DELTA))
+    assert math.isinf(epsilon_of(dpa.SelfComposedDpEvent(event, 3), DELTA, relation))
+
+
+@pytest.mark.parametrize("delta", [0, 1, -0.1, 1.5, math.nan])
+def test_bad_delta_is_named(delta):
+    ledger = Ledger(ADD_REMOVE)
+    ledger.record(poisson_step())
+    with pytest.raises(DpoptError, match=r"delta="):
+        ledger.epsilon(delta)
+    with pytest.raises(DpoptError, match=r"delta="):
+        solve_noise(lambda s: poisson_step(0.05, s), epsilon=1.0, delta=delta, relation=ADD_REMOVE)
+    with pytest.raises(DpoptError, match=r"delta="):
+        calibrate(dpopt.DPSGD(lr=0.1, clip=1.0, noise_multiplier=1.0, batch_size=10), epsilon=1.0, delta=delta,
+                  n=400, steps=10)
+
+
+@pytest.mark.parametrize("delta", [0, 1, 2.0, -1e-5])
+def test_epsilon_of_rejects_bad_delta(delta):
+    """epsilon_of is public (dpopt.epsilon_of): δ = 2 must not quietly report ε = 0."""
+    with pytest.raises(DpoptError, match=rf"delta={delta!r} must be in \(0, 1\)"):
+        epsilon_of(dpa.SelfComposedDpEvent(poisson_step(), 10), delta, ADD_REMOVE)
+
+
+@pytest.mark.parametrize("epsilon", [0, -1, math.inf])
+def test_bad_epsilon_is_named(epsilon):
+    with pytest.raises(DpoptError, match=rf"epsilon={epsilon!r} must be > 0"):
+        solve_noise(lambda s: poisson_step(0.05, s), epsilon=epsilon, delta=DELTA, relation=ADD_REMOVE)
+    with pytest.raises(DpoptError, match=rf"epsilon={epsilon!r} must be > 0"):
+        calibrate(dpopt.DPSGD(lr=0.1, clip=1.0, noise_multiplier=1.0, batch_size=10), epsilon=epsilon, delta=DELTA,
+                  n=400, steps=10)
+
+
+def test_other_bad_arguments_are_named():
+    with pytest.raises(DpoptError, match=r"accountant='moments' must be one of: pld, rdp"):
+        Ledger(ADD_REMOVE, "moments")
+    with pytest.raises(DpoptError, match=r"accountant='moments' must be one of: pld, rdp"):
+        epsilon_of(poisson_step(), DELTA, ADD_REMOVE, accountant="moments")
+    with pytest.raises(DpoptError, match=r"steps=0 must be an integer >= 1|steps=0 must be >= 1"):
+        calibrate(dpopt.DPSGD(lr=0.1, clip=1.0, noise_multiplier=1.0, batch_size=10), epsilon=1.0, delta=DELTA,
+                  n=400, steps=0)
+    with pytest.raises(DpoptError, match=r"noise_ratios=\(1.0, 2.0\) must have one entry per field"):
+        calibrate(dpopt.DPSGD(lr=0.1, clip=1.0, noise_multiplier=1.0, batch_size=10), epsilon=1.0, delta=DELTA,
+                  n=400, steps=10, ratios=(1.0, 2.0))
+
+
+def test_pld_discretization_bounds():
+    assert accounting.pld_discretization(100.0, 1) == accounting.COARSE_DISCRETIZATION
+    assert accounting.pld_discretization(1e-3, 10**6) == accounting.FINEST_DISCRETIZATION
+    assert accounting.pld_discretization(0.3, 100) == pytest.approx(0.3 / 300, rel=1e-12)

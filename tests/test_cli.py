@@ -1,0 +1,125 @@
+"""The command line: machine-readable outputs and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import dp_accounting as dpa
+import pytest
+from dp_accounting.pld import pld_privacy_accountant
+
+from dpopt.cli import main
+
+ACCOUNT = ["account", "--mechanism", "poisson-gaussian", "--noise-multiplier", "1.3", "--sampling-rate", "0.02",
+           "--steps", "1500", "--delta", "1e-5", "--json"]
+
+
+def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict:
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_account_matches_dp_accounting_pld(capsys: pytest.CaptureFixture[str]) -> None:
+    result = _json(capsys, ACCOUNT)
+    reference = pld_privacy_accountant.PLDAccountant()
+    reference.compose(dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.02, dpa.GaussianDpEvent(1.3)), 1500))
+    assert result["epsilon"] == pytest.approx(reference.get_epsilon(1e-5), rel=1e-3)
+    assert result["accountant"] == "pld"
+    assert result["neighboring_relation"] == "add/remove-one"
+
+
+def test_calibrate_round_trips(capsys: pytest.CaptureFixture[str]) -> None:
+    target = 3.0
+    calibrated = _json(capsys, ["calibrate", "--mechanism", "poisson-gaussian", "--epsilon", str(target),
+                                "--sampling-rate", "0.02", "--steps", "1500", "--delta", "1e-5", "--json"])
+    argv = ACCOUNT.copy()
+    argv[argv.index("1.3")] = repr(calibrated["noise_multiplier"])
+    achieved = _json(capsys, argv)["epsilon"]
+    assert 0.99 * target <= achieved <= target
+    assert calibrated["epsilon"] == pytest.approx(achieved, rel=1e-12)
+
+
+def test_wor_gaussian_uses_rdp_under_replace_one(capsys: pytest.CaptureFixture[str]) -> None:
+    result = _json(capsys, ["account", "--mechanism", "wor-gaussian", "--noise-multiplier", "1.3", "--dataset-size",
+                            "10000", "--batch-size", "200", "--steps", "500", "--delta", "1e-5", "--json"])
+    reference = dpa.rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
+    reference.compose(dpa.SelfComposedDpEvent(dpa.SampledWithoutReplacementDpEvent(10000, 200,
+                                                                                  dpa.GaussianDpEvent(1.3)), 500))
+    assert result["accountant"] == "rdp"
+    assert result["neighboring_relation"] == "replace-one"
+    assert result["epsilon"] == pytest.approx(reference.get_epsilon(1e-5), rel=1e-9)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """The real console entry point, in a fresh interpreter."""
+    return subprocess.run([sys.executable, "-m", "dpopt.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def _main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """``main(args)`` in this process: (exit code, stderr)."""
+    try:
+        code = main(list(args))
+    except SystemExit as exit_:
+        code = int(exit_.code)
+    return code, capsys.readouterr().err
+
+
+RUN = ["run", "--algorithm", "dp-sgd", "--dataset", "adult", "--epsilon", "1", "--steps", "5"]
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["run", "--algorithm", "dp-sgd", "--dataset", "adult", "--epsilon", "-1"], "epsilon=-1.0 must be > 0"),
+    (ACCOUNT[:-3] + ["--delta", "1"], "delta=1.0 must be in (0, 1)"),
+    (ACCOUNT[:-3] + ["--delta", "0"], "delta=0.0 must be in (0, 1)"),
+    (RUN + ["--batch-size", "1000000"], "batch_size=1000000 must be >= 1 and <= n (training records)=32561"),
+    (["run", "--algorithm", "dp-sdg", "--dataset", "adult", "--epsilon", "1"],
+     "algorithm='dp-sdg' must be one of: dp-sgd, dp-gd, dp-srm, rrpsgd, dp-agd, storm"),
+    (["run", "--algorithm", "dp-sgd", "--dataset", "mnist-but-wrong", "--epsilon", "1"],
+     "dataset='mnist-but-wrong' must be one of:"),
+    (["account", "--mechanism", "laplace", "--noise-multiplier", "1", "--steps", "1", "--delta", "1e-5"],
+     "argument --mechanism: invalid choice: 'laplace'"),
+])
+def test_bad_input_is_one_line_exit_2(argv: list[str], expected: str, tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    code, stderr = _main(capsys, *argv, "--out", str(tmp_path)) if argv[0] == "run" else _main(capsys, *argv)
+    assert code == 2
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert expected in lines[0]
+
+
+def test_console_error_has_no_traceback() -> None:
+    result = _cli("account", "--mechanism", "gaussian", "--noise-multiplier", "0", "--steps", "3", "--delta", "1e-5")
+    assert result.returncode == 2
+    assert result.stderr == "dpopt: error: noise_multiplier=0.0 must be > 0 and finite\n"
+
+
+def test_missing_and_corrupt_data_files(tmp_path: Path, shared_data_dir: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, stderr = _main(capsys, "run", "--algorithm", "dp-sgd", "--dataset", "ijcnn1", "--epsilon", "1",
+                         "--data-dir", str(empty), "--out", str(tmp_path / "out"))
+    assert code == 2 and len(stderr.strip().splitlines()) == 1
+    assert "dpopt data fetch ijcnn1" in stderr
+    corrupt = tmp_path / "corrupt" / "ijcnn1"
+    corrupt.mkdir(parents=True)
+    for name in ("ijcnn1.trn.bz2", "ijcnn1.tst.bz2"):
+        blob = bytearray((shared_data_dir / "ijcnn1" / name).read_bytes())
+        blob[len(blob) // 2] ^= 0xFF
+        (corrupt / name).write_bytes(bytes(blob))
+    code, stderr = _main(capsys, "run", "--algorithm", "dp-sgd", "--dataset", "ijcnn1", "--epsilon", "1",
+                         "--data-dir", str(corrupt.parent), "--out", str(tmp_path / "out"))
+    assert code == 2 and len(stderr.strip().splitlines()) == 1
+    assert "sha256" in stderr
+
+
+def test_run_writes_results_and_respects_max_epsilon(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    summary = _json(capsys, [*RUN[:-2], "--steps", "200", "--max-epsilon", "0.5", "--json", "--out", str(tmp_path)])
+    assert summary["final"]["epsilon"] <= 0.5
+    assert 0 < summary["steps_done"] < 200
+    assert summary["stopped"] == "max_epsilon=0.5 reached"
+    assert {p.name for p in tmp_path.iterdir()} >= {"history.json", "summary.md", "curves.png", "checkpoint.pt"}

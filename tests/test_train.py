@@ -1,0 +1,98 @@
+"""The training loop: checkpoint/resume after SIGKILL, refusal of foreign checkpoints."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from dpopt import _validate
+from dpopt.accounting import epsilon_of
+from dpopt.algorithms import DPSGD
+from dpopt.oracles import Logistic
+from dpopt.train import run
+
+RUN = [sys.executable, "-m", "dpopt.cli", "run", "--algorithm", "dp-srm", "--dataset", "adult", "--epsilon", "1",
+       "--steps", "1500", "--batch-size", "64", "--checkpoint-every", "10", "--json"]
+
+
+def _final(out: Path) -> dict:
+    return json.loads((out / "history.json").read_text())
+
+
+def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
+    killed = tmp_path / "killed"
+    process = subprocess.Popen(RUN + ["--out", str(killed)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    checkpoint_file = killed / "checkpoint.pt"
+    deadline = time.monotonic() + 120
+    while not checkpoint_file.exists() and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.05)
+    time.sleep(0.3)  # let it run on, past a few more checkpoint writes
+    process.send_signal(signal.SIGKILL)
+    assert process.wait() == -signal.SIGKILL, "the run finished before it could be killed: make it longer"
+    assert not (killed / "history.json").exists()
+    saved = torch.load(checkpoint_file, weights_only=False)
+    assert 0 < saved["step"] < 1500
+
+    resumed = subprocess.run(RUN + ["--out", str(killed)], capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    whole = tmp_path / "whole"
+    uninterrupted = subprocess.run(RUN + ["--out", str(whole)], capture_output=True, text=True, timeout=300)
+    assert uninterrupted.returncode == 0, uninterrupted.stderr
+
+    a, b = _final(killed), _final(whole)
+    assert a["theta"] == b["theta"]
+    assert a["final"]["epsilon"] == b["final"]["epsilon"]
+    assert [r["epsilon"] for r in a["records"]] == [r["epsilon"] for r in b["records"]]
+    assert [r["objective"] for r in a["records"]] == [r["objective"] for r in b["records"]]
+    leftovers = [p.name for p in killed.iterdir() if p.name.endswith(".tmp")]
+    assert leftovers == []
+
+
+def _problem() -> Logistic:
+    gen = torch.Generator().manual_seed(0)
+    X = torch.randn(300, 4, generator=gen, dtype=torch.float64)
+    y = torch.where(X[:, 0] + 0.3 * torch.randn(300, generator=gen, dtype=torch.float64) > 0, 1.0, -1.0)
+    return Logistic(X, y)
+
+
+def test_resume_refuses_a_different_configuration(tmp_path: Path) -> None:
+    oracle, path = _problem(), tmp_path / "ckpt.pt"
+    run(DPSGD(lr=0.5, clip=1.0, noise_multiplier=1.0, batch_size=30), oracle, steps=20, seed=0,
+        checkpoint_path=path, checkpoint_every=5)
+    with pytest.raises(_validate.DpoptError, match="different configuration"):
+        run(DPSGD(lr=0.25, clip=1.0, noise_multiplier=1.0, batch_size=30), oracle, steps=20, seed=0,
+            checkpoint_path=path, checkpoint_every=5)
+
+
+def test_resume_of_a_finished_run_returns_the_same_result(tmp_path: Path) -> None:
+    oracle, path = _problem(), tmp_path / "ckpt.pt"
+    algo = DPSGD(lr=0.5, clip=1.0, noise_multiplier=1.0, batch_size=30)
+    first = run(algo, oracle, steps=20, seed=3, checkpoint_path=path, checkpoint_every=5)
+    again = run(algo, oracle, steps=20, seed=3, checkpoint_path=path, checkpoint_every=5)
+    assert torch.equal(first.theta, again.theta)
+    assert first.final["epsilon"] == again.final["epsilon"]
+
+
+def test_unwritable_output_directory_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(_validate.DpoptError, match="must be a writable directory"):
+        run(DPSGD(lr=0.5, clip=1.0, noise_multiplier=1.0, batch_size=30), _problem(), steps=5, seed=0,
+            checkpoint_path=blocker / "sub" / "ckpt.pt", checkpoint_every=1)
+
+
+def test_max_epsilon_stops_before_the_step_that_would_exceed_it() -> None:
+    algo, oracle = DPSGD(lr=0.5, clip=1.0, noise_multiplier=1.0, batch_size=30), _problem()
+    history = run(algo, oracle, steps=400, seed=0, max_epsilon=2.0)
+    assert history.final["epsilon"] <= 2.0
+    assert history.stopped == "max_epsilon=2.0 reached"
+    next_step = epsilon_of(algo.planned_event(oracle.n, history.steps_done + 1), 1e-5, algo.relation())
+    assert next_step > 2.0
+    assert 0 < history.steps_done < 400
