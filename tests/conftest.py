@@ -12,5 +12,5 @@ def shared_data_dir() -> Path:
     env = os.environ.get("DPOPT_TEST_DATA")
     path = Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
     if not path.is_dir():
-        pytest.skip(f"real data not found at {path}: set DPOPT_TEST_DATA")
+        pytest.fail(f"real data not found at {path}: set DPOPT_TEST_DATA to the shared data folder")
     return path

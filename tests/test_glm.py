@@ -137,3 +137,39 @@ def test_input_validation():
         glm.make("svm", X, y)
     made = glm.make("nonconvex-logistic", X, y, reg=0.3)
     assert isinstance(made, glm.NonconvexLogistic) and made.reg == 0.3 and (made.n, made.dim) == (10, 3)
+
+
+@pytest.mark.parametrize("kind", ["permuted", "repeats"])
+def test_row_k_is_the_gradient_of_record_indices_k_for_any_batch(kind):
+    """Row k of ``per_record(θ, indices)`` belongs to record ``indices[k]``, also when the batch
+    has n entries (a permutation of all records, or repeats), and its sum is that multiset's."""
+    X, y, gen = data(n=50, d=3)
+    oracle = glm.NonconvexLogistic(X, y, reg=0.4)
+    theta = torch.randn(3, generator=gen, dtype=torch.float64)
+    every = oracle.per_record(theta, torch.arange(50)).dense()
+    indices = {"permuted": torch.randperm(50, generator=gen), "repeats": torch.arange(50) % 7}[kind]
+    rows = oracle.per_record(theta, indices)
+    assert rows.dense().shape == (50, 3)
+    worst = float((rows.dense() - every[indices]).abs().max())
+    assert worst <= 1e-14, f"indices {indices[:4].tolist()}…: rows differ by {worst}"
+    ones = torch.ones(50, dtype=torch.float64)
+    assert torch.allclose(rows.weighted_sum(ones), every[indices].sum(dim=0), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_per_record_loss_and_regulariser(model):
+    X, y, gen = data(n=30, d=4)
+    oracle = model(X, y, reg=0.25)
+    thetas = torch.randn(3, 4, generator=gen, dtype=torch.float64)
+    idx = torch.tensor([1, 1, 29, 4])
+    losses = oracle.per_record_loss(thetas, idx)
+    assert losses.shape == (4, 3)
+    for k in range(3):
+        reg = float(oracle.regulariser(thetas[k]))
+        want_reg = plain_loss(model, [0.0] * 4, 0.0, thetas[k].tolist(), 0.25) - plain_loss(
+            model, [0.0] * 4, 0.0, [0.0] * 4, 0.25)  # f at x = 0, y = 0 minus its data part
+        assert reg == pytest.approx(want_reg, rel=1e-12, abs=1e-15)
+        for b, i in enumerate(idx.tolist()):
+            want = plain_loss(model, X[i].tolist(), float(y[i]), thetas[k].tolist(), 0.25) - reg
+            assert float(losses[b, k]) == pytest.approx(want, rel=1e-10, abs=1e-13)
+        assert float(losses[:, k].mean()) + reg == pytest.approx(float(oracle.loss(thetas[k], idx)), rel=1e-12)

@@ -56,6 +56,16 @@ def run_length(events: Sequence[dpa.DpEvent]) -> list[tuple[dpa.DpEvent, int]]:
     return runs
 
 
+def _has_noiseless_gaussian(event: dpa.DpEvent) -> bool:
+    if isinstance(event, dpa.GaussianDpEvent):
+        return event.noise_multiplier == 0
+    if isinstance(event, dpa.ComposedDpEvent):
+        return any(_has_noiseless_gaussian(sub) for sub in event.events)
+    inner = getattr(event, "event", None)
+    count = getattr(event, "count", 1)
+    return inner is not None and count > 0 and _has_noiseless_gaussian(inner)
+
+
 def count_steps(event: dpa.DpEvent) -> int:
     """How many atomic events ``event`` composes."""
     return sum(count for _, count in run_length([event]))
@@ -92,10 +102,14 @@ def pld_discretization(epsilon_estimate: float, steps: int) -> float:
     """The PLD grid for an ε of about ``epsilon_estimate`` over ``steps`` composed events.
 
     Pessimistic rounding costs up to one grid step per composed event, which matters when ε
-    is small against √T; the grid is ε/(30√T), kept within [1e-5, 1e-3]. Both ends are
-    upper bounds on the true ε; the finer one is only used where it is cheap (small ε).
+    is small against √T; the grid is ε/(30√T) rounded down to a half decade (1e-3, 3.2e-4,
+    1e-4, …) and kept within [1e-5, 1e-3]. Every grid gives an upper bound on the true ε; the
+    finer ones are only used where they are cheap (small ε).
     """
-    return min(COARSE_DISCRETIZATION, max(FINEST_DISCRETIZATION, epsilon_estimate / (30 * math.sqrt(steps))))
+    raw = epsilon_estimate / (30 * math.sqrt(steps))
+    if raw >= COARSE_DISCRETIZATION:
+        return COARSE_DISCRETIZATION
+    return max(FINEST_DISCRETIZATION, 10 ** (math.floor(2 * math.log10(raw)) / 2))
 
 
 def epsilon_of(event: dpa.DpEvent, delta: float, relation: NeighboringRelation, accountant: str = "pld",
@@ -106,6 +120,7 @@ def epsilon_of(event: dpa.DpEvent, delta: float, relation: NeighboringRelation, 
     coarse first pass; the result is dp_accounting's pessimistic estimate, an upper bound on
     the true ε.
     """
+    _validate.open_unit("delta", delta)
     key = (repr(event), delta, relation, accountant, grid)
     if key not in _EPSILON_CACHE:
         _EPSILON_CACHE[key] = _epsilon(event, delta, relation, accountant, grid)
@@ -119,16 +134,15 @@ _EPSILON_CACHE: dict[tuple[Any, ...], float] = {}
 def _epsilon(event: dpa.DpEvent, delta: float, relation: NeighboringRelation, accountant: str,
              grid: float | None) -> float:
     kind = accountant_for(event, relation, accountant)
-    if grid is None:
-        acc = _accountant(kind, relation, COARSE_DISCRETIZATION)
-        acc.compose(event)
-        eps = float(acc.get_epsilon(delta))
-        if kind == "rdp" or not math.isfinite(eps) or eps == 0:
+    if _has_noiseless_gaussian(event):
+        return math.inf  # RDP's sampled-without-replacement formula divides by the multiplier
+    if kind == "pld" and grid is None:
+        eps = epsilon_of(event, delta, relation, kind, COARSE_DISCRETIZATION)
+        if not math.isfinite(eps) or eps == 0:
             return eps
         grid = pld_discretization(eps, count_steps(event))
-        if grid == COARSE_DISCRETIZATION:
-            return eps
-    acc = _accountant(kind, relation, grid)
+        return epsilon_of(event, delta, relation, kind, grid)
+    acc = _accountant(kind, relation, grid or COARSE_DISCRETIZATION)
     acc.compose(event)
     return float(acc.get_epsilon(delta))
 
@@ -223,7 +237,8 @@ def _root(gap: Callable[[float], float], start: float, accept: float) -> float:
             new = min(max(new, lo * (1 + 1e-9)), hi * (1 - 1e-9))
         else:
             slope = (f - previous[1]) / math.log(scale / previous[0]) if previous and math.isfinite(f) else -1.0
-            new = scale * math.exp(min(2.0, max(-2.0, -f / slope if slope < 0 else -f)))
+            # less noise is costlier to account (a wider privacy-loss range): halve at most
+            new = scale * math.exp(min(2.0, max(-0.7, -f / slope if slope < 0 else -f)))
             if not math.isfinite(new) or new == scale:
                 new = scale * (2.0 if f > 0 else 0.5)
         if not 1e-8 < new < 1e8:
@@ -239,9 +254,9 @@ def solve_noise(event_of: Callable[[float], dpa.DpEvent], *, epsilon: float, del
     """The smallest noise scale s (to ``tolerance``) with ε(event_of(s)) ≤ ``epsilon``.
 
     ε is decreasing in s. Two stages: on the coarse PLD grid (fast everywhere, and an upper
-    bound, so its answer is a little too large), then on the grid fitted to the target,
-    starting there; the answer is checked with :func:`epsilon_of`, exactly as the ledger will
-    compute it, and nudged up until it passes. Achieved ε ≤ ``epsilon`` and
+    bound, so its answer is a little too large), then, where ε is small against √T, with
+    :func:`epsilon_of` exactly as the ledger computes it (on the grid it fits to ε and T),
+    starting there; the answer is checked that same way and nudged up until it passes. Achieved ε ≤ ``epsilon`` and
     ≥ (1 − 2·tolerance)·``epsilon``. Returns ``(s, achieved ε)``.
     """
     _validate.positive("epsilon", epsilon)
@@ -259,9 +274,8 @@ def solve_noise(event_of: Callable[[float], dpa.DpEvent], *, epsilon: float, del
         scale = _root(gap_on(None), 1.0, accept)
     else:
         scale = _root(gap_on(COARSE_DISCRETIZATION), 1.0, accept)
-        fine = pld_discretization(epsilon, count_steps(event_of(scale)))
-        if fine < COARSE_DISCRETIZATION:
-            scale = _root(gap_on(fine), scale, accept)
+        if pld_discretization(epsilon, count_steps(event_of(scale))) < COARSE_DISCRETIZATION:
+            scale = _root(gap_on(None), scale, accept)
     achieved = epsilon_of(event_of(scale), delta, relation, kind)
     while achieved > epsilon:
         scale *= 1 + tolerance / 2

@@ -143,7 +143,7 @@ def _reproduce(args: argparse.Namespace) -> dict[str, Any]:
     from .experiments import reproduce
 
     return reproduce(args.name, seeds=args.seeds, quick=args.quick, out=args.out, data_dir=args.data_dir,
-                     retune=args.retune, progress=not args.json)
+                     retune=args.retune, progress=not args.json, workers=args.workers)
 
 
 def _data(args: argparse.Namespace) -> Any:
@@ -207,6 +207,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--quick", action="store_true", help="a fast smoke version (2 seeds)")
     sub.add_argument("--seeds", type=int)
     sub.add_argument("--retune", action="store_true", help="re-run the step-size tuning instead of the preset's")
+    sub.add_argument("--workers", type=int, help="processes running seeds in parallel (default: one per core)")
     sub.add_argument("--data-dir")
     sub.add_argument("--out")
     common(sub)

@@ -37,7 +37,10 @@ class Dense:
     rows: Tensor
 
     def norms(self) -> Tensor:
-        return self.rows.norm(dim=1)
+        """Row norms, scaled by the largest entry so that finite rows never overflow."""
+        scale = self.rows.abs().amax(dim=1, keepdim=True)
+        safe = torch.where((scale > 0) & scale.isfinite(), scale, torch.ones_like(scale))
+        return safe.squeeze(1) * (self.rows / safe).norm(dim=1)
 
     def weighted_sum(self, weights: Tensor) -> Tensor:
         kept = weights != 0
@@ -75,6 +78,7 @@ def clip_sum(terms: Sequence[Term], relation: NeighboringRelation) -> tuple[Boun
     gradient and the clipped gradient difference). A record whose vector is not finite in any
     term is dropped from every term.
     """
+    terms = [term for term in terms if term.scale != 0]
     norms = [term.rows.norms() for term in terms]
     finite = torch.stack([norm.isfinite() for norm in norms]).all(dim=0)
     total = sum(

@@ -9,7 +9,7 @@ the caller hands the event to the sampler (``sampler.wrap``) and the ledger.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass
 
 import dp_accounting as dpa
 import torch
@@ -28,10 +28,11 @@ class Bounded:
 
     value: Tensor
     sensitivity: float
-    _token: object = field(default=None, repr=False, compare=False)
+    token: InitVar[object] = None
 
-    def __post_init__(self) -> None:
-        if self._token is not _CLIPPING_TOKEN:
+    def __post_init__(self, token: object) -> None:
+        # an InitVar is not copied by dataclasses.replace, so a sensitivity cannot be re-stated
+        if token is not _CLIPPING_TOKEN:
             raise TypeError("Bounded values are made only by dpopt.clipping")
         if not self.sensitivity >= 0:
             raise ValueError(f"sensitivity={self.sensitivity} must be >= 0")

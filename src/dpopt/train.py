@@ -92,7 +92,7 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int = 0, delta: flo
     """
     _validate.positive_int("steps", steps)
     _validate.open_unit("delta", delta)
-    log_every = _validate.positive_int("log_every", log_every) if log_every else max(1, steps // 50)
+    log_every = max(1, steps // 50) if log_every is None else _validate.positive_int("log_every", log_every)
     n = oracle.n
     for t in sorted({0, 1, steps - 1}):
         _validate.positive_int("batch_size", int(algorithm.sampler(t, n).expected_size), maximum=n, maximum_name="n")

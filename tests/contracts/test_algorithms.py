@@ -149,6 +149,44 @@ def test_dpagd_records_only_zcdp_that_sums_to_the_budget():
     assert manual.ledger.accountant == "rdp"
 
 
+@pytest.mark.parametrize(("name", "factor"), [
+    ("dpsgd-poisson", 1.0), ("dpsgd-fixed", 2.0), ("dp_gd", 2.0), ("rrpsgd", 1.0)])
+def test_dpsgd_noise_is_z_times_sensitivity_divided_by_public_size(name, factor):
+    """θ⁺(z) − θ⁺(0) = −η·z·Δ·ξ/b on one batch: Δ = C (add/remove-one) or 2C (replace-one), ξ the
+    noise generator's normals, b the sampler's public expected size (rule 2: noise, then scale)."""
+    z, clip = 1.7, 0.3
+    noisy, clean = TABLE[name].make(z, clip), TABLE[name].make(0.0, clip)
+    sampler = noisy.sampler(0, N)
+    indices = sampler.sample(torch.Generator().manual_seed(1))
+    theta0 = torch.full((DIM,), 0.2, dtype=torch.float64)
+    steps = []
+    for algo in (noisy, clean):
+        state = algo.init(theta0, 5, torch.Generator().manual_seed(0))
+        steps.append(algo.step(state, Batch(0, indices, sampler), oracle(), torch.Generator().manual_seed(8)))
+    xi = torch.randn(DIM, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    want = -0.5 * z * factor * clip * xi / sampler.expected_size
+    assert torch.allclose(steps[0][0].theta - steps[1][0].theta, want, rtol=1e-12, atol=1e-15)
+    assert steps[0][1] == sampler.wrap(dpa.GaussianDpEvent(z))
+
+
+@pytest.mark.parametrize(("name", "factor"), [("dpsrm-poisson", 1.0), ("dpsrm-fixed", 2.0)])
+def test_dpsrm_noise_is_z_times_sensitivity_divided_by_public_size(name, factor):
+    """Step 0: Δ = C1; steps ≥ 1: Δ = S = γC1 + (1−γ)C2 (times 2 under replace-one)."""
+    algo = dataclasses.replace(TABLE[name].make(1.0, 1.0), noise_multiplier0=1.3, noise_multiplier=2.1)
+    clean = dataclasses.replace(algo, noise_multiplier0=0.0, noise_multiplier=0.0)
+    state = clean.init(torch.zeros(DIM, dtype=torch.float64), 5, torch.Generator().manual_seed(0))
+    sample_gen = torch.Generator().manual_seed(2)
+    for t, (z, sensitivity) in enumerate([(1.3, algo.clip), (2.1, 0.3 * algo.clip + 0.7 * algo.clip_diff)]):
+        sampler = algo.sampler(t, N)
+        batch = Batch(t, sampler.sample(sample_gen), sampler)
+        noisy_state, event = algo.step(state, batch, oracle(), torch.Generator().manual_seed(8 + t))
+        state, _ = clean.step(state, batch, oracle(), torch.Generator().manual_seed(8 + t))
+        xi = torch.randn(DIM, generator=torch.Generator().manual_seed(8 + t), dtype=torch.float64)
+        want = z * factor * sensitivity * xi / sampler.expected_size
+        assert torch.allclose(noisy_state.momentum - state.momentum, want, rtol=1e-12, atol=1e-15)
+        assert event == sampler.wrap(dpa.GaussianDpEvent(z))
+
+
 # ------------------------------------------------------------------ (b) non-private references
 
 

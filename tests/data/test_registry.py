@@ -72,7 +72,7 @@ def test_adult_files_in_the_data_dir_are_used_first(tmp_path):
         shutil.copyfile(bundled / name, folder / name)
     assert str(folder / "a9a.bz2") in load("adult", tmp_path).source
     flip_byte(folder / "a9a.t.bz2")
-    with pytest.raises(DataError, match="a9a.t.bz2 is corrupt"):
+    with pytest.raises(DataError, match="a9a.t.bz2 is corrupt: .*; delete it to use the bundled"):
         load("adult", tmp_path)
 
 
@@ -125,6 +125,7 @@ def test_corrupt_file_is_rejected_with_both_hashes(tmp_path, shared_data_dir):
     assert f"{folder / 'ijcnn1.tst.bz2'} is corrupt: sha256 " in message
     assert f"!= expected {info('ijcnn1')['files'][1]['sha256']}" in message
     assert info("ijcnn1")["files"][1]["sha256"].startswith("acd1db430684")
+    assert message.endswith("; run `dpopt data fetch ijcnn1` to download it again")
     assert "\n" not in message
 
 
@@ -220,6 +221,6 @@ def test_fetch_of_bundled_data_is_a_no_op(tmp_path):
 def test_fetch_into_an_unusable_data_dir(tmp_path):
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("")
-    with pytest.raises(DataError, match=r"data_dir='.*/file' cannot be written \(Not a directory\); "
-                                        "pass another --data-dir or set DPOPT_DATA"):
+    with pytest.raises(DataError, match=r"data_dir='.*/file' cannot be written "
+                                        r"\(Not a directory\); pass another --data-dir"):
         fetch("ijcnn1", not_a_dir)

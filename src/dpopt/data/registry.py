@@ -15,7 +15,6 @@ import os
 import tempfile
 import urllib.request
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -119,13 +118,11 @@ class _Spec:
 
 
 def _libsvm_split(n_features: int) -> Callable[[Sequence[Path]], Arrays]:
-    """Parser of a (train, test) pair of binary LIBSVM files, read in two threads."""
-    read = functools.partial(read_libsvm, n_features=n_features)
+    """Parser of a (train, test) pair of binary LIBSVM files with ``n_features`` features."""
 
     def parse(paths: Sequence[Path]) -> Arrays:
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            (X_train, y_train), (X_test, y_test) = pool.map(read, paths)
-        return X_train, y_train, X_test, y_test
+        train, test = paths
+        return (*read_libsvm(train, n_features), *read_libsvm(test, n_features))
 
     return parse
 
@@ -207,7 +204,7 @@ def load(name: str, data_dir: PathLike | None = None) -> Dataset:
     spec = _spec(name)
     paths = tuple(_locate(spec, _resolve(data_dir)))
     for path, file in zip(paths, spec.files):
-        _verify(path, file, spec.name)
+        _verify(path, file, spec)
     cached = _parse(spec.name, paths)
     return Dataset(cached.name, cached.task, cached.X_train.copy(), cached.y_train.copy(),
                    cached.X_test.copy(), cached.y_test.copy(), cached.source)
@@ -268,12 +265,14 @@ def _locate(spec: _Spec, data_dir: Path) -> list[Path]:
     return paths
 
 
-def _verify(path: Path, file: RemoteFile, name: str) -> None:
+def _verify(path: Path, file: RemoteFile, spec: _Spec) -> None:
     """Raise :class:`DataError` unless ``path`` has the sha256 of ``file``."""
     actual = _sha256(path)
     if actual != file.sha256:
+        fix = ("delete it to use the bundled copy" if spec.bundled
+               else f"run `dpopt data fetch {spec.name}` to download it again")
         raise DataError(f"data file {path} is corrupt: sha256 {actual} != expected "
-                        f"{file.sha256}; run `dpopt data fetch {name}` to download it again")
+                        f"{file.sha256}; {fix}")
 
 
 def _sha256(path: Path) -> str:

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import itertools
 import math
+import multiprocessing
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 from scipy import stats
 from tqdm import tqdm
 
@@ -46,13 +49,45 @@ class Problem:
 
 
 def run_seeds(method: Method, params: Params, problem: Problem, *, epsilon: float, delta: float,
-              seeds: Sequence[int], log_points: int = 40) -> list[History]:
-    """Calibrate (private methods) and run ``method`` once per seed."""
+              seeds: Sequence[int], log_points: int = 40, pool: Pool | None = None) -> list[History]:
+    """Calibrate (private methods) once, then run ``method`` once per seed (in ``pool`` if given)."""
     algorithm, steps = method.build(problem.oracle.n, params)
     if method.private:
         algorithm = calibrate(algorithm, epsilon=epsilon, delta=delta, n=problem.oracle.n, steps=steps)
-    return [run(algorithm, problem.oracle, steps=steps, seed=seed, delta=delta, test_error=problem.test_error,
-                log_every=max(1, steps // log_points)) for seed in seeds]
+    settings = {"steps": steps, "delta": delta, "log_every": max(1, steps // log_points)}
+    if pool is not None:
+        return pool.map(algorithm, settings, seeds)
+    return [run(algorithm, problem.oracle, seed=seed, test_error=problem.test_error, **settings) for seed in seeds]
+
+
+class Pool:
+    """Seeds run in worker processes (spawned, one torch thread each), each holding the problem
+    built once by ``make_problem(*args)`` — a module-level function, so it can be pickled."""
+
+    def __init__(self, workers: int, make_problem: Callable[..., Problem], *args: Any) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init,
+                                             initargs=(make_problem, args))
+
+    def map(self, algorithm: Any, settings: dict[str, Any], seeds: Sequence[int]) -> list[History]:
+        return list(self._executor.map(_worker_run, [(algorithm, settings, seed) for seed in seeds]))
+
+    def close(self) -> None:
+        self._executor.shutdown()
+
+
+_WORKER_PROBLEM: list[Problem] = []
+
+
+def _worker_init(make_problem: Callable[..., Problem], args: tuple[Any, ...]) -> None:
+    torch.set_num_threads(1)
+    _WORKER_PROBLEM.append(make_problem(*args))
+
+
+def _worker_run(job: tuple[Any, dict[str, Any], int]) -> History:
+    algorithm, settings, seed = job
+    problem = _WORKER_PROBLEM[0]
+    return run(algorithm, problem.oracle, seed=seed, test_error=problem.test_error, **settings)
 
 
 def grid_points(grid: dict[str, Sequence[Any]]) -> list[Params]:
@@ -61,7 +96,7 @@ def grid_points(grid: dict[str, Sequence[Any]]) -> list[Params]:
 
 
 def tune(method: Method, problem: Problem, *, epsilon: float, delta: float, seeds: Sequence[int],
-         progress: bool = False) -> dict[str, Any]:
+         progress: bool = False, pool: Pool | None = None) -> dict[str, Any]:
     """Every grid point on ``seeds`` (distinct from the evaluation seeds); the point with the
     lowest mean final training objective wins (diverged runs count as +∞). Returns the choice,
     every point's score and the cost (runs, wall seconds). Tuning is NOT privacy-accounted."""
@@ -69,7 +104,8 @@ def tune(method: Method, problem: Problem, *, epsilon: float, delta: float, seed
     scores = []
     for params in tqdm(grid_points(method.grid), desc=f"tune {method.name} ε={epsilon}", disable=not progress,
                        leave=False):
-        histories = run_seeds(method, params, problem, epsilon=epsilon, delta=delta, seeds=seeds, log_points=1)
+        histories = run_seeds(method, params, problem, epsilon=epsilon, delta=delta, seeds=seeds, log_points=1,
+                              pool=pool)
         objectives = [h.final["objective"] for h in histories]
         score = float(np.mean(objectives)) if all(math.isfinite(o) for o in objectives) else math.inf
         scores.append({"params": params, "objective": score})

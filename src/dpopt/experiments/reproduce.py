@@ -10,6 +10,7 @@ figures, all atomically.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from types import ModuleType
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from .. import _validate, report
-from ._runner import Method, mean_curve, metrics, one_sided_p, run_seeds, tune
+from ._runner import Method, Pool, Problem, mean_curve, metrics, one_sided_p, run_seeds, tune
 
 
 def _module(name: str) -> ModuleType:
@@ -29,20 +30,42 @@ def _module(name: str) -> ModuleType:
 
 
 def reproduce(name: str, *, seeds: int | None = None, quick: bool = False, out: str | Path | None = None,
-              data_dir: str | None = None, retune: bool = False, progress: bool = False) -> dict[str, Any]:
-    """Run experiment ``name`` and write its report under ``out`` (default ``results/<name>``)."""
+              data_dir: str | None = None, retune: bool = False, progress: bool = False,
+              workers: int | None = None) -> dict[str, Any]:
+    """Run experiment ``name`` and write its report under ``out`` (default ``results/<name>``).
+
+    Seeds run in ``workers`` processes (default: one per core)."""
     exp = _module(name)
     n_seeds = _validate.positive_int("seeds", seeds if seeds is not None else (2 if quick else 10))
+    workers = _validate.positive_int("workers", workers if workers is not None else os.cpu_count() or 1)
     out_dir = Path(out) if out else Path("results") / name
     problem, facts = exp.problem(data_dir)
+    pool = Pool(workers, _problem_of, name, data_dir) if workers > 1 else None
+    try:
+        payload = _run_all(exp, problem, facts, n_seeds, quick, retune, progress, pool)
+    finally:
+        if pool is not None:
+            pool.close()
+    _write(out_dir, payload, exp)
+    return {key: value for key, value in payload.items() if key != "_curves"}
+
+
+def _problem_of(name: str, data_dir: str | None) -> Problem:
+    """The experiment's problem alone (built in each worker process)."""
+    return _module(name).problem(data_dir)[0]
+
+
+def _run_all(exp: ModuleType, problem: Problem, facts: dict[str, Any], n_seeds: int, quick: bool, retune: bool,
+             progress: bool, pool: Pool | None) -> dict[str, Any]:
     started = time.perf_counter()
     rows, tuning, curves = [], {}, {}
     for epsilon in exp.EPSILONS:
         for method in exp.methods(epsilon):
-            params, tuned = _params(method, epsilon, retune, problem, exp, progress)
+            params, tuned = _params(method, epsilon, retune, problem, exp, progress, pool)
             if tuned:
                 tuning[f"{method.name} ε={epsilon}"] = tuned
-            histories = run_seeds(method, params, problem, epsilon=epsilon, delta=exp.DELTA, seeds=range(n_seeds))
+            histories = run_seeds(method, params, problem, epsilon=epsilon, delta=exp.DELTA, seeds=range(n_seeds),
+                                  pool=pool)
             rows.append({"algorithm": method.name, "epsilon": epsilon if method.private else None, "delta": exp.DELTA,
                          "params": params, "metrics": metrics(histories, exp.METRICS),
                          "accountant": histories[0].accountant,
@@ -55,22 +78,21 @@ def reproduce(name: str, *, seeds: int | None = None, quick: bool = False, out: 
     tests = _t_tests(rows, exp.OURS)
     for row in rows:
         del row["_final"]
-    payload = {
-        "experiment": name, "rows": rows,
+    return {
+        "experiment": exp.NAME, "rows": rows,
         "paper": [_paper_row(row, exp.DELTA) for row in exp.PAPER],
         "seeds": n_seeds, "quick": quick, "facts": facts, "t_tests": tests,
         "grids": {m.name: m.grid for m in exp.methods(exp.EPSILONS[0])},
-        "tuning": tuning or exp.TUNING_COST, "wall_time_s": time.perf_counter() - started,
+        "tuning": tuning or exp.TUNING_COST, "wall_time_s": time.perf_counter() - started, "_curves": curves,
     }
-    _write(out_dir, payload, curves, exp)
-    return payload
 
 
 def _params(method: Method, epsilon: float, retune: bool, problem: Any, exp: ModuleType,
-            progress: bool) -> tuple[dict[str, Any], dict[str, Any] | None]:
+            progress: bool, pool: Pool | None) -> tuple[dict[str, Any], dict[str, Any] | None]:
     if not retune and epsilon in method.tuned:
         return method.tuned[epsilon], None
-    result = tune(method, problem, epsilon=epsilon, delta=exp.DELTA, seeds=exp.TUNING_SEEDS, progress=progress)
+    result = tune(method, problem, epsilon=epsilon, delta=exp.DELTA, seeds=exp.TUNING_SEEDS, progress=progress,
+                  pool=pool)
     return result["chosen"], result
 
 
@@ -96,8 +118,9 @@ def _paper_row(row: dict[str, Any], delta: float) -> dict[str, Any]:
             "metrics": {k: metric(v) for k, v in row.items() if k not in keys}}
 
 
-def _write(out_dir: Path, payload: dict[str, Any], curves: dict[tuple[str, float], Any], exp: ModuleType) -> None:
-    report.write_json(out_dir / "results.json", payload)
+def _write(out_dir: Path, payload: dict[str, Any], exp: ModuleType) -> None:
+    curves = payload["_curves"]
+    report.write_json(out_dir / "results.json", {key: value for key, value in payload.items() if key != "_curves"})
     report.write_text(out_dir / "results.md", _markdown(payload, exp))
     for epsilon in exp.EPSILONS:
         panels: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {"objective": {}, "gradient norm": {}}

@@ -53,9 +53,15 @@ class LinearRows:
     shift: Tensor
 
     def norms(self) -> Tensor:
-        cross = self.X @ self.shift
-        squared = self.coef**2 * self.sq_norms + 2 * self.coef * cross + self.shift @ self.shift
-        return squared.clamp(min=0).sqrt()
+        """‖c_i x_i + s‖ from c_i²‖x_i‖² + 2c_i⟨x_i, s⟩ + ‖s‖²; where that cancels (c_i x_i ≈ −s),
+        the rows are recomputed densely, so a norm is never underestimated by rounding."""
+        scale = self.coef**2 * self.sq_norms + self.shift @ self.shift
+        squared = scale + 2 * self.coef * (self.X @ self.shift)
+        norms = squared.clamp(min=0).sqrt()
+        cancelled = squared <= 1e-4 * scale
+        if cancelled.any():
+            norms[cancelled] = (self.coef[cancelled, None] * self.X[cancelled] + self.shift).norm(dim=1)
+        return norms
 
     def weighted_sum(self, weights: Tensor) -> Tensor:
         scaled = torch.where(weights != 0, weights * self.coef, torch.zeros_like(self.coef))
@@ -82,10 +88,21 @@ class GLM:
         self.reg = _validate.non_negative("reg", reg)
         self.n, self.dim = self.X.shape
         self.sq_norms = (self.X**2).sum(dim=1)
+        self._all = torch.arange(self.n)
 
-    def _link(self, margin: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        """Per-record loss ℓ(m; y) and its derivative ℓ′(m; y) at margins m = ⟨x, θ⟩."""
+    def _value(self, margin: Tensor, y: Tensor) -> Tensor:
+        """Per-record loss ℓ(m; y) at margins m = ⟨x, θ⟩."""
         raise NotImplementedError
+
+    def _slope(self, margin: Tensor, y: Tensor) -> Tensor:
+        """Its derivative ℓ′(m; y)."""
+        raise NotImplementedError
+
+    def _rows(self, indices: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """(X, y, ‖x‖²) of ``indices``; all records in place (no copy) for None or ``arange(n)``."""
+        if indices is None or (len(indices) == self.n and torch.equal(indices, self._all)):
+            return self.X, self.y, self.sq_norms
+        return self.X[indices], self.y[indices], self.sq_norms[indices]
 
     def _regulariser(self, theta: Tensor) -> tuple[Tensor, Tensor]:
         """r(θ) and ∇r(θ)."""
@@ -94,18 +111,14 @@ class GLM:
     def per_record(self, theta: Tensor, indices: Tensor) -> LinearRows:
         """Per-record gradients of the records ``indices`` (distinct). A batch of every record
         uses the data in place (the set, not the order, determines every clipped sum)."""
-        if len(indices) == self.n:
-            X, y, sq_norms = self.X, self.y, self.sq_norms
-        else:
-            X, y, sq_norms = self.X[indices], self.y[indices], self.sq_norms[indices]
-        _, slope = self._link(X @ theta, y)
-        return LinearRows(X, sq_norms, slope, self._regulariser(theta)[1])
+        X, y, sq_norms = self._rows(indices)
+        return LinearRows(X, sq_norms, self._slope(X @ theta, y), self._regulariser(theta)[1])
 
     def per_record_loss(self, thetas: Tensor, indices: Tensor) -> Tensor:
         """``[B, K]``: the data loss ℓ(⟨x_i, θ_k⟩; y_i) of records ``indices`` at K points ``thetas [K, d]``
         (one matrix product; the regulariser, which does not depend on the data, is excluded)."""
-        values, _ = self._link(self.X[indices] @ thetas.T, self.y[indices][:, None])
-        return values
+        X, y, _ = self._rows(indices)
+        return self._value(X @ thetas.T, y[:, None])
 
     def regulariser(self, theta: Tensor) -> Tensor:
         """r(θ), the data-independent part of F."""
@@ -113,14 +126,12 @@ class GLM:
 
     def loss(self, theta: Tensor, indices: Tensor | None = None) -> Tensor:
         """F(θ) = mean_i ℓ(⟨x_i, θ⟩; y_i) + r(θ) over ``indices`` (default all records)."""
-        X, y = (self.X, self.y) if indices is None else (self.X[indices], self.y[indices])
-        values, _ = self._link(X @ theta, y)
-        return values.mean() + self._regulariser(theta)[0]
+        X, y, _ = self._rows(indices)
+        return self._value(X @ theta, y).mean() + self._regulariser(theta)[0]
 
     def gradient(self, theta: Tensor) -> Tensor:
         """∇F(θ) over all records."""
-        _, slope = self._link(self.X @ theta, self.y)
-        return self.X.T @ slope / self.n + self._regulariser(theta)[1]
+        return self.X.T @ self._slope(self.X @ theta, self.y) / self.n + self._regulariser(theta)[1]
 
     def error(self, theta: Tensor, X: Tensor, y: Tensor) -> float:
         """Test error: misclassification rate (classification) or mean squared error."""
@@ -130,9 +141,11 @@ class GLM:
 class Logistic(GLM):
     """Logistic loss log(1 + exp(−y m)); labels y ∈ {−1, +1}."""
 
-    def _link(self, margin: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        z = y * margin
-        return torch.nn.functional.softplus(-z), -y * torch.sigmoid(-z)
+    def _value(self, margin: Tensor, y: Tensor) -> Tensor:
+        return torch.nn.functional.softplus(-y * margin)
+
+    def _slope(self, margin: Tensor, y: Tensor) -> Tensor:
+        return -y * torch.sigmoid(-y * margin)
 
     def error(self, theta: Tensor, X: Tensor, y: Tensor) -> float:
         X = torch.as_tensor(X, dtype=torch.float64)
@@ -151,9 +164,11 @@ class NonconvexLogistic(Logistic):
 class Ridge(GLM):
     """Squared loss ½(m − y)² + (λ/2)‖θ‖²."""
 
-    def _link(self, margin: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        residual = margin - y
-        return 0.5 * residual**2, residual
+    def _value(self, margin: Tensor, y: Tensor) -> Tensor:
+        return 0.5 * (margin - y) ** 2
+
+    def _slope(self, margin: Tensor, y: Tensor) -> Tensor:
+        return margin - y
 
     def _regulariser(self, theta: Tensor) -> tuple[Tensor, Tensor]:
         return 0.5 * self.reg * theta @ theta, self.reg * theta
