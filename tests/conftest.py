@@ -14,3 +14,14 @@ def shared_data_dir() -> Path:
     if not path.is_dir():
         pytest.fail(f"real data not found at {path}: set DPOPT_TEST_DATA to the shared data folder")
     return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread() -> None:
+    """Tiny tensors run far faster on one thread than two on this 2-core machine."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

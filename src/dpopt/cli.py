@@ -117,8 +117,9 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     oracle = make_oracle(args.model, torch.as_tensor(dataset.X_train), torch.as_tensor(dataset.y_train), reg=args.reg)
     algorithm = _build_algorithm(args, oracle.n)
     if args.algorithm != "storm":
+        ratios = (_validate.positive("noise_ratio", args.noise_ratio), 1.0) if args.algorithm == "dp-srm" else None
         algorithm = calibrate(algorithm, epsilon=epsilon, delta=delta, n=oracle.n, steps=steps,
-                              accountant=args.accountant)
+                              accountant=args.accountant, ratios=ratios)
     out = Path(args.out or f"results/run-{args.algorithm}-{args.dataset}")
     X_test, y_test = torch.as_tensor(dataset.X_test), torch.as_tensor(dataset.y_test)
     history = run(algorithm, oracle, steps=steps, seed=args.seed, delta=delta, accountant=args.accountant,
@@ -193,6 +194,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--clip", type=float, default=1.0)
     sub.add_argument("--clip-diff", type=float, default=0.01, help="DP-SRM's C2")
     sub.add_argument("--gamma", type=float, default=0.01, help="DP-SRM/STORM momentum γ")
+    sub.add_argument("--noise-ratio", type=float, default=1.0, help="DP-SRM's σ0/σ, fixed while calibrating")
     sub.add_argument("--obj-clip", type=float, default=1.0, help="DP-AGD's clip of per-record losses")
     sub.add_argument("--accountant", choices=ACCOUNTANTS, default="pld")
     sub.add_argument("--seed", type=int, default=0)

@@ -89,9 +89,9 @@ def _storm(epsilon: float) -> Any:
 GRIDS: dict[str, dict[str, tuple[Any, ...]]] = {
     "DP-SRM": {"lr": (0.5, 1.0, 2.0, 4.0, 8.0, 16.0), "batch_size": (50, 100, 250, 500), "b0_factor": (1, 4)},
     "DP-GD": {"lr": (10.0, 20.0, 50.0, 100.0, 200.0, 500.0)},
-    "RRPSGD": {"lr": (0.5, 1.0, 2.0, 4.0, 8.0, 16.0), "batch_size": (50, 100, 250, 500)},
-    "DP-AGD": {"max_step": (0.5, 1.0, 2.0, 5.0, 10.0)},
-    "STORM": {"lr": (0.5, 1.0, 2.0, 4.0, 8.0, 16.0), "batch_size": (50, 100, 250, 500)},
+    "RRPSGD": {"lr": (0.5, 1.0, 2.0, 4.0, 8.0, 16.0), "batch_size": (25, 50, 100, 250, 500)},
+    "DP-AGD": {"max_step": (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0)},
+    "STORM": {"lr": (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0), "batch_size": (50, 100, 250, 500)},
 }
 
 #: Chosen by ``dpopt reproduce dp-srm-ijcnn1 --retune`` (see TUNING_COST); filled in below.

@@ -61,9 +61,11 @@ def _run_all(exp: ModuleType, problem: Problem, facts: dict[str, Any], n_seeds: 
     rows, tuning, curves = [], {}, {}
     for epsilon in exp.EPSILONS:
         for method in exp.methods(epsilon):
-            params, tuned = _params(method, epsilon, retune, problem, exp, progress, pool)
+            if not method.private and any(row["algorithm"] == method.name for row in rows):
+                continue  # a non-private reference does not depend on ε: run it once
+            params, tuned = _params(method, epsilon if method.private else None, retune, problem, exp, progress, pool)
             if tuned:
-                tuning[f"{method.name} ε={epsilon}"] = tuned
+                tuning[f"{method.name} ε={epsilon if method.private else None}"] = tuned
             histories = run_seeds(method, params, problem, epsilon=epsilon, delta=exp.DELTA, seeds=range(n_seeds),
                                   pool=pool)
             rows.append({"algorithm": method.name, "epsilon": epsilon if method.private else None, "delta": exp.DELTA,
@@ -71,7 +73,7 @@ def _run_all(exp: ModuleType, problem: Problem, facts: dict[str, Any], n_seeds: 
                          "accountant": histories[0].accountant,
                          "neighboring_relation": histories[0].neighboring_relation,
                          "_final": {m: [h.final[m] for h in histories] for m in ("objective", "grad_norm")}})
-            curves[(method.name, epsilon)] = histories
+            curves[(method.name, rows[-1]["epsilon"])] = histories
             if progress:
                 print(f"  {method.name:>8} ε={epsilon}: objective {rows[-1]['metrics']['objective']['mean']:.5f}",
                       flush=True)
@@ -87,12 +89,13 @@ def _run_all(exp: ModuleType, problem: Problem, facts: dict[str, Any], n_seeds: 
     }
 
 
-def _params(method: Method, epsilon: float, retune: bool, problem: Any, exp: ModuleType,
+def _params(method: Method, epsilon: float | None, retune: bool, problem: Any, exp: ModuleType,
             progress: bool, pool: Pool | None) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The preset's tuned hyper-parameters for ``epsilon`` (None for a non-private method), or tune."""
     if not retune and epsilon in method.tuned:
         return method.tuned[epsilon], None
-    result = tune(method, problem, epsilon=epsilon, delta=exp.DELTA, seeds=exp.TUNING_SEEDS, progress=progress,
-                  pool=pool)
+    result = tune(method, problem, epsilon=epsilon or exp.EPSILONS[0], delta=exp.DELTA, seeds=exp.TUNING_SEEDS,
+                  progress=progress, pool=pool)
     return result["chosen"], result
 
 
@@ -125,7 +128,7 @@ def _write(out_dir: Path, payload: dict[str, Any], exp: ModuleType) -> None:
     for epsilon in exp.EPSILONS:
         panels: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {"objective": {}, "gradient norm": {}}
         for (method, eps), histories in curves.items():
-            if eps == epsilon:
+            if eps in (epsilon, None):
                 panels["objective"][method] = mean_curve(histories, "objective")
                 panels["gradient norm"][method] = mean_curve(histories, "grad_norm")
         report.curves_figure(out_dir / f"curves_eps{epsilon}.png", panels, xlabel="data passes (epochs)")

@@ -1,0 +1,436 @@
+"""The "ghost" engine: per-record gradient norms and clipped sums without a ``[B, d]`` matrix.
+
+For a layer ``s_t = W a_t + b`` applied at positions t = 1..T of one record (T = 1 for an MLP,
+the sequence length for a Linear on ``[B, T, p]``, the number of output pixels for a
+convolution seen on its unfolded patches), the record's gradient is ``∇_W ℓ_i = Σ_t g_t a_tᵀ``
+and ``∇_b ℓ_i = Σ_t g_t`` with ``g_t = ∂ℓ_i/∂s_t``. Both are known from the layer's input
+``a`` and output gradient ``g`` of one ordinary forward/backward, so (Li et al. 2022, "Large
+language models can be strong differentially private learners", arXiv:2110.05679; Bu et al.
+2022, "Scalable and efficient training of large convolutional neural networks with
+differential privacy", arXiv:2205.10683, §4, the "mixed ghost norm"):
+
+* ``‖∇_W ℓ_i‖² = ⟨a aᵀ, g gᵀ⟩`` (two T×T Gram matrices) when 2T² < p·q, else
+  ``‖Σ_t g_t a_tᵀ‖²`` with the ``[q, p]`` layer gradient of that record built directly; for
+  T = 1 it is ``‖a‖²‖g‖²``. Conv2d is the Linear rule on ``unfold(a)`` (im2col), per group.
+* the clipped sum ``Σ_i w_i ∇ℓ_i`` is book-keeping (Bu et al. 2023, "Differentially private
+  optimization on large model at small cost", arXiv:2210.00038): the weight-gradient products
+  of a backward pass, ``Σ_i w_i g_iᵀ a_i`` per layer (``conv2d_weight`` for convolutions),
+  from the stored ``a`` and ``g``. It equals the reweighted backward of ``Σ_i w_i ℓ_i`` (the
+  second pass of ghost clipping) without running it: no second backprop through the network,
+  no retained graph, and records with ``w_i = 0`` are left out exactly (a record whose
+  gradient is NaN cannot poison the sum), with the same forward as the norms (dropout masks
+  agree).
+* the difference of two such batches at θ and θ′ (DP-SRM) has, per layer,
+  ``Σ_t g_t a_tᵀ − g′_t a′_tᵀ = Σ_t (g_t − g′_t) a_tᵀ + g′_t (a_t − a′_t)ᵀ``: the Linear rule on
+  the 2T stacked positions ``[a; a − a′]`` and ``[g − g′; g′]`` (Gram form, chosen by 2·(2T)² <
+  p·q), or the two records' layer gradients built and subtracted (direct form). Either way the
+  norm avoids the cancellation of ``‖A‖² + ‖A′‖² − 2⟨A, A′⟩``, which loses every digit when
+  θ′ ≈ θ (every stacked term is already of the size of the difference); the weighted sum is the
+  book-keeping sum at θ minus the one at θ′.
+
+Where the Gram form itself cancels (the terms ``g_t a_tᵀ`` of one record nearly sum to zero:
+its worst-case rounding error 2ε·(Σ_t ‖a_t‖‖g_t‖)² could exceed 2e−4 of the result), those
+records are recomputed with the direct form, so a norm is not underestimated by rounding.
+
+How layers are found (DESIGN rule 7: no hooks, no monkey-patching). :func:`plan` walks the
+module: an ``nn.Sequential`` (whose forward is not overridden) is opened and its children are
+run by this module's own functional forward, one stage after another; each child is
+
+* ``linear`` / ``conv``: ``nn.Linear``, ``nn.Conv2d`` (zero padding, forward not overridden,
+  ``weight``/``bias`` not parametrized) with trainable parameters: computed here with
+  ``F.linear`` / ``F.conv2d`` on views of θ; their outputs are kept and ``torch.autograd.grad``
+  w.r.t. those outputs gives every ``g`` in one backward (which skips the weight-gradient
+  products: only ``∂ℓ/∂s`` is asked for);
+* ``block``: any other module with trainable parameters (GroupNorm, LayerNorm, Embedding, a
+  custom layer, a container with its own forward, the whole model if it is not a Sequential):
+  run under ``vmap`` with its parameters expanded to one copy per record, so the same backward
+  returns that block's per-record gradients ``[B, *shape]`` (dense, but only for that block:
+  cheap for normalisation layers, costly for a large Embedding; it must be vmap-compatible,
+  as for ``engine="vmap"``). Conv2d with non-zero padding modes or ``padding="same"`` is a block;
+* ``plain``: no trainable parameters (activations, pooling, flatten, dropout): called as is.
+
+Why not hooks, nor ``autograd.grad`` on every submodule of any model: without hooks the only
+outputs we can hold are those of calls we make ourselves, i.e. of a forward we write. For an
+``nn.Sequential`` that forward is known (children in order, one tensor passed along, records
+along dim 0), so it is rewritten here; a custom ``forward`` is opaque (tracing it with
+``torch.fx`` would be the next step).
+
+Limits: layers are seen only inside (nested) ``nn.Sequential`` containers; write models as
+Sequentials to get ghost norms (anything else is correct but runs as one dense ``block``).
+Module hooks registered by the user are not run for ``linear``/``conv`` stages. A parameter
+used by two stages (tied weights) is refused (use ``engine="vmap"``). Records must not interact
+in the forward pass: BatchNorm is refused by the oracle; a custom layer that mixes records is
+not detected. Squared norms are formed without rescaling, so a record whose gradient norm
+exceeds ~1e19 (float32) overflows to ∞ and is dropped by clipping like a NaN record, where the
+dense engine would clip it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call, vmap
+
+from .. import _validate
+
+class Layout(Protocol):
+    """Where each trainable parameter lives in the flat θ (see ``torch_model.Layout``)."""
+
+    dim: int
+
+    def place(self, name: str) -> slice: ...
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of the functional forward: ``kind`` is "plain", "linear", "conv" or "block";
+    ``names`` pairs each trainable parameter's name in ``module`` with its name in θ."""
+
+    kind: str
+    module: nn.Module
+    path: str
+    names: tuple[tuple[str, str], ...]
+    aliases: tuple[tuple[str, ...], ...] = ()   # per parameter: every local name that holds it
+
+
+def parameter_names(module: nn.Module) -> dict[str, tuple[str, ...]]:
+    """Each distinct parameter's first name → the names of every module attribute holding it.
+
+    ``functional_call`` must be given every such name with ``tie_weights=False``: with the
+    default tying, a module reachable by two paths is swapped twice and restored in the wrong
+    order, which leaves the passed tensor inside the module (PyTorch 2.13)."""
+    names: dict[str, list[str]] = {}
+    first: dict[int, str] = {}
+    owners: set[tuple[int, str]] = set()
+    for name, param in module.named_parameters(remove_duplicate=False):
+        prefix, _, attr = name.rpartition(".")
+        owner = (id(module.get_submodule(prefix)), attr)
+        if owner not in owners:
+            owners.add(owner)
+            names.setdefault(first.setdefault(id(param), name), []).append(name)
+    return {name: tuple(aliases) for name, aliases in names.items()}
+
+
+def _opens(module: nn.Module) -> bool:
+    return isinstance(module, nn.Sequential) and type(module).forward is nn.Sequential.forward
+
+
+def _is_linear(module: nn.Module) -> bool:
+    return isinstance(module, nn.Linear) and type(module).forward is nn.Linear.forward
+
+
+def _is_conv(module: nn.Module) -> bool:
+    return (isinstance(module, nn.Conv2d) and type(module).forward is nn.Conv2d.forward
+            and module.padding_mode == "zeros"
+            and (not isinstance(module.padding, str) or module.padding == "valid"))
+
+
+def _padding(module: nn.Conv2d) -> tuple[int, int]:
+    return (0, 0) if module.padding == "valid" else module.padding
+
+
+def plan(module: nn.Module, theta_names: dict[int, str]) -> tuple[Stage, ...]:
+    """The stages of ``module``'s forward; ``theta_names`` maps ``id(parameter)`` to its θ name."""
+    stages: list[Stage] = []
+
+    def walk(m: nn.Module, path: str) -> None:
+        if _opens(m):
+            for name, child in m._modules.items():
+                walk(child, f"{path}.{name}" if path else name)
+            return
+        params = dict(m.named_parameters())
+        local = {name: aliases for name, aliases in parameter_names(m).items() if id(params[name]) in theta_names}
+        names = tuple((name, theta_names[id(params[name])]) for name in local)
+        kind = ("plain" if not names else "block" if not set(local) <= {"weight", "bias"}  # e.g. parametrized
+                else "linear" if _is_linear(m) else "conv" if _is_conv(m) else "block")
+        stages.append(Stage(kind, m, path or "<model>", names, tuple(local.values())))
+
+    walk(module, "")
+    shared = sorted(name for name, count in Counter(t for s in stages for _, t in s.names).items() if count > 1)
+    if shared:
+        raise _validate.DpoptError(
+            f"engine='ghost' needs each parameter in one layer, but {', '.join(shared)} is used by several "
+            "(tied weights or a module used twice): its per-record gradient is a sum over layers whose ghost "
+            "norms do not add up; use engine='vmap'")
+    return tuple(stages)
+
+
+def describe(stages: tuple[Stage, ...]) -> list[tuple[str, str]]:
+    """``(path, rule)`` of each stage with trainable parameters: "ghost" or "vmap" (a block)."""
+    return [(s.path, "vmap" if s.kind == "block" else "ghost") for s in stages if s.kind != "plain"]
+
+
+def _one_record(module: nn.Module, params: dict[str, Tensor], x: Tensor) -> Tensor:
+    return functional_call(module, params, (x.unsqueeze(0),), tie_weights=False).squeeze(0)
+
+
+def forward(stages: tuple[Stage, ...], views: dict[str, Tensor], x: Tensor) -> tuple[Tensor, list[tuple]]:
+    """Run the stages on ``x`` with parameters ``views`` (θ name → tensor). Returns the output
+    and, per stage with parameters, ``(stage, input, tap)``: the tap is the stage's output
+    (linear/conv) or its per-record expanded parameters (block), to differentiate against."""
+    taps = []
+    for stage in stages:
+        m = stage.module
+        if stage.kind == "plain":
+            x = m(x)
+            continue
+        params = {local: views[name] for local, name in stage.names}
+        if stage.kind == "block":
+            expanded = {local: p.expand(len(x), *p.shape) for local, p in params.items()}
+            every = {alias: expanded[local] for (local, _), aliases in zip(stage.names, stage.aliases)
+                     for alias in aliases}
+            out = vmap(lambda ps, xi: _one_record(m, ps, xi), randomness="different")(every, x)
+            taps.append((stage, x, expanded))
+        else:
+            weight, bias = params.get("weight", m.weight), params.get("bias", m.bias)
+            if stage.kind == "linear":
+                out = F.linear(x, weight, bias)
+            else:
+                out = F.conv2d(x, weight, bias, m.stride, _padding(m), m.dilation, m.groups)
+            taps.append((stage, x, out))
+        x = out
+    return x, taps
+
+
+def capture(taps: list[tuple], total_loss: Tensor) -> tuple[_Layer | _Block, ...]:
+    """One backward of ``total_loss`` (= Σ_i ℓ_i) to every tap: the per-layer records."""
+    targets = [t for stage, _, tap in taps for t in (tap.values() if stage.kind == "block" else [tap])]
+    grads = iter(torch.autograd.grad(total_loss, targets, allow_unused=True) if targets else ())
+    layers: list[_Layer | _Block] = []
+    for stage, x, tap in taps:
+        if stage.kind == "block":
+            names = dict(stage.names)
+            layers.append(_Block(stage, {names[local]: _given(next(grads), t) for local, t in tap.items()}))
+        else:
+            layers.append(_Layer(stage, x.detach(), _given(next(grads), tap)))
+    return tuple(layers)
+
+
+def _given(grad: Tensor | None, like: Tensor) -> Tensor:
+    """A gradient from ``autograd.grad(allow_unused=True)``: None (no path to the loss) is zero."""
+    return torch.zeros(like.shape, dtype=like.dtype, device=like.device) if grad is None else grad.detach()
+
+
+def use_gram(T: int, p: int, q: int) -> bool:
+    """Bu et al.'s layer-wise choice: Gram matrices (B·T² memory) iff 2T² < p·q (the size of the
+    layer's per-record gradient, built by the direct form)."""
+    return 2 * T * T < p * q
+
+
+def gram_sq_norms(pairs: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+    """``‖Σ_k Σ_t G^k_t A^k_tᵀ‖²`` per row from Gram matrices, for pairs ``A^k [R, T, p]``,
+    ``G^k [R, T, q]``: ``Σ_{k,l} ⟨A^k A^lᵀ, G^k G^lᵀ⟩``. Also returns ``(Σ_k Σ_t ‖A^k_t‖‖G^k_t‖)²``,
+    which bounds every term (the rounding error is ~ε times it)."""
+    sq = pairs[0][0].new_zeros(pairs[0][0].shape[0])
+    for k, (A, G) in enumerate(pairs):
+        for A2, G2 in pairs[k:]:
+            term = ((A @ A2.mT) * (G @ G2.mT)).sum((1, 2))
+            sq = sq + (term if A2 is A else 2 * term)
+    bound = sum((A.norm(dim=2) * G.norm(dim=2)).sum(1) for A, G in pairs).square()
+    return sq, bound
+
+
+def unfold(x: Tensor, conv: nn.Conv2d) -> Tensor:
+    """im2col: ``[B, L, C·kh·kw]`` patches of ``x [B, C, H, W]`` (``F.unfold``'s order, by
+    strides: faster than ``F.unfold`` on CPU)."""
+    (ph, pw), (kh, kw), (sh, sw), (dh, dw) = _padding(conv), conv.kernel_size, conv.stride, conv.dilation
+    x = F.pad(x, (pw, pw, ph, ph)).contiguous()
+    B, C, H, W = x.shape
+    Ho, Wo = (H - dh * (kh - 1) - 1) // sh + 1, (W - dw * (kw - 1) - 1) // sw + 1
+    sB, sC, sH, sW = x.stride()
+    patches = x.as_strided((B, Ho, Wo, C, kh, kw), (sB, sH * sh, sW * sw, sC, sH * dh, sW * dw))
+    return patches.reshape(B, Ho * Wo, C * kh * kw)
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """A Linear or Conv2d stage of one chunk: its input ``a`` and output gradient ``g``."""
+
+    stage: Stage
+    a: Tensor
+    g: Tensor
+
+    def _trainable(self, local: str) -> str | None:
+        return dict(self.stage.names).get(local)
+
+    def shape(self) -> tuple[int, int, int, int]:
+        """``(groups, T, p, q)`` of the Linear rule (per group for a convolution)."""
+        m = self.stage.module
+        if self.stage.kind == "linear":
+            return 1, self.a[0].numel() // self.a.shape[-1], self.a.shape[-1], self.g.shape[-1]
+        groups = m.groups
+        return groups, self.g.shape[2] * self.g.shape[3], m.weight[0].numel(), m.out_channels // groups
+
+    def matrices(self) -> tuple[Tensor, Tensor]:
+        """``A [B·groups, T, p]`` and ``G [B·groups, T, q]`` of the Linear rule."""
+        B, (groups, T, p, q) = self.a.shape[0], self.shape()
+        if self.stage.kind == "linear":
+            return self.a.reshape(B, T, p), self.g.reshape(B, T, q)
+        A = unfold(self.a, self.stage.module).view(B, T, groups, p).transpose(1, 2).reshape(B * groups, T, p)
+        G = self.g.reshape(B, groups, q, T).transpose(2, 3).reshape(B * groups, T, q)
+        return A, G
+
+    def per_record(self, kept: Tensor | None = None) -> Tensor:
+        """The records' weight gradients ``[B, q·p]`` (direct form), optionally of ``kept`` only."""
+        a, g = (self.a, self.g) if kept is None else (self.a[kept], self.g[kept])
+        m, B = self.stage.module, a.shape[0]
+        if self.stage.kind == "linear":
+            G, A = g.reshape(B, -1, g.shape[-1]), a.reshape(B, -1, a.shape[-1])
+            return torch.einsum("btq,btp->bqp", G, A).reshape(B, -1)
+        # a convolution with one group per (record, conv group): the weight gradient of each record
+        grads = torch.nn.grad.conv2d_weight(
+            a.reshape(1, -1, *a.shape[2:]), (B * m.out_channels, *m.weight.shape[1:]),
+            g.reshape(1, -1, *g.shape[2:]), m.stride, _padding(m), m.dilation, B * m.groups)
+        return grads.reshape(B, -1)
+
+    def bias_rows(self, g: Tensor) -> Tensor:
+        """``Σ_t g_t`` per record: the bias gradient rows ``[B, q]``."""
+        return g.reshape(g.shape[0], -1, g.shape[-1]).sum(1) if self.stage.kind == "linear" else g.sum((2, 3))
+
+    def _weight_sq_norms(self, other: _Layer | None) -> Tensor:
+        B, (groups, T, p, q) = self.a.shape[0], self.shape()
+        if T == 1 and other is None:
+            return self.a.reshape(B, -1).square().sum(1) * self.g.reshape(B, -1).square().sum(1)
+        if not use_gram(T if other is None else 2 * T, p, q):
+            rows = self.per_record() if other is None else self.per_record() - other.per_record()
+            return rows.square().sum(1)
+        A, G = self.matrices()
+        if other is None:
+            pairs = [(A, G)]
+        else:  # Σ_t g_t a_tᵀ − g′_t a′_tᵀ = Σ_t (g_t − g′_t) a_tᵀ + g′_t (a_t − a′_t)ᵀ
+            A2, G2 = other.matrices()
+            pairs = [(A, G - G2), (A - A2, G2)]
+        sq, bound = (part.view(B, groups).sum(1) for part in gram_sq_norms(pairs))
+        cancelled = sq < 1e4 * torch.finfo(sq.dtype).eps * bound
+        if cancelled.any():  # the Gram form lost the digits of these records: build their gradients
+            rows = self.per_record(cancelled) - (0 if other is None else other.per_record(cancelled))
+            sq[cancelled] = rows.square().sum(1)
+        return sq
+
+    def sq_norms(self) -> Tensor:
+        sq = self.a.new_zeros(self.a.shape[0])
+        if self._trainable("weight"):
+            sq = sq + self._weight_sq_norms(None)
+        if self._trainable("bias"):
+            sq = sq + self.bias_rows(self.g).square().sum(1)
+        return sq
+
+    def diff_sq_norms(self, other: _Layer) -> Tensor:
+        sq = self.a.new_zeros(self.a.shape[0])
+        if self._trainable("weight"):
+            sq = sq + self._weight_sq_norms(other)
+        if self._trainable("bias"):
+            sq = sq + self.bias_rows(self.g - other.g).square().sum(1)
+        return sq
+
+    def add_weighted(self, w: Tensor, kept: Tensor | None, total: Tensor, layout: Layout) -> None:
+        """``total += Σ_i w_i ∇ℓ_i`` over the records ``kept`` (None: all)."""
+        m = self.stage.module
+        a, g, w = (self.a, self.g, w) if kept is None else (self.a[kept], self.g[kept], w[kept])
+        gw = g * w.view(-1, *[1] * (g.ndim - 1))
+        if weight := self._trainable("weight"):
+            if self.stage.kind == "linear":
+                grad = gw.reshape(-1, gw.shape[-1]).T @ a.reshape(-1, a.shape[-1])
+            else:
+                grad = torch.nn.grad.conv2d_weight(a, m.weight.shape, gw, m.stride, _padding(m), m.dilation,
+                                                   m.groups)
+            total[layout.place(weight)] += grad.reshape(-1)
+        if bias := self._trainable("bias"):
+            total[layout.place(bias)] += self.bias_rows(gw).sum(0)
+
+
+@dataclass(frozen=True)
+class _Block:
+    """A stage without a ghost rule: its per-record gradients ``grads`` (θ name → ``[B, *shape]``)."""
+
+    stage: Stage
+    grads: dict[str, Tensor]
+
+    def sq_norms(self) -> Tensor:
+        return sum(g.flatten(1).square().sum(1) for g in self.grads.values())
+
+    def diff_sq_norms(self, other: _Block) -> Tensor:
+        return sum((g - other.grads[name]).flatten(1).square().sum(1) for name, g in self.grads.items())
+
+    def add_weighted(self, w: Tensor, kept: Tensor | None, total: Tensor, layout: Layout) -> None:
+        for name, g in self.grads.items():
+            g, v = (g, w) if kept is None else (g[kept], w[kept])
+            total[layout.place(name)] += v @ g.flatten(1)
+
+
+def _weighted_sum(chunks: tuple[tuple, ...], sizes: tuple[int, ...], weights: Tensor, layout: Layout,
+                  like: Tensor) -> Tensor:
+    total = like.new_zeros(layout.dim)
+    for layers, w in zip(chunks, weights.to(like).split(sizes)):
+        kept = w != 0  # records with w_i = 0 are left out, not multiplied by 0 (their rows may be NaN)
+        if kept.any():
+            for layer in layers:
+                layer.add_weighted(w, None if kept.all() else kept, total, layout)
+    return total
+
+
+@dataclass(frozen=True)
+class GhostRows:
+    """Per-record gradients of one batch, kept as per-layer ``(a, g)`` of each chunk of records.
+
+    ``norms()`` are ghost norms; ``weighted_sum(w)`` is the book-keeping sum Σ_i w_i ∇ℓ_i. Both
+    come back in ``dtype`` on ``device`` (θ's); ``self - other`` (same records, another θ) is a
+    :class:`GhostDifference`.
+    """
+
+    chunks: tuple[tuple, ...]
+    sizes: tuple[int, ...]
+    layout: Layout
+    like: Tensor      # an empty tensor of the computing dtype and device
+    dtype: torch.dtype
+    device: torch.device
+
+    @cached_property
+    def _norms(self) -> Tensor:
+        sq = [sum((layer.sq_norms() for layer in layers), self.like.new_zeros(size))
+              for layers, size in zip(self.chunks, self.sizes)]
+        return torch.cat(sq).sqrt() if sq else self.like.new_zeros(0)
+
+    def norms(self) -> Tensor:
+        return self._norms.to(self.device, self.dtype)
+
+    def weighted_sum(self, weights: Tensor) -> Tensor:
+        return _weighted_sum(self.chunks, self.sizes, weights, self.layout, self.like).to(self.device, self.dtype)
+
+    def __sub__(self, other: GhostRows) -> GhostDifference:
+        if not isinstance(other, GhostRows):
+            return NotImplemented
+        if self.sizes != other.sizes or [len(c) for c in self.chunks] != [len(c) for c in other.chunks]:
+            raise ValueError("ghost rows can only be subtracted on the same records, chunked the same way")
+        return GhostDifference(self, other)
+
+
+@dataclass(frozen=True)
+class GhostDifference:
+    """``∇ℓ_i(θ) − ∇ℓ_i(θ′)`` of the same records: exact stacked ghost norms, and the difference
+    of the two book-keeping sums."""
+
+    left: GhostRows
+    right: GhostRows
+
+    @cached_property
+    def _norms(self) -> Tensor:
+        left = self.left
+        sq = [sum((a.diff_sq_norms(b) for a, b in zip(la, lb)), left.like.new_zeros(size))
+              for la, lb, size in zip(left.chunks, self.right.chunks, left.sizes)]
+        return torch.cat(sq).sqrt() if sq else left.like.new_zeros(0)
+
+    def norms(self) -> Tensor:
+        return self._norms.to(self.left.device, self.left.dtype)
+
+    def weighted_sum(self, weights: Tensor) -> Tensor:
+        left, right = self.left, self.right
+        total = _weighted_sum(left.chunks, left.sizes, weights, left.layout, left.like)
+        total -= _weighted_sum(right.chunks, right.sizes, weights, right.layout, right.like)
+        return total.to(left.device, left.dtype)

@@ -1,0 +1,258 @@
+"""Any ``torch.nn.Module`` as an oracle, on one flat parameter vector θ (DESIGN rule 5).
+
+``TorchModel(module, loss_fn, X, y)`` measures the per-record loss ``loss_fn(module(x), y)``
+(``reduction="none"``: one value per record) of the records ``(X[i], y[i])``. θ is one flat
+tensor; the module's trainable parameters (``requires_grad=True``, in ``named_parameters()``
+order) are views into it, passed with ``torch.func.functional_call`` (frozen parameters and
+buffers stay the module's own). The module itself is never modified; :meth:`TorchModel.load`
+copies a θ into it explicitly.
+
+Engines for per-record gradients (``engine=``):
+
+* ``"vmap"``: ``vmap(grad(ℓ))`` over the records, in chunks of ``microbatch_size``:
+  :class:`~dpopt.clipping.Dense` rows ``[B, d]``. Works for any module whose records do not
+  interact (tied weights too); memory O(B·d) for the rows of the whole batch.
+* ``"ghost"``: ghost norms and book-keeping sums from one forward/backward per chunk, never a
+  ``[B, d]`` matrix: it keeps each layer's input and output gradient for the batch (the memory
+  of one non-private step on it). See :mod:`dpopt.oracles.ghost` for the rules and their limits
+  (layers are found inside ``nn.Sequential`` containers). Gradient differences at two points
+  (DP-SRM) are exact, without cancellation.
+
+Both give the same norms and clipped sums (tests hold them to 1e−9 relative in float64, 1e−4 in
+float32, of each other and of a per-record autograd loop). DP-SRM's differences cost one
+forward/backward per point and nothing more: ``per_record(θ, B) - per_record(θ′, B)``.
+
+Every per-record result comes back in θ's dtype and on θ's device (``dpopt.run`` passes a
+float64 θ; a float32 module then computes in float32); the work is done in the module's dtype
+on its device, data chunks being moved there (X may stay on the CPU while the module is on a
+GPU). ``microbatch_size`` bounds the records processed at once (the vmap rows, the ghost
+engine's per-layer products, the full-data loss and gradient); results do not depend on it.
+
+Modules with BatchNorm are refused: it mixes the records of a batch, so per-record clipping
+would not bound a record's influence. Stochastic layers (dropout) draw from torch's global
+generator, not the run's (DESIGN rule 4 covers the privacy noise, not the model's own
+randomness); in both engines one forward feeds both the norms and the sums, so each record's
+clipped contribution is exactly bounded even so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, grad, vmap
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from .. import _validate
+from ..clipping import Dense
+from . import ghost
+
+ENGINES = ("vmap", "ghost")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Trainable parameter ``names[k]`` of shape ``shapes[k]`` is ``θ[starts[k] : starts[k] + numel]``."""
+
+    names: tuple[str, ...]
+    shapes: tuple[torch.Size, ...]
+    starts: tuple[int, ...]
+    dim: int
+    aliases: tuple[tuple[str, ...], ...]   # every name of each parameter (tied weights, reused modules)
+
+    @classmethod
+    def of(cls, module: nn.Module) -> Layout:
+        """The trainable parameters of ``module``, in ``named_parameters()`` order."""
+        params = {name: p for name, p in module.named_parameters() if p.requires_grad}
+        aliases = ghost.parameter_names(module)
+        sizes = [p.numel() for p in params.values()]
+        starts = [sum(sizes[:k]) for k in range(len(sizes))]
+        return cls(tuple(params), tuple(p.shape for p in params.values()), tuple(starts), sum(sizes),
+                   tuple(aliases[name] for name in params))
+
+    def place(self, name: str) -> slice:
+        k = self.names.index(name)
+        return slice(self.starts[k], self.starts[k] + self.shapes[k].numel())
+
+    def views(self, theta: Tensor) -> dict[str, Tensor]:
+        """Name → view of θ, for every name of each parameter (pass to ``call``)."""
+        return {alias: theta[start:start + shape.numel()].view(shape)
+                for shape, start, aliases in zip(self.shapes, self.starts, self.aliases) for alias in aliases}
+
+
+def call(module: nn.Module, params: dict[str, Tensor], x: Tensor) -> Tensor:
+    """``module(x)`` with ``params`` (every alias given, so no tying is needed)."""
+    return functional_call(module, params, (x,), tie_weights=False)
+
+
+def reject_batch_norm(module: nn.Module) -> None:
+    """Raise :class:`DpoptError` if ``module`` contains a BatchNorm layer, saying why and what to use."""
+    for name, m in module.named_modules():
+        if isinstance(m, _BatchNorm):
+            raise _validate.DpoptError(
+                f"module={name or type(module).__name__!r} is {type(m).__name__}, which cannot be trained with "
+                "differential privacy: BatchNorm normalises each record with the statistics of its whole batch, so "
+                "one record's gradient depends on the other records in the batch and clipping each record's "
+                "gradient no longer bounds its influence (the sensitivity). Use nn.GroupNorm instead (e.g. "
+                "nn.GroupNorm(min(32, C), C)), or nn.LayerNorm / nn.InstanceNorm2d: they normalise each record on "
+                "its own")
+
+
+class TorchModel:
+    """Per-record gradients of ``loss_fn(module(x), y)`` over the records of ``(X, y)``.
+
+    ``module``: any ``nn.Module`` without BatchNorm; ``loss_fn(output, target) -> [B]``;
+    ``X [n, ...]``, ``y [n, ...]`` tensors (floating-point X is cast to the module's dtype chunk
+    by chunk); ``engine``: "ghost" (default) or "vmap"; ``microbatch_size``: records per chunk
+    of every per-record or full-data computation (memory, not results).
+    """
+
+    def __init__(self, module: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], X: Tensor, y: Tensor, *,
+                 engine: str = "ghost", microbatch_size: int = 256) -> None:
+        if not isinstance(module, nn.Module):
+            raise _validate.DpoptError(f"module={type(module).__name__} must be a torch.nn.Module")
+        reject_batch_norm(module)
+        self.engine = _validate.one_of("engine", engine, ENGINES)
+        self.microbatch_size = _validate.positive_int("microbatch_size", microbatch_size)
+        self.X, self.y = torch.as_tensor(X), torch.as_tensor(y)
+        if self.X.ndim < 1 or self.y.ndim < 1 or len(self.X) != len(self.y) or len(self.X) == 0:
+            raise _validate.DpoptError(f"X.shape={tuple(self.X.shape)} and y.shape={tuple(self.y.shape)} must hold "
+                                       "the same number n >= 1 of records along their first dimension")
+        params = {name: p for name, p in module.named_parameters() if p.requires_grad}
+        if not params:
+            raise _validate.DpoptError("module has no trainable parameters (requires_grad=True)")
+        kinds = {(p.dtype, p.device) for p in params.values()}
+        if len(kinds) > 1 or not next(iter(kinds))[0].is_floating_point:
+            raise _validate.DpoptError(f"module parameters must share one floating dtype and device, got {kinds}")
+        self.module, self.loss_fn = module, loss_fn
+        self.dtype, self.device = next(iter(kinds))
+        self.layout = Layout.of(module)
+        self.n, self.dim = len(self.X), self.layout.dim
+        self.stages = ghost.plan(module, {id(p): name for name, p in params.items()}) if engine == "ghost" else ()
+
+    # ------------------------------------------------------------------------------ helpers
+
+    def flat_params(self) -> Tensor:
+        """θ0: the module's current trainable parameters, flattened (a copy)."""
+        params = dict(self.module.named_parameters())
+        return torch.cat([params[name].detach().reshape(-1) for name in self.layout.names])
+
+    def load(self, theta: Tensor) -> nn.Module:
+        """Copy θ into the module's parameters (for inference with the plain module); returns it."""
+        params = dict(self.module.named_parameters())
+        with torch.no_grad():
+            views = self.layout.views(self._theta(theta))
+            for name in self.layout.names:
+                params[name].copy_(views[name])
+        return self.module
+
+    def rules(self) -> list[tuple[str, str]]:
+        """For engine="ghost": ``(layer path, "ghost" | "vmap")`` of each layer with parameters."""
+        return ghost.describe(self.stages)
+
+    def _theta(self, theta: Tensor) -> Tensor:
+        theta = torch.as_tensor(theta)
+        if theta.shape != (self.dim,):
+            raise _validate.DpoptError(f"theta.shape={tuple(theta.shape)} must be ({self.dim},)")
+        return theta.to(self.device, self.dtype)
+
+    def _chunks(self, indices: Tensor | None) -> list[tuple[Tensor, Tensor]]:
+        """``(x, y)`` chunks of at most ``microbatch_size`` records, on the module's device."""
+        if indices is None:
+            indices = torch.arange(self.n)
+        indices = torch.as_tensor(indices).to(self.X.device)
+        chunks = []
+        for part in indices.split(self.microbatch_size) if len(indices) else ():
+            x, y = self.X[part], self.y[part]
+            x = x.to(self.device, self.dtype) if x.is_floating_point() else x.to(self.device)
+            y = y.to(self.device, self.dtype) if y.is_floating_point() else y.to(self.device)
+            chunks.append((x, y))
+        return chunks
+
+    def _losses(self, out: Tensor, y: Tensor) -> Tensor:
+        losses = self.loss_fn(out, y)
+        if losses.shape != (len(y),):
+            raise _validate.DpoptError(f"loss_fn returned shape {tuple(losses.shape)} for {len(y)} records: it must "
+                                       "return one loss per record (reduction='none')")
+        return losses
+
+    def _forward_losses(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
+        return self._losses(call(self.module, self.layout.views(theta), x), y)
+
+    # ------------------------------------------------------------------------ the oracle
+
+    def per_record(self, theta: Tensor, indices: Tensor) -> Dense | ghost.GhostRows:
+        """Per-record gradients ∇ℓ_i(θ) of the records ``indices``, as a PerRecord
+        (``norms()``, ``weighted_sum(w)``, and ``a - b`` for two points on the same records)."""
+        point = self._theta(theta)
+        chunks = self._chunks(indices)
+        if self.engine == "vmap":
+            rows = [self._dense_rows(point, x, y) for x, y in chunks]
+            rows = torch.cat(rows) if rows else point.new_zeros(0, self.dim)
+            return Dense(rows.to(theta.device, theta.dtype))
+        layers = []
+        with torch.enable_grad():  # the layers' output gradients come from autograd, even under no_grad
+            views = self.layout.views(point.detach().requires_grad_(True))
+            for x, y in chunks:
+                out, taps = ghost.forward(self.stages, views, x)
+                layers.append(ghost.capture(taps, self._losses(out, y).sum()))
+        return ghost.GhostRows(tuple(layers), tuple(len(y) for _, y in chunks), self.layout, point.new_empty(0),
+                               theta.dtype, theta.device)
+
+    def _dense_rows(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
+        def loss_of_one(params: dict[str, Tensor], xi: Tensor, yi: Tensor) -> Tensor:
+            out = call(self.module, params, xi.unsqueeze(0))
+            return self._losses(out, yi.unsqueeze(0)).sum()
+
+        grads = vmap(grad(loss_of_one), in_dims=(None, 0, 0), randomness="different")(self.layout.views(theta), x, y)
+        # an aliased parameter's gradient is the sum over its names (each name is one use of it)
+        return torch.cat([sum(grads[alias] for alias in aliases).reshape(len(x), -1)
+                          for aliases in self.layout.aliases], dim=1)
+
+    def loss(self, theta: Tensor, indices: Tensor | None = None) -> Tensor:
+        """F(θ) = mean_i ℓ_i(θ) over ``indices`` (default all records); differentiable in θ."""
+        point = self._theta(theta)
+        chunks = self._chunks(indices)
+        total = sum((self._forward_losses(point, x, y).sum() for x, y in chunks), point.new_zeros(()))
+        count = sum(len(y) for _, y in chunks)
+        return (total / count if count else total * float("nan")).to(theta.device, theta.dtype)
+
+    def gradient(self, theta: Tensor) -> Tensor:
+        """∇F(θ) over all records (one backward per chunk)."""
+        leaf = self._theta(theta).detach().requires_grad_(True)
+        total = torch.zeros_like(leaf)
+        with torch.enable_grad():
+            for x, y in self._chunks(None):
+                (g,) = torch.autograd.grad(self._forward_losses(leaf, x, y).sum(), leaf, allow_unused=True)
+                if g is not None:
+                    total += g
+        return (total / self.n).to(theta.device, theta.dtype)
+
+    def per_record_loss(self, thetas: Tensor, indices: Tensor) -> Tensor:
+        """``[B, K]``: ℓ_i(θ_k) of the records ``indices`` at the K points ``thetas [K, d]``."""
+        with torch.no_grad():
+            columns = [torch.cat([self._forward_losses(self._theta(t), x, y) for x, y in self._chunks(indices)]
+                                 or [self.X.new_zeros(0, dtype=self.dtype, device=self.device)]) for t in thetas]
+        return torch.stack(columns, dim=1).to(thetas.device, thetas.dtype)
+
+    def regulariser(self, theta: Tensor) -> Tensor:
+        """r(θ) = 0: a module's loss has no separate data-independent term."""
+        return torch.zeros((), dtype=theta.dtype, device=theta.device)
+
+    def error(self, theta: Tensor, X: Tensor, y: Tensor) -> float:
+        """Classification error on ``(X, y)``: argmax of the outputs vs integer labels, or, for one
+        output per record, ``output > 0`` vs ``y > 0`` (labels {0, 1} or {−1, +1})."""
+        point, wrong = self._theta(theta), 0
+        X, y = torch.as_tensor(X), torch.as_tensor(y)
+        with torch.no_grad():
+            for part in torch.arange(len(X)).split(self.microbatch_size):
+                x = X[part].to(self.device, self.dtype) if X.is_floating_point() else X[part].to(self.device)
+                out = call(self.module, self.layout.views(point), x)
+                labels = y[part].to(self.device)
+                if out.ndim == 1 or out.shape[-1] == 1:
+                    wrong += int(((out.reshape(-1) > 0) != (labels.reshape(-1) > 0)).sum())
+                else:
+                    wrong += int((out.argmax(dim=-1) != labels).sum())
+        return wrong / len(X)

@@ -1,0 +1,255 @@
+"""The TorchModel oracle: construction checks, θ ↔ module, loss/gradient/error against autograd,
+dtypes, and end-to-end runs: DP-SGD and DP-SRM without noise or clipping on a tiny CNN
+reproduce SGD (computed here with autograd on the same batches) and STORM.
+
+Engine agreement over layer types and shapes is in test_ghost.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import dpopt
+from dpopt import sampling, train
+from dpopt._validate import DpoptError
+from dpopt.oracles.torch_model import TorchModel
+
+F64 = torch.float64
+N = 48
+ENGINES = ("vmap", "ghost")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny tensors: one intra-op thread is ~100× faster than two on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def cross_entropy(out, y):
+    return F.cross_entropy(out, y, reduction="none")
+
+
+def tiny_cnn(dtype=F64) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 3, 3, padding=1), nn.ReLU(), nn.Conv2d(3, 4, 3, stride=2), nn.GroupNorm(2, 4),
+                         nn.Tanh(), nn.Flatten(), nn.Linear(4 * 2 * 2, 3)).to(dtype)
+
+
+def data(dtype=F64, n=N):
+    gen = torch.Generator().manual_seed(1)
+    return torch.randn(n, 1, 6, 6, generator=gen, dtype=F64).to(dtype), torch.randint(0, 3, (n,), generator=gen)
+
+
+def oracle(engine="ghost", dtype=F64, **kwargs) -> TorchModel:
+    return TorchModel(tiny_cnn(dtype), cross_entropy, *data(dtype), engine=engine, **kwargs)
+
+
+def module_at(o: TorchModel, theta: torch.Tensor) -> nn.Module:
+    """A copy of the module holding θ, set through torch's own vector_to_parameters."""
+    module = copy.deepcopy(o.module)
+    torch.nn.utils.vector_to_parameters(theta.to(o.dtype), [p for p in module.parameters() if p.requires_grad])
+    return module
+
+
+# ---------------------------------------------------------------------------- construction
+
+
+@pytest.mark.parametrize("norm", [nn.BatchNorm1d(4), nn.BatchNorm2d(4), nn.SyncBatchNorm(4)])
+def test_batch_norm_is_refused_with_the_reason_and_the_fix(norm):
+    module = nn.Sequential(nn.Linear(3, 4), nn.Sequential(nn.Identity(), norm), nn.Linear(4, 2))
+    for engine in ENGINES:
+        with pytest.raises(DpoptError) as error:
+            TorchModel(module, cross_entropy, torch.randn(5, 3), torch.zeros(5, dtype=torch.long), engine=engine)
+        message = str(error.value)
+        assert f"module='1.1' is {type(norm).__name__}" in message
+        assert "one record's gradient depends on the other records" in message
+        assert "no longer bounds its influence (the sensitivity)" in message
+        assert "nn.GroupNorm" in message
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"engine": "opacus"}, r"engine='opacus' must be one of: vmap, ghost"),
+    ({"microbatch_size": 0}, r"microbatch_size=0 must be >= 1"),
+    ({"microbatch_size": 2.5}, r"microbatch_size=2.5 must be an integer"),
+    ({"y": torch.zeros(3, dtype=torch.long)}, r"X.shape=\(48, 1, 6, 6\) and y.shape=\(3,\) must hold the same number"),
+    ({"X": torch.zeros(0, 1, 6, 6), "y": torch.zeros(0)}, r"must hold the same number n >= 1"),
+    ({"module": "cnn"}, r"module=str must be a torch.nn.Module"),
+    ({"module": nn.Sequential(nn.ReLU())}, r"module has no trainable parameters"),
+])
+def test_bad_arguments_are_named(kwargs, match):
+    X, y = data()
+    args = {"module": tiny_cnn(), "loss_fn": cross_entropy, "X": X, "y": y} | kwargs
+    with pytest.raises(DpoptError, match=match):
+        TorchModel(**args)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_loss_that_is_not_per_record_is_refused(engine):
+    o = TorchModel(tiny_cnn(), lambda out, y: F.cross_entropy(out, y), *data(), engine=engine)
+    match = r"loss_fn returned shape \(\) for .* one loss per record \(reduction='none'\)"
+    with pytest.raises(DpoptError, match=match):
+        o.per_record(o.flat_params(), torch.arange(4))
+
+
+def test_theta_has_the_module_layout():
+    o = oracle()
+    params = [p for p in o.module.parameters()]
+    assert o.n == N and o.dim == sum(p.numel() for p in params) == len(o.flat_params())
+    assert torch.equal(o.flat_params(), torch.nn.utils.parameters_to_vector(params))
+    with pytest.raises(DpoptError, match=rf"theta.shape=\(3,\) must be \({o.dim},\)"):
+        o.loss(torch.zeros(3, dtype=F64))
+    theta = torch.linspace(-1, 1, o.dim, dtype=F64)
+    assert o.load(theta) is o.module
+    assert torch.equal(o.flat_params(), theta)
+
+
+def test_frozen_parameters_stay_out_of_theta():
+    module = tiny_cnn()
+    module[0].requires_grad_(False)
+    o = TorchModel(module, cross_entropy, *data())
+    assert o.dim == sum(p.numel() for p in module.parameters() if p.requires_grad)
+    assert o.layout.names[0] == "2.weight"
+
+
+# ------------------------------------------------------------------ loss, gradient, error
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_loss_and_gradient_match_autograd_on_the_mean_loss(engine):
+    o = oracle(engine, microbatch_size=10)  # 48 records in 5 chunks
+    theta = o.flat_params() + 0.05 * torch.randn(o.dim, generator=torch.Generator().manual_seed(0), dtype=F64)
+    module = module_at(o, theta)
+    X, y = data()
+    mean = cross_entropy(module(X), y).mean()
+    grads = torch.autograd.grad(mean, list(module.parameters()))
+    want = torch.cat([g.reshape(-1) for g in grads])
+    assert torch.allclose(o.loss(theta), mean, rtol=1e-12)
+    assert torch.allclose(o.gradient(theta), want, rtol=1e-10, atol=1e-14)
+    subset = torch.tensor([5, 0, 17, 33])
+    assert torch.allclose(o.loss(theta, subset), cross_entropy(module(X[subset]), y[subset]).mean(), rtol=1e-12)
+    assert math.isnan(float(o.loss(theta, torch.zeros(0, dtype=torch.long))))
+    # loss is differentiable in θ (the contract tests' SGD reference differentiates it)
+    point = theta.clone().requires_grad_(True)
+    (g,) = torch.autograd.grad(o.loss(point), point)
+    assert torch.allclose(g, want, rtol=1e-10, atol=1e-14)
+    # the mean of the per-record gradients is the gradient
+    rows = o.per_record(theta, torch.arange(N))
+    assert torch.allclose(rows.weighted_sum(torch.full((N,), 1 / N, dtype=F64)), want, rtol=1e-10, atol=1e-14)
+
+
+def test_per_record_loss_and_error():
+    o = oracle()
+    theta = o.flat_params()
+    thetas = torch.stack([theta, theta + 0.1, theta - 0.2])
+    indices = torch.tensor([3, 9, 40])
+    X, y = data()
+    got = o.per_record_loss(thetas, indices)
+    assert got.shape == (3, 3)
+    for k in range(3):
+        assert torch.allclose(got[:, k], cross_entropy(module_at(o, thetas[k])(X[indices]), y[indices]), rtol=1e-12)
+    assert float(o.regulariser(theta)) == 0.0
+    predicted = module_at(o, theta)(X).argmax(1)
+    assert o.error(theta, X, y) == pytest.approx(float((predicted != y).double().mean()))
+    assert o.error(theta, X, predicted) == 0.0
+    # one output per record: sign against labels in {0, 1} or {−1, +1}
+    torch.manual_seed(0)
+    binary = TorchModel(nn.Sequential(nn.Flatten(), nn.Linear(36, 1)).double(),
+                        lambda out, t: F.binary_cross_entropy_with_logits(out[:, 0], t, reduction="none"),
+                        X, (y > 0).double())
+    b_theta = binary.flat_params()
+    positive = (binary.module(X)[:, 0] > 0).double()
+    assert binary.error(b_theta, X, positive) == 0.0
+    assert binary.error(b_theta, X, 2 * positive - 1) == 0.0
+    assert binary.error(b_theta, X, 1 - positive) == 1.0
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_results_come_back_in_thetas_dtype(engine):
+    """A float32 module driven by a float64 θ (what dpopt.run passes): the work is float32, the
+    results are float64, so STORM's float64 weights and θ updates just work."""
+    o = oracle(engine, dtype=torch.float32)
+    theta = o.flat_params().double()
+    rows = o.per_record(theta, torch.arange(6))
+    ones = torch.ones(6, dtype=F64)
+    assert rows.norms().dtype == F64 and rows.weighted_sum(ones).dtype == F64
+    assert (rows - o.per_record(theta + 1e-3, torch.arange(6))).weighted_sum(ones).dtype == F64
+    assert o.gradient(theta).dtype == F64 and o.loss(theta).dtype == F64
+    reference = oracle(engine).per_record(theta, torch.arange(6))
+    assert torch.allclose(rows.norms(), reference.norms(), rtol=1e-4)
+
+
+# -------------------------------------------------------------------- end-to-end with algorithms
+
+
+def sgd_reference(o: TorchModel, lr: float, batch_size: int, steps: int, seed: int) -> torch.Tensor:
+    """Plain minibatch SGD with autograd through the module on the batches dpopt.run draws:
+    θ ← θ − η·Σ_{i∈B} ∇ℓ_i(θ)/b, b the sampler's expected batch size."""
+    sample_gen, _ = train._generators(seed)
+    sampler = sampling.make("poisson", o.n, batch_size)
+    module = copy.deepcopy(o.module)
+    params = list(module.parameters())
+    X, y = o.X, o.y
+    sizes = []
+    for _ in range(steps):
+        indices = sampler.sample(sample_gen)
+        sizes.append(len(indices))
+        if len(indices):
+            grads = torch.autograd.grad(cross_entropy(module(X[indices]), y[indices]).sum(), params)
+            with torch.no_grad():
+                for p, g in zip(params, grads):
+                    p -= lr * g / sampler.expected_size
+    assert 0 in sizes or min(sizes) < batch_size < max(sizes)  # variable Poisson batches
+    return torch.nn.utils.parameters_to_vector(params).detach()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_dpsgd_without_noise_or_clipping_is_sgd(engine):
+    o = oracle(engine, microbatch_size=5)
+    algo = dpopt.DPSGD(lr=0.5, clip=math.inf, noise_multiplier=0.0, batch_size=6)
+    history = dpopt.run(algo, o, steps=12, seed=4, theta0=o.flat_params(), log_every=12)
+    want = sgd_reference(o, 0.5, 6, 12, seed=4)
+    assert torch.allclose(history.theta, want, rtol=0, atol=1e-10)
+    assert float((want - o.flat_params()).norm()) > 0.1  # the run went somewhere
+    assert math.isinf(history.final["epsilon"])
+
+
+def test_dpsrm_without_noise_or_clipping_is_storm():
+    o = oracle("ghost")
+    theta0 = o.flat_params()
+    srm = dpopt.DPSRM(lr=0.3, clip=math.inf, clip_diff=math.inf, gamma=0.4, noise_multiplier0=0.0,
+                      noise_multiplier=0.0, batch_size0=12, batch_size=6)
+    storm = dpopt.Storm(lr=0.3, momentum=0.4, step_rule="constant", batch_size0=12, batch_size=6)
+    got = dpopt.run(srm, o, steps=10, seed=2, theta0=theta0, log_every=10).theta
+    want = dpopt.run(storm, oracle("vmap"), steps=10, seed=2, theta0=theta0, log_every=10).theta
+    assert torch.allclose(got, want, rtol=0, atol=1e-10)
+    assert float((want - theta0).norm()) > 0.1
+
+
+def test_clipped_dpsrm_runs_the_same_on_both_engines():
+    """With clipping that bites (C1, C2 below the typical norms) and no noise, the ghost engine's
+    norms of gradient differences and book-keeping sums give vmap's trajectory."""
+    srm = dpopt.DPSRM(lr=0.3, clip=0.3, clip_diff=0.01, gamma=0.3, noise_multiplier0=0.0, noise_multiplier=0.0,
+                      batch_size0=12, batch_size=6)
+    thetas = {engine: dpopt.run(srm, oracle(engine), steps=10, seed=3, theta0=oracle().flat_params(),
+                                log_every=10).theta for engine in ENGINES}
+    assert torch.allclose(thetas["ghost"], thetas["vmap"], rtol=0, atol=1e-10)
+    rows = oracle().per_record(thetas["ghost"], torch.arange(N))
+    assert float(rows.norms().median()) > 0.3  # clipping was active
+
+
+def test_private_dpsgd_run_is_recorded_in_the_ledger():
+    o = oracle("ghost")
+    algo = dpopt.DPSGD(lr=0.1, clip=1.0, noise_multiplier=1.1, batch_size=8)
+    history = dpopt.run(algo, o, steps=5, seed=0, theta0=o.flat_params(), log_every=5)
+    want = dpopt.epsilon_of(algo.planned_event(N, 5), 1e-5, algo.relation())
+    assert history.final["epsilon"] == pytest.approx(want, rel=1e-9)
+    assert history.theta.isfinite().all()
