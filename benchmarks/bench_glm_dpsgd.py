@@ -306,7 +306,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     results = _interleaved(contenders, repeats, budget)
     measure_seconds = time.perf_counter() - start
     others = (_busy_cpu_seconds() - busy0 - (_own_cpu_seconds() - own0)) / (measure_seconds * (os.cpu_count() or 1))
-    others = max(0.0, others)
+    others = max(0.0, others) if math.isfinite(others) else math.nan
     profile = None if quick else _profile_steps(dp)
 
     stats = {name: _summary(rows) for name, rows in results.items()}
@@ -327,8 +327,10 @@ def run(quick: bool = False) -> dict[str, Any]:
         f"`torch.set_num_threads({THREADS})`; δ = {DELTA:g} for ε. Data: {how} ({load_seconds:.1f} s).",
         "",
         f"{len(results['dpopt train.run'])} interleaved rounds (each contender once per round, after one "
-        f"warm-up each; {measure_seconds:.0f} s of measurement). Other processes used {others:.0%} of the "
-        f"machine's CPU time meanwhile (/proc/stat){'' if others < QUIET else CONTENDED}.",
+        f"warm-up each; {measure_seconds:.0f} s of measurement). "
+        + ("How busy the machine was is unknown (no /proc/stat)." if math.isnan(others) else
+           f"Other processes used {others:.0%} of the machine's CPU time meanwhile (/proc/stat)"
+           f"{'' if others < QUIET else CONTENDED}."),
         "",
         "| contender | median s/epoch | min | max | Opacus fp32 / this (medians) | loss after epoch "
         "| mean batch | ε(δ) | peak RSS rise |",

@@ -79,6 +79,8 @@ RUN = ["run", "--algorithm", "dp-sgd", "--dataset", "adult", "--epsilon", "1", "
      "algorithm='dp-sdg' must be one of: dp-sgd, dp-gd, dp-srm, rrpsgd, dp-agd, storm"),
     (["run", "--algorithm", "dp-sgd", "--dataset", "mnist-but-wrong", "--epsilon", "1"],
      "dataset='mnist-but-wrong' must be one of:"),
+    (["run", "--algorithm", "dp-sgd", "--dataset", "adult", "--model", "ridge", "--epsilon", "1"],
+     "dataset='adult' is a binary task; model='ridge' needs a regression data set"),
     (["account", "--mechanism", "laplace", "--noise-multiplier", "1", "--steps", "1", "--delta", "1e-5"],
      "argument --mechanism: invalid choice: 'laplace'"),
 ])

@@ -159,7 +159,6 @@ class Ledger:
         self.relation = relation
         self.requested_accountant = accountant
         self._runs: list[tuple[dpa.DpEvent, int]] = []
-        self._cache: dict[float, float] = {}
 
     def record(self, event: dpa.DpEvent) -> None:
         for atom, count in run_length([event]):
@@ -167,7 +166,6 @@ class Ledger:
                 self._runs[-1] = (atom, self._runs[-1][1] + count)
             else:
                 self._runs.append((atom, count))
-        self._cache.clear()
 
     def event(self) -> dpa.DpEvent:
         return compose(self._runs)
@@ -187,13 +185,11 @@ class Ledger:
         return RELATION_NAMES[self.relation]
 
     def epsilon(self, delta: float) -> float:
-        """ε(δ) of everything recorded so far (0 for an empty ledger)."""
+        """ε(δ) of everything recorded so far (0 for an empty ledger); memoised by :func:`epsilon_of`."""
         _validate.open_unit("delta", delta)
         if not self._runs:
             return 0.0
-        if delta not in self._cache:
-            self._cache[delta] = epsilon_of(self.event(), delta, self.relation, self.requested_accountant)
-        return self._cache[delta]
+        return epsilon_of(self.event(), delta, self.relation, self.requested_accountant)
 
     def state(self) -> dict[str, Any]:
         return {"relation": self.relation.name, "accountant": self.requested_accountant, "runs": list(self._runs)}

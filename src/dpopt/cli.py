@@ -114,6 +114,10 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     delta = _validate.open_unit("delta", args.delta)
     steps = _validate.positive_int("steps", args.steps)
     dataset = data.load(args.dataset, args.data_dir)
+    needed = "regression" if args.model == "ridge" else "binary"
+    if dataset.task != needed:
+        raise _validate.DpoptError(f"dataset={args.dataset!r} is a {dataset.task} task; model={args.model!r} "
+                                   f"needs a {needed} data set")
     oracle = make_oracle(args.model, torch.as_tensor(dataset.X_train), torch.as_tensor(dataset.y_train), reg=args.reg)
     algorithm = _build_algorithm(args, oracle.n)
     if args.algorithm != "storm":

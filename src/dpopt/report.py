@@ -16,7 +16,8 @@ from . import checkpoint
 def summarise(values: Sequence[float]) -> dict[str, float]:
     """Mean and sample standard deviation (0 for one value)."""
     array = np.asarray(values, dtype=float)
-    return {"mean": float(array.mean()), "std": float(array.std(ddof=1)) if len(array) > 1 else 0.0}
+    with np.errstate(invalid="ignore"):  # ε = ∞ for non-private runs: its spread is undefined (NaN)
+        return {"mean": float(array.mean()), "std": float(array.std(ddof=1)) if len(array) > 1 else 0.0}
 
 
 def _fmt(value: Any) -> str:

@@ -83,7 +83,7 @@ def test_load_returns_independent_copies(tmp_path):
 
 
 def test_info_names_and_default_dir(monkeypatch, tmp_path, ijcnn1):
-    assert names() == ("adult", "ijcnn1")
+    assert names() == ("adult", "ijcnn1", "mnist")
     meta = info("ijcnn1")
     assert (meta["n_train"], meta["n_test"], meta["dim"]) == (ijcnn1.n, 91_701, ijcnn1.dim)
     assert meta["files"][0]["sha256"].startswith("b38a4198ce14")
@@ -104,7 +104,7 @@ def test_load_uses_dpopt_data_env(monkeypatch, shared_data_dir, ijcnn1):
 
 @pytest.mark.parametrize("call", [load, info, fetch])
 def test_unknown_dataset_lists_allowed_names(call):
-    with pytest.raises(DataError, match=r"^dataset='foo' must be one of: adult, ijcnn1$"):
+    with pytest.raises(DataError, match=r"^dataset='foo' must be one of: adult, ijcnn1, mnist$"):
         call("foo")
 
 
@@ -131,8 +131,8 @@ def test_corrupt_file_is_rejected_with_both_hashes(tmp_path, shared_data_dir):
 
 def test_dataset_checks_its_arrays():
     X, y = np.zeros((3, 2)), np.array([1.0, -1.0, 1.0])
-    with pytest.raises(DpoptError, match="task='multiclass' must be one of: binary, regression"):
-        Dataset("toy", "multiclass", X, y, X, y, "made up")
+    with pytest.raises(DpoptError, match="task='ordinal' must be one of: binary, regression, multiclass"):
+        Dataset("toy", "ordinal", X, y, X, y, "made up")
     with pytest.raises(DpoptError, match="y_train must hold only -1.0 and"):
         Dataset("toy", "binary", X, y + 1, X, y, "made up")
     with pytest.raises(DpoptError, match=r"X_test.shape\[1\]=3 must equal X_train.shape\[1\]=2"):

@@ -2,7 +2,7 @@
 
 >>> from dpopt import data
 >>> data.names()
-('adult', 'ijcnn1')
+('adult', 'ijcnn1', 'mnist')
 >>> ds = data.load("adult")          # bundled with the package: works offline
 >>> ds.X_train.shape, ds.X_test.shape
 ((32561, 123), (16281, 123))
@@ -13,6 +13,7 @@ Every problem (unknown name, missing or corrupt file, malformed line) raises
 :class:`DataError` with a one-line message saying what to do.
 """
 
+from dpopt.data.idx import read_idx
 from dpopt.data.registry import (
     DataError,
     Dataset,
@@ -23,4 +24,4 @@ from dpopt.data.registry import (
     names,
 )
 
-__all__ = ["DataError", "Dataset", "default_data_dir", "fetch", "info", "load", "names"]
+__all__ = ["DataError", "Dataset", "default_data_dir", "fetch", "info", "load", "names", "read_idx"]

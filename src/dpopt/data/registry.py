@@ -1,19 +1,26 @@
 """Registry of the real data sets: where their files come from, how to check, fetch and load them.
 
 Every data file is pinned by its sha256, which is checked on every :func:`load` and on
-every download. Files live in ``<data dir>/<data set>/``; the data dir is ``data_dir`` if
+every download. A compressed file may instead be pinned by the sha256 of its decompressed
+content (``RemoteFile.content_sha256``): then any compression of the same bytes is accepted
+(MNIST: the mirror's original ``.gz`` files and the re-compressed shared copies differ only in
+their gzip wrapper). Files live in ``<data dir>/<data set>/``; the data dir is ``data_dir`` if
 given, else :func:`default_data_dir`. Data sets marked ``bundled`` ship inside the
 package and load without any data dir (a copy in the data dir is used first).
 """
 
 from __future__ import annotations
 
+import bz2
 import functools
+import gzip
 import hashlib
 import http.client
+import lzma
 import os
 import tempfile
 import urllib.request
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,17 +30,20 @@ import numpy as np
 import platformdirs
 
 from dpopt._validate import DpoptError, one_of
+from dpopt.data.idx import read_idx
 from dpopt.data.libsvm import DataError, read_libsvm
 
 __all__ = ["DataError", "Dataset", "RemoteFile", "default_data_dir", "fetch", "info", "load",
            "names"]
 
-TASKS = ("binary", "regression")
+TASKS = ("binary", "regression", "multiclass")
 _BUNDLED_DIR = Path(__file__).with_name("bundled")
 _CHUNK = 1 << 20
 _TICK_COMMIT = "9d959b6e53e17145e93e9849ff1f9f6d2de8ae51"
 _TICK_IJCNN1 = ("https://raw.githubusercontent.com/X-DataInitiative/tick-datasets/"
                 f"{_TICK_COMMIT}/binary/ijcnn1/")
+_MNIST_MIRROR = "https://ossci-datasets.s3.amazonaws.com/mnist/"  # LeCun's original .gz files
+_DECOMPRESS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 
 PathLike = str | os.PathLike[str]
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -41,9 +51,12 @@ Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 @dataclass(frozen=True, eq=False)
 class Dataset:
-    """A train/test split in memory: dense float64 features and labels.
+    """A train/test split in memory: dense float64 features ``X [n, d]`` and labels ``y [n]``.
 
-    Binary labels are -1.0/+1.0. ``source`` is one line saying where the files came from.
+    Binary labels are -1.0/+1.0; multiclass labels are the class indices 0.0, 1.0, ... (cast
+    them to ``long`` for ``cross_entropy``). Images are stored flattened, one row per image
+    (MNIST: 784 pixels, row-major); models reshape them (``dpopt.models`` start with
+    ``nn.Unflatten``). ``source`` is one line saying where the files came from.
     """
 
     name: str
@@ -75,29 +88,44 @@ class Dataset:
         return int(self.X_train.shape[1])
 
     def majority_error(self) -> float:
-        """Test error of always predicting the training majority class (ties predict -1)."""
-        if self.task != "binary":
-            raise DpoptError(f"task={self.task!r} must be 'binary' for majority_error()")
-        majority = 1.0 if np.count_nonzero(self.y_train == 1.0) * 2 > self.n else -1.0
+        """Test error of always predicting the training majority class (binary ties predict -1,
+        multiclass ties the smallest label)."""
+        if self.task == "binary":
+            majority = 1.0 if np.count_nonzero(self.y_train == 1.0) * 2 > self.n else -1.0
+        elif self.task == "multiclass":
+            classes, counts = np.unique(self.y_train, return_counts=True)
+            majority = classes[np.argmax(counts)]
+        else:
+            raise DpoptError(f"task={self.task!r} must be 'binary' or 'multiclass' for majority_error()")
         return float(np.mean(self.y_test != majority))
 
 
 def _check_split(split: str, X: np.ndarray, y: np.ndarray, task: str) -> None:
-    """``X`` is 2-D, ``y`` 1-D with one label per row, binary labels in {-1, +1}."""
+    """``X`` is 2-D, ``y`` 1-D with one label per row, binary labels in {-1, +1}, multiclass
+    labels integers >= 0."""
     if X.ndim != 2 or y.shape != X.shape[:1]:
         raise DpoptError(f"X_{split}.shape={X.shape} and y_{split}.shape={y.shape} "
                          "must be (n, d) and (n,)")
     if task == "binary" and not np.isin(y, (-1.0, 1.0)).all():
         raise DpoptError(f"y_{split} must hold only -1.0 and +1.0 for task='binary'")
+    if task == "multiclass" and not (np.isfinite(y) & (y >= 0) & (y == np.floor(y))).all():
+        raise DpoptError(f"y_{split} must hold only class indices 0.0, 1.0, ... for task='multiclass'")
 
 
 @dataclass(frozen=True)
 class RemoteFile:
-    """One data file: its name inside the data set folder, its sha256 and its download URL."""
+    """One data file: its name inside the data set folder, its sha256 and its download URL.
+
+    With ``content_sha256`` (the sha256 of the file decompressed by its suffix: ``.gz``,
+    ``.bz2``, ``.xz``), a file whose own sha256 differs is still accepted when its content has
+    that hash: the same data in another compressed wrapper. ``sha256`` is then the hash of one
+    known copy (checked first, since it is cheaper).
+    """
 
     name: str
     sha256: str
     url: str | None
+    content_sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -125,6 +153,26 @@ def _libsvm_split(n_features: int) -> Callable[[Sequence[Path]], Arrays]:
         return (*read_libsvm(train, n_features), *read_libsvm(test, n_features))
 
     return parse
+
+
+def _mnist(paths: Sequence[Path]) -> Arrays:
+    """Parser of MNIST's train images, train labels, test images and test labels (IDX files)."""
+    train_images, train_labels, test_images, test_labels = paths
+    return (*_mnist_split(train_images, train_labels), *_mnist_split(test_images, test_labels))
+
+
+def _mnist_split(images_path: Path, labels_path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """``X [n, 784]`` (pixel / 255, float64) and ``y [n]`` (0.0 … 9.0) from a pair of MNIST IDX files."""
+    images, labels = read_idx(images_path), read_idx(labels_path)
+    if images.dtype != np.uint8 or images.shape[1:] != (28, 28):
+        raise DataError(f"file {images_path} must hold uint8 images of 28x28 pixels, "
+                        f"not {images.dtype} of shape {images.shape}")
+    if labels.dtype != np.uint8 or labels.shape != images.shape[:1] or labels.max(initial=0) > 9:
+        raise DataError(f"file {labels_path} must hold one uint8 label 0-9 per image of "
+                        f"{images_path.name} ({len(images)}), not {labels.dtype} of shape {labels.shape}")
+    X = images.reshape(len(images), -1).astype(np.float64)
+    X /= 255.0
+    return X, labels.astype(np.float64)
 
 
 _SPECS = (
@@ -171,6 +219,43 @@ _SPECS = (
         n_test=91_701,
         dim=22,
     ),
+    _Spec(
+        name="mnist",
+        task="multiclass",
+        # The .gz sha256s are those of the shared copies (README of shared/data): their gzip
+        # wrappers differ from the mirror's originals (re-compressed; 2021 header timestamps),
+        # so every file is pinned by its decompressed content, whose md5s are the official ones
+        # (train-images 6bbc9ace…, train-labels a25bea73…, t10k-images 2646ac64…,
+        # t10k-labels 27ae3e4e…): both the shared copies and a fresh download verify.
+        files=(
+            RemoteFile("train-images-idx3-ubyte.gz",
+                       "0b367032e93c5d0cea0925647cfdb18614af8ee15f83e6f2fc2ad904a6835971",
+                       _MNIST_MIRROR + "train-images-idx3-ubyte.gz",
+                       "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db"),
+            RemoteFile("train-labels-idx1-ubyte.gz",
+                       "ec02e7948609e5754d47881c09b8afdd8dfa60600b9e5388c8c54a67069ec772",
+                       _MNIST_MIRROR + "train-labels-idx1-ubyte.gz",
+                       "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5"),
+            RemoteFile("t10k-images-idx3-ubyte.gz",
+                       "167310007f03058885c7e95e6c0b19c20de5c7fd3031f4cbdadc9014a523d80b",
+                       _MNIST_MIRROR + "t10k-images-idx3-ubyte.gz",
+                       "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7"),
+            RemoteFile("t10k-labels-idx1-ubyte.gz",
+                       "fc607395669ec21321ea83e4b82c0544b7e8e63ff5b34337c06bc0a17cc0da3c",
+                       _MNIST_MIRROR + "t10k-labels-idx1-ubyte.gz",
+                       "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2"),
+        ),
+        parse=_mnist,
+        description="MNIST handwritten digits: 28x28 grey images flattened row-major to 784 "
+                    "features pixel/255 in [0, 1]; labels 0-9",
+        licence="MNIST (LeCun, Cortes & Burges) is usually cited as CC BY-SA 3.0",
+        source="MNIST IDX files (LeCun, Cortes & Burges; mirror ossci-datasets.s3.amazonaws.com/"
+               "mnist), verified by the sha256 of their decompressed content",
+        bundled=False,
+        n_train=60_000,
+        n_test=10_000,
+        dim=784,
+    ),
 )
 _REGISTRY = {spec.name: spec for spec in _SPECS}
 
@@ -187,9 +272,10 @@ def default_data_dir() -> Path:
 
 
 def info(name: str) -> dict[str, Any]:
-    """Metadata of data set ``name``: task, files (sha256, url), licence, sizes."""
+    """Metadata of data set ``name``: task, files (sha256, content_sha256, url), licence, sizes."""
     spec = _spec(name)
-    files = [{"name": f.name, "sha256": f.sha256, "url": f.url} for f in spec.files]
+    files = [{"name": f.name, "sha256": f.sha256, "content_sha256": f.content_sha256, "url": f.url}
+             for f in spec.files]
     return {"name": spec.name, "task": spec.task, "description": spec.description,
             "licence": spec.licence, "source": spec.source, "bundled": spec.bundled,
             "n_train": spec.n_train, "n_test": spec.n_test, "dim": spec.dim, "files": files}
@@ -215,9 +301,10 @@ def fetch(name: str, data_dir: PathLike | None = None, *,
     """Download the missing or corrupt files of ``name`` into ``<data_dir>/<name>/``.
 
     Each download goes to a temporary file in the same folder, is checked against its
-    sha256 and then renamed into place. ``base_url`` replaces the directory of the URLs
-    (the file is fetched from ``<base_url>/<file name>``). Bundled data sets need no
-    download: their bundled paths are returned.
+    sha256 (or the sha256 of its decompressed content) and then renamed into place.
+    ``base_url`` replaces the directory of the URLs (the file is fetched from
+    ``<base_url>/<file name>``). Bundled data sets need no download: their bundled paths
+    are returned.
     """
     spec = _spec(name)
     if spec.bundled:
@@ -232,8 +319,8 @@ def fetch(name: str, data_dir: PathLike | None = None, *,
     paths = []
     for file in spec.files:
         target = folder / file.name
-        if not (target.is_file() and _sha256(target) == file.sha256):
-            _download(_url(file, base_url), target, file.sha256)
+        if not (target.is_file() and _mismatch(target, file) is None):
+            _download(_url(file, base_url), target, file)
         paths.append(target)
     return paths
 
@@ -266,19 +353,36 @@ def _locate(spec: _Spec, data_dir: Path) -> list[Path]:
 
 
 def _verify(path: Path, file: RemoteFile, spec: _Spec) -> None:
-    """Raise :class:`DataError` unless ``path`` has the sha256 of ``file``."""
-    actual = _sha256(path)
-    if actual != file.sha256:
+    """Raise :class:`DataError` unless ``path`` has the sha256 (or content sha256) of ``file``."""
+    problem = _mismatch(path, file)
+    if problem is not None:
         fix = ("delete it to use the bundled copy" if spec.bundled
                else f"run `dpopt data fetch {spec.name}` to download it again")
-        raise DataError(f"data file {path} is corrupt: sha256 {actual} != expected "
-                        f"{file.sha256}; {fix}")
+        raise DataError(f"data file {path} is corrupt: {problem}; {fix}")
 
 
-def _sha256(path: Path) -> str:
-    """Hex sha256 of the file at ``path``."""
+def _mismatch(path: Path, file: RemoteFile, actual: str | None = None) -> str | None:
+    """Why the file at ``path`` is not ``file`` (``None`` if it is); ``actual``: its sha256 if known."""
+    actual = _sha256(path) if actual is None else actual
+    if actual == file.sha256:
+        return None
+    if file.content_sha256 is None:
+        return f"sha256 {actual} != expected {file.sha256}"
+    suffix = Path(file.name).suffix
+    try:
+        content = _sha256(path, _DECOMPRESS.get(suffix, open))
+    except (OSError, EOFError, lzma.LZMAError, zlib.error) as exc:
+        return f"its sha256 {actual} is not the known copy's and it cannot be decompressed ({exc})"
+    if content == file.content_sha256:
+        return None
+    return (f"sha256 of its decompressed content {content} != expected {file.content_sha256} "
+            f"(and its sha256 {actual} is not the known copy's {file.sha256})")
+
+
+def _sha256(path: Path, opener: Callable[..., IO[bytes]] = open) -> str:
+    """Hex sha256 of the file at ``path`` (of its content decompressed by ``opener`` if given)."""
     digest = hashlib.sha256()
-    with path.open("rb") as stream:
+    with opener(path, "rb") as stream:
         while chunk := stream.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
@@ -303,17 +407,18 @@ def _url(file: RemoteFile, base_url: str | None) -> str:
     return file.url
 
 
-def _download(url: str, target: Path, expected: str) -> None:
-    """Download ``url`` to ``target`` atomically, keeping it only if its sha256 is ``expected``."""
+def _download(url: str, target: Path, file: RemoteFile) -> None:
+    """Download ``url`` to ``target`` atomically, keeping it only if it verifies as ``file``."""
     handle, temp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
                                          suffix=".part")
     temp = Path(temp_name)
     try:
         with os.fdopen(handle, "wb") as out:
             actual = _copy_url(url, out, target)
-        if actual != expected:
-            raise DataError(f"download {url} is corrupt: sha256 {actual} != expected "
-                            f"{expected}; nothing was written to {target.parent}")
+        problem = _mismatch(temp, file, actual)
+        if problem is not None:
+            raise DataError(f"download {url} is corrupt: {problem}; nothing was written to "
+                            f"{target.parent}")
         os.replace(temp, target)
     finally:
         temp.unlink(missing_ok=True)

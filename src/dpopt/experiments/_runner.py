@@ -31,12 +31,13 @@ Params = dict[str, Any]
 @dataclass(frozen=True)
 class Method:
     """A method of a reproduction: ``build(n, params) -> (algorithm, steps)``; ``grid`` is what
-    is tuned (by final training objective); ``tuned[ε]`` the values chosen by the last tuning."""
+    is tuned (by final training objective); ``tuned[ε]`` the values chosen by the last tuning
+    (``tuned[None]`` for a non-private method)."""
 
     name: str
     build: Callable[[int, Params], tuple[Any, int]]
     grid: dict[str, Sequence[Any]]
-    tuned: dict[float, Params] = field(default_factory=dict)
+    tuned: dict[float | None, Params] = field(default_factory=dict)
     private: bool = True
 
 
