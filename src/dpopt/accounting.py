@@ -12,13 +12,14 @@ events PLD cannot compose (sampling without replacement, zCDP, trees) and says s
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import dp_accounting as dpa
 from dp_accounting import NeighboringRelation
-from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.pld import pld_privacy_accountant, privacy_loss_distribution
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from . import _validate
@@ -142,9 +143,43 @@ def _epsilon(event: dpa.DpEvent, delta: float, relation: NeighboringRelation, ac
             return eps
         grid = pld_discretization(eps, count_steps(event))
         return epsilon_of(event, delta, relation, kind, grid)
+    if kind == "pld":
+        pld = _gaussian_pld(run_length([event]), relation, grid or COARSE_DISCRETIZATION)
+        if pld is not None:
+            return float(pld.get_epsilon_for_delta(delta))
     acc = _accountant(kind, relation, grid or COARSE_DISCRETIZATION)
     acc.compose(event)
     return float(acc.get_epsilon(delta))
+
+
+def _gaussian_pld(runs: Sequence[tuple[dpa.DpEvent, int]], relation: NeighboringRelation,
+                  grid: float) -> privacy_loss_distribution.PrivacyLossDistribution | None:
+    """The PLD of runs of (Poisson-sampled) Gaussian events, built as dp_accounting's
+    PLDAccountant builds it, but reusing each sampled-Gaussian step's PLD across calls (a ledger
+    is asked for ε at every logged step); None if any event is of another kind."""
+    total = privacy_loss_distribution.identity(grid)
+    for atom, count in runs:
+        if isinstance(atom, dpa.GaussianDpEvent):
+            part = privacy_loss_distribution.from_gaussian_mechanism(
+                standard_deviation=atom.noise_multiplier / math.sqrt(count), value_discretization_interval=grid,
+                neighboring_relation=relation)
+        elif isinstance(atom, dpa.PoissonSampledDpEvent) and isinstance(atom.event, dpa.GaussianDpEvent):
+            if atom.sampling_probability == 0:
+                continue
+            part = _sampled_gaussian_step(atom.sampling_probability, atom.event.noise_multiplier, relation,
+                                          grid).self_compose(count)
+        else:
+            return None
+        total = total.compose(part)
+    return total
+
+
+@functools.lru_cache(maxsize=256)
+def _sampled_gaussian_step(rate: float, noise_multiplier: float, relation: NeighboringRelation,
+                           grid: float) -> privacy_loss_distribution.PrivacyLossDistribution:
+    return privacy_loss_distribution.from_gaussian_mechanism(
+        standard_deviation=noise_multiplier, value_discretization_interval=grid, sampling_prob=rate,
+        neighboring_relation=relation)
 
 
 class Ledger:

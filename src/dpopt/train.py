@@ -85,7 +85,8 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int = 0, delta: flo
     """Train ``algorithm`` on ``oracle`` for ``steps`` steps and return the :class:`History`.
 
     Logged every ``log_every`` steps (default ~50 points) and at the end: F(θ_t), ‖∇F(θ_t)‖,
-    ``test_error(θ_t)``, the ledger's ε(δ) so far, data passes Σ|B_t|/n, CPU and wall time.
+    ``test_error(θ_t)``, the ledger's ε(δ) so far, data passes Σ|B_t|/n, and the CPU and wall
+    time of training so far (sampling, steps and the ledger; not these measurements).
     ``final`` holds the same at the algorithm's output. With ``checkpoint_path`` the run resumes
     from that file if it exists and writes it every ``checkpoint_every`` steps. With
     ``max_epsilon`` it stops before the first step whose planned ε would exceed it.
@@ -109,7 +110,7 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int = 0, delta: flo
     state = algorithm.init(theta0, steps, sample_gen)
     ledger = Ledger(algorithm.relation(), accountant)
     records: list[dict[str, float]] = []
-    start, visited, cpu_before, wall_before = 0, 0, 0.0, 0.0
+    start, visited, cpu_spent, wall_spent = 0, 0, 0.0, 0.0
     if path is not None:
         checkpoint.remove_stale(path)
     if path is not None and path.exists():
@@ -121,8 +122,7 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int = 0, delta: flo
         sample_gen.set_state(saved["sample_gen"])
         noise_gen.set_state(saved["noise_gen"])
         ledger = Ledger.from_state(saved["ledger"])
-        cpu_before, wall_before = saved["cpu_time_s"], saved["wall_time_s"]
-    cpu0, wall0 = time.process_time() - cpu_before, time.perf_counter() - wall_before
+        cpu_spent, wall_spent = saved["cpu_time_s"], saved["wall_time_s"]
 
     def measure(theta: Tensor) -> dict[str, float]:
         return {
@@ -131,23 +131,26 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int = 0, delta: flo
             "test_error": test_error(theta) if test_error else math.nan,
             "epsilon": ledger.epsilon(delta),
             "passes": visited / n,
-            "cpu_time_s": time.process_time() - cpu0,
-            "wall_time_s": time.perf_counter() - wall0,
+            "cpu_time_s": cpu_spent,
+            "wall_time_s": wall_spent,
         }
 
     def save(t: int) -> None:
         checkpoint.save(path, {
             "fingerprint": key, "step": t, "state": state, "visited": visited, "records": records,
             "sample_gen": sample_gen.get_state(), "noise_gen": noise_gen.get_state(), "ledger": ledger.state(),
-            "cpu_time_s": time.process_time() - cpu0, "wall_time_s": time.perf_counter() - wall0})
+            "cpu_time_s": cpu_spent, "wall_time_s": wall_spent})
 
     bar = tqdm(total=stop_at, initial=start, disable=not progress, desc=type(algorithm).__name__, leave=False)
     for t in range(start, stop_at):
+        cpu_start, wall_start = time.process_time(), time.perf_counter()
         sampler = algorithm.sampler(t, n)
         indices = sampler.sample(sample_gen)
         state, event = algorithm.step(state, Batch(t, indices, sampler), oracle, noise_gen)
         ledger.record(event)
         visited += len(indices)
+        cpu_spent += time.process_time() - cpu_start
+        wall_spent += time.perf_counter() - wall_start
         bar.update()
         if (t + 1) % log_every == 0 or t + 1 == stop_at:
             records.append({"step": t + 1} | measure(state.theta))

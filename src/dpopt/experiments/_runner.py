@@ -50,9 +50,12 @@ class Problem:
 
 
 def run_seeds(method: Method, params: Params, problem: Problem, *, epsilon: float, delta: float,
-              seeds: Sequence[int], log_points: int = 40, pool: Pool | None = None) -> list[History]:
-    """Calibrate (private methods) once, then run ``method`` once per seed (in ``pool`` if given)."""
+              seeds: Sequence[int], log_points: int = 40, step_fraction: float = 1.0,
+              pool: Pool | None = None) -> list[History]:
+    """Calibrate (private methods) once, then run ``method`` once per seed (in ``pool`` if given),
+    for ``step_fraction`` of its steps (calibrated for that shorter run)."""
     algorithm, steps = method.build(problem.oracle.n, params)
+    steps = max(1, round(steps * step_fraction))
     if method.private:
         algorithm = calibrate(algorithm, epsilon=epsilon, delta=delta, n=problem.oracle.n, steps=steps)
     settings = {"steps": steps, "delta": delta, "log_every": max(1, steps // log_points)}

@@ -29,6 +29,11 @@ def _module(name: str) -> ModuleType:
     return EXPERIMENTS[name]
 
 
+#: ``--quick`` runs 2 seeds of every method for this fraction of its steps (noise calibrated for
+#: the shorter run): a smoke test of the whole pipeline, not numbers to compare with the paper.
+QUICK_STEPS = 0.25
+
+
 def reproduce(name: str, *, seeds: int | None = None, quick: bool = False, out: str | Path | None = None,
               data_dir: str | None = None, retune: bool = False, progress: bool = False,
               workers: int | None = None) -> dict[str, Any]:
@@ -67,6 +72,7 @@ def _run_all(exp: ModuleType, problem: Problem, facts: dict[str, Any], n_seeds: 
             if tuned:
                 tuning[f"{method.name} ε={epsilon if method.private else None}"] = tuned
             histories = run_seeds(method, params, problem, epsilon=epsilon, delta=exp.DELTA, seeds=range(n_seeds),
+                                  log_points=10 if quick else 40, step_fraction=QUICK_STEPS if quick else 1.0,
                                   pool=pool)
             rows.append({"algorithm": method.name, "epsilon": epsilon if method.private else None, "delta": exp.DELTA,
                          "params": params, "metrics": metrics(histories, exp.METRICS),
@@ -147,7 +153,9 @@ def _markdown(payload: dict[str, Any], exp: ModuleType) -> str:
     lines = [
         f"# {payload['experiment']}", "",
         f"{payload['seeds']} seeds (mean (std)); δ = {first['delta']}; accountant: {first['accountant']}; "
-        f"adjacency: {first['neighboring_relation']} (private rows). Wall time {payload['wall_time_s']:.0f} s.", "",
+        f"adjacency: {first['neighboring_relation']} (private rows). Wall time {payload['wall_time_s']:.0f} s."
+        + (f" **Quick mode: {QUICK_STEPS:.0%} of every method's steps; not comparable with the paper.**"
+           if payload["quick"] else ""), "",
         report.markdown_table(table_rows, columns + ["paper test_error", "paper grad_norm", "paper passes"]), "",
         "## One-sided Welch t-tests (ours < baseline), p-values", "",
         report.markdown_table(payload["t_tests"], ["epsilon", "ours", "baseline", "p_objective", "p_grad_norm"]), "",
