@@ -61,7 +61,7 @@ class Term:
 
 def clip_weights(norms: Tensor, clip: float) -> Tensor:
     """``w_i = min(1, C/‖v_i‖)``; 1 for zero rows and for C = ∞; 0 for non-finite rows."""
-    weights = (clip / norms).clamp(max=1.0)
+    weights = (norms.reciprocal() * clip).clamp(max=1.0)
     return weights.where(norms.isfinite(), weights.new_zeros(()))
 
 
@@ -80,10 +80,10 @@ def clip_sum(terms: Sequence[Term], relation: NeighboringRelation) -> tuple[Boun
     """
     terms = [term for term in terms if term.scale != 0]
     norms = [term.rows.norms() for term in terms]
-    finite = torch.stack([norm.isfinite() for norm in norms]).all(dim=0)
-    total = sum(
-        term.scale * term.rows.weighted_sum(clip_weights(norm, term.clip) * finite)
-        for term, norm in zip(terms, norms)
-    )
+    finite = torch.stack([norm.isfinite() for norm in norms]).all(dim=0) if len(terms) > 1 else norms[0].isfinite()
+    weights = [clip_weights(norm, term.clip) for term, norm in zip(terms, norms)]
+    if len(terms) > 1:  # a record non-finite in one term is dropped from all (clip_weights zeroes its own)
+        weights = [weight * finite for weight in weights]
+    total = sum(term.scale * term.rows.weighted_sum(weight) for term, weight in zip(terms, weights))
     bound = sum(abs(term.scale) * term.clip for term in terms) * relation_factor(relation)
     return Bounded(total, bound, _CLIPPING_TOKEN), int((~finite).sum())

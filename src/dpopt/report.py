@@ -48,7 +48,7 @@ def write_text(path: Path, text: str) -> None:
 
 
 def curves_figure(path: Path, panels: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]], *,
-                  xlabel: str, log_y: bool = True) -> None:
+                  xlabel: str, log_y: bool = True, log_x: bool = False) -> None:
     """One subplot per panel title; each maps a line label to (x, y); saved atomically as PNG."""
     import io
 
@@ -65,6 +65,8 @@ def curves_figure(path: Path, panels: dict[str, dict[str, tuple[np.ndarray, np.n
         ax.set_xlabel(xlabel)
         if log_y:
             ax.set_yscale("log")
+        if log_x:
+            ax.set_xscale("log")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()

@@ -137,7 +137,7 @@ def _write(out_dir: Path, payload: dict[str, Any], exp: ModuleType) -> None:
             if eps in (epsilon, None):
                 panels["objective"][method] = mean_curve(histories, "objective")
                 panels["gradient norm"][method] = mean_curve(histories, "grad_norm")
-        report.curves_figure(out_dir / f"curves_eps{epsilon}.png", panels, xlabel="data passes (epochs)")
+        report.curves_figure(out_dir / f"curves_eps{epsilon}.png", panels, xlabel="data passes (epochs)", log_x=True)
 
 
 def _markdown(payload: dict[str, Any], exp: ModuleType) -> str:

@@ -45,16 +45,19 @@ class Oracle(Protocol):
 
 @dataclass(frozen=True)
 class LinearRows:
-    """Rows ``coef_i · x_i + shift`` of a GLM batch (``sq_norms_i = ‖x_i‖²``)."""
+    """Rows ``coef_i · x_i + shift`` of a GLM batch (``sq_norms_i = ‖x_i‖²``); ``shift`` is None
+    when there is no regulariser (rows ``coef_i · x_i``, the cheapest case)."""
 
     X: Tensor
     sq_norms: Tensor
     coef: Tensor
-    shift: Tensor
+    shift: Tensor | None
 
     def norms(self) -> Tensor:
         """‖c_i x_i + s‖ from c_i²‖x_i‖² + 2c_i⟨x_i, s⟩ + ‖s‖²; where that cancels (c_i x_i ≈ −s),
         the rows are recomputed densely, so a norm is never underestimated by rounding."""
+        if self.shift is None:
+            return self.coef.abs() * self.sq_norms.sqrt()
         scale = self.coef**2 * self.sq_norms + self.shift @ self.shift
         squared = scale + 2 * self.coef * (self.X @ self.shift)
         norms = squared.clamp(min=0).sqrt()
@@ -65,14 +68,20 @@ class LinearRows:
 
     def weighted_sum(self, weights: Tensor) -> Tensor:
         scaled = torch.where(weights != 0, weights * self.coef, torch.zeros_like(self.coef))
-        return self.X.T @ scaled + weights.sum() * self.shift
+        total = self.X.T @ scaled
+        return total if self.shift is None else total + weights.sum() * self.shift
 
     def dense(self) -> Tensor:
         """The ``[B, d]`` matrix (for tests and small batches)."""
-        return self.coef[:, None] * self.X + self.shift
+        rows = self.coef[:, None] * self.X
+        return rows if self.shift is None else rows + self.shift
 
     def __sub__(self, other: LinearRows) -> LinearRows:
-        return LinearRows(self.X, self.sq_norms, self.coef - other.coef, self.shift - other.shift)
+        if other.shift is None:
+            shift = self.shift
+        else:
+            shift = -other.shift if self.shift is None else self.shift - other.shift
+        return LinearRows(self.X, self.sq_norms, self.coef - other.coef, shift)
 
 
 class GLM:
@@ -89,6 +98,8 @@ class GLM:
         self.n, self.dim = self.X.shape
         self.sq_norms = (self.X**2).sum(dim=1)
         self._all = torch.arange(self.n)
+        # one gather per batch: [X | y | ‖x‖²]
+        self._table = torch.cat([self.X, self.y[:, None], self.sq_norms[:, None]], dim=1)
 
     def _value(self, margin: Tensor, y: Tensor) -> Tensor:
         """Per-record loss ℓ(m; y) at margins m = ⟨x, θ⟩."""
@@ -102,11 +113,12 @@ class GLM:
         """(X, y, ‖x‖²) of ``indices``; all records in place (no copy) for None or ``arange(n)``."""
         if indices is None or (len(indices) == self.n and torch.equal(indices, self._all)):
             return self.X, self.y, self.sq_norms
-        return self.X[indices], self.y[indices], self.sq_norms[indices]
+        rows = self._table.index_select(0, indices)
+        return rows[:, : self.dim], rows[:, self.dim], rows[:, self.dim + 1]
 
-    def _regulariser(self, theta: Tensor) -> tuple[Tensor, Tensor]:
-        """r(θ) and ∇r(θ)."""
-        return theta.new_zeros(()), torch.zeros_like(theta)
+    def _regulariser(self, theta: Tensor) -> tuple[Tensor, Tensor | None]:
+        """r(θ) and ∇r(θ) (None: no regulariser)."""
+        return theta.new_zeros(()), None
 
     def per_record(self, theta: Tensor, indices: Tensor) -> LinearRows:
         """Per-record gradients of the records ``indices`` (distinct). A batch of every record
@@ -131,7 +143,9 @@ class GLM:
 
     def gradient(self, theta: Tensor) -> Tensor:
         """∇F(θ) over all records."""
-        return self.X.T @ self._slope(self.X @ theta, self.y) / self.n + self._regulariser(theta)[1]
+        data_part = self.X.T @ self._slope(self.X @ theta, self.y) / self.n
+        shift = self._regulariser(theta)[1]
+        return data_part if shift is None else data_part + shift
 
     def error(self, theta: Tensor, X: Tensor, y: Tensor) -> float:
         """Test error: misclassification rate (classification) or mean squared error."""
