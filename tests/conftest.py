@@ -4,6 +4,11 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Property tests draw from a fixed seed: the same examples on every run and in CI.
+settings.register_profile("dpopt", derandomize=True, deadline=None)
+settings.load_profile("dpopt")
 
 
 @pytest.fixture(scope="session")

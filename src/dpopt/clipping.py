@@ -78,12 +78,12 @@ def clip_sum(terms: Sequence[Term], relation: NeighboringRelation) -> tuple[Boun
     gradient and the clipped gradient difference). A record whose vector is not finite in any
     term is dropped from every term.
     """
-    terms = [term for term in terms if term.scale != 0]
     norms = [term.rows.norms() for term in terms]
     finite = torch.stack([norm.isfinite() for norm in norms]).all(dim=0) if len(terms) > 1 else norms[0].isfinite()
-    weights = [clip_weights(norm, term.clip) for term, norm in zip(terms, norms)]
+    used = [(term, norm) for term, norm in zip(terms, norms) if term.scale != 0]  # 0 · ∞ clip has no bound
+    weights = [clip_weights(norm, term.clip) for term, norm in used]
     if len(terms) > 1:  # a record non-finite in one term is dropped from all (clip_weights zeroes its own)
         weights = [weight * finite for weight in weights]
-    total = sum(term.scale * term.rows.weighted_sum(weight) for term, weight in zip(terms, weights))
-    bound = sum(abs(term.scale) * term.clip for term in terms) * relation_factor(relation)
+    total = sum(term.scale * term.rows.weighted_sum(weight) for (term, _), weight in zip(used, weights))
+    bound = sum(abs(term.scale) * term.clip for term, _ in used) * relation_factor(relation)
     return Bounded(total, bound, _CLIPPING_TOKEN), int((~finite).sum())
