@@ -3,11 +3,8 @@ every malformed-file error, and checksums of the decompressed content (any gzip 
 official bytes loads and downloads; other content is refused)."""
 
 import gzip
-import http.server
 import io
-import threading
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -202,33 +199,6 @@ def test_multiclass_labels_and_majority():
 
 # ----------------------------------------------------------------------------- fetching
 
-
-@pytest.fixture
-def server(tmp_path, monkeypatch):
-    """HTTP server on 127.0.0.1 serving ``root``; ``requests`` lists the paths asked for."""
-    monkeypatch.setenv("no_proxy", "*")
-    root = tmp_path / "served"
-    root.mkdir()
-    requests: list[str] = []
-
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, directory=str(root), **kwargs)
-
-        def do_GET(self):
-            requests.append(self.path)
-            super().do_GET()
-
-        def log_message(self, *args):
-            pass
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield SimpleNamespace(root=root, url=f"http://127.0.0.1:{httpd.server_port}", requests=requests)
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join()
 
 
 def test_fetch_accepts_the_mirrors_wrapper_and_refuses_other_content(server, tmp_path, mnist_dir):

@@ -1,10 +1,7 @@
 """Tests of the data set registry: real counts, bundling, checksums, errors and fetching."""
 
-import http.server
 import shutil
-import threading
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import platformdirs
@@ -22,7 +19,7 @@ def labels(y: np.ndarray) -> tuple[int, int]:
 
 
 def copy_ijcnn1(source: Path, target: Path) -> Path:
-    target.mkdir(parents=True)
+    target.mkdir(parents=True, exist_ok=True)
     for name in IJCNN1_FILES:
         shutil.copyfile(source / "ijcnn1" / name, target / name)
     return target
@@ -142,42 +139,14 @@ def test_dataset_checks_its_arrays():
         regression.majority_error()
 
 
-@pytest.fixture
-def server(tmp_path, monkeypatch):
-    """HTTP server on 127.0.0.1 serving ``root``; ``requests`` lists the paths asked for."""
-    monkeypatch.setenv("no_proxy", "*")
-    root = tmp_path / "served"
-    root.mkdir()
-    requests: list[str] = []
-
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, directory=str(root), **kwargs)
-
-        def do_GET(self):
-            requests.append(self.path)
-            super().do_GET()
-
-        def log_message(self, *args):
-            pass
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield SimpleNamespace(root=root, url=f"http://127.0.0.1:{httpd.server_port}/files",
-                          requests=requests)
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join()
-
 
 def test_fetch_downloads_verified_files_once(server, tmp_path, shared_data_dir, ijcnn1):
-    copy_ijcnn1(shared_data_dir, server.root / "files")
+    copy_ijcnn1(shared_data_dir, server.root)
     data_dir = tmp_path / "data"
     paths = fetch("ijcnn1", data_dir, base_url=server.url)
     assert paths == [data_dir.resolve() / "ijcnn1" / name for name in IJCNN1_FILES]
     assert sorted(p.name for p in (data_dir / "ijcnn1").iterdir()) == list(IJCNN1_FILES)
-    assert server.requests == [f"/files/{name}" for name in IJCNN1_FILES]
+    assert server.requests == [f"/{name}" for name in IJCNN1_FILES]
     fetched = load("ijcnn1", data_dir)
     assert np.array_equal(fetched.X_test, ijcnn1.X_test)
     assert labels(fetched.y_train) == (45_137, 4_853)
@@ -186,17 +155,17 @@ def test_fetch_downloads_verified_files_once(server, tmp_path, shared_data_dir, 
 
 
 def test_fetch_replaces_a_corrupt_local_file(server, tmp_path, shared_data_dir):
-    copy_ijcnn1(shared_data_dir, server.root / "files")
+    copy_ijcnn1(shared_data_dir, server.root)
     local = copy_ijcnn1(shared_data_dir, tmp_path / "ijcnn1")
     flip_byte(local / "ijcnn1.trn.bz2")
     fetch("ijcnn1", tmp_path, base_url=server.url)
-    assert server.requests == ["/files/ijcnn1.trn.bz2"]
+    assert server.requests == ["/ijcnn1.trn.bz2"]
     assert (local / "ijcnn1.trn.bz2").read_bytes() == (
         shared_data_dir / "ijcnn1" / "ijcnn1.trn.bz2").read_bytes()
 
 
 def test_fetch_of_a_corrupt_download_leaves_nothing(server, tmp_path, shared_data_dir):
-    served = copy_ijcnn1(shared_data_dir, server.root / "files")
+    served = copy_ijcnn1(shared_data_dir, server.root)
     flip_byte(served / "ijcnn1.trn.bz2")
     with pytest.raises(DataError, match=r"ijcnn1.trn.bz2 is corrupt: sha256 [0-9a-f]{64} != "
                                         r"expected b38a4198"):
@@ -205,7 +174,7 @@ def test_fetch_of_a_corrupt_download_leaves_nothing(server, tmp_path, shared_dat
 
 
 def test_fetch_failure_is_one_line_and_leaves_nothing(server, tmp_path):
-    with pytest.raises(DataError, match=r"download http://127\.0\.0\.1:\d+/files/ijcnn1.trn.bz2 "
+    with pytest.raises(DataError, match=r"download http://127\.0\.0\.1:\d+/ijcnn1.trn.bz2 "
                                         r"failed \(HTTP Error 404") as error:
         fetch("ijcnn1", tmp_path, base_url=server.url)
     assert "\n" not in str(error.value)

@@ -30,15 +30,6 @@ RELATION = NeighboringRelation.ADD_OR_REMOVE_ONE
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one intra-op thread is ~100× faster than two on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def cross_entropy(out, y):
     return F.cross_entropy(out, y, reduction="none")
 

@@ -25,15 +25,6 @@ N = 48
 ENGINES = ("vmap", "ghost")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one intra-op thread is ~100× faster than two on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def cross_entropy(out, y):
     return F.cross_entropy(out, y, reduction="none")
 
