@@ -112,8 +112,10 @@ def run_all(paths: list[Path], quick: bool) -> list[dict[str, Any]]:
     return results
 
 
-def _value(value: Any) -> str:
-    return f"{value:.2f}×" if isinstance(value, float) else str(value)
+def _value(check: dict[str, Any]) -> str:
+    """A check's value with its unit (``check["unit"]``, default "×" for ratios)."""
+    value = check["value"]
+    return f"{value:.2f}{check.get('unit', '×')}" if isinstance(value, float) else str(value)
 
 
 def render(results: list[dict[str, Any]], command: str, quick: bool, started: dt.datetime,
@@ -141,7 +143,7 @@ def render(results: list[dict[str, Any]], command: str, quick: bool, started: dt
             lines.append(f"| {result['module']} | benchmark raised | — | runs | **FAIL** |")
         for check in result["checks"]:
             verdict = "PASS" if check["passed"] else "FAIL"
-            lines.append(f"| {result['module']} | {check['name']} | {_value(check['value'])} | "
+            lines.append(f"| {result['module']} | {check['name']} | {_value(check)} | "
                          f"{check['target']} | **{verdict}** |")
     for result in results:
         lines += ["", f"## {result['title']}", "", f"`benchmarks/{result['module']}`, {result['seconds']:.0f} s.", ""]
@@ -179,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[bench] wrote {args.out}", file=sys.stderr)
     for result in results:
         for check in result["checks"]:
-            print(f"{result['module']}: {check['name']} = {_value(check['value'])} "
+            print(f"{result['module']}: {check['name']} = {_value(check)} "
                   f"(target {check['target']}): {'PASS' if check['passed'] else 'FAIL'}")
     raised = any(result["error"] for result in results)
     missed = any(not check["passed"] for result in results for check in result["checks"])

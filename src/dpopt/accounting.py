@@ -239,8 +239,9 @@ class Ledger:
 def _root(gap: Callable[[float], float], start: float, accept: float) -> float:
     """Smallest s with ``gap(s)`` in [accept, 0] for a decreasing ``gap`` (log ε − log target).
 
-    Secant steps on log s, safeguarded by a bracket once one is known (Illinois false
-    position: the stale end's value is halved when the same end moves twice in a row).
+    Secant steps on log s aimed at the middle of the band, safeguarded by a bracket once one
+    is known (Illinois false position: the stale end's value is halved when the same end
+    moves twice in a row).
     """
     lo = hi = None  # gap(lo) > 0 >= gap(hi)
     f_lo = f_hi = 0.0
@@ -261,15 +262,16 @@ def _root(gap: Callable[[float], float], start: float, accept: float) -> float:
         if hi is not None and f_hi >= accept:
             return hi
         if lo is not None and hi is not None:
-            if hi / lo < 1 + 1e-12:
+            if hi / lo < 1 + 1e-4:  # ε moves < 0.1 % across the bracket: more steps only oscillate
                 return hi
             new = (math.exp(math.log(hi) - f_hi * math.log(hi / lo) / (f_hi - f_lo))
                    if math.isfinite(f_lo) and math.isfinite(f_hi) else math.sqrt(lo * hi))
             new = min(max(new, lo * (1 + 1e-9)), hi * (1 - 1e-9))
         else:
             slope = (f - previous[1]) / math.log(scale / previous[0]) if previous and math.isfinite(f) else -1.0
+            aim = f - accept / 2  # the middle of the accepted band, so one side cannot creep in forever
             # less noise is costlier to account (a wider privacy-loss range): halve at most
-            new = scale * math.exp(min(2.0, max(-0.7, -f / slope if slope < 0 else -f)))
+            new = scale * math.exp(min(2.0, max(-0.7, -aim / slope if slope < 0 else -aim)))
             if not math.isfinite(new) or new == scale:
                 new = scale * (2.0 if f > 0 else 0.5)
         if not 1e-8 < new < 1e8:
