@@ -173,3 +173,9 @@ def test_per_record_loss_and_regulariser(model):
             want = plain_loss(model, X[i].tolist(), float(y[i]), thetas[k].tolist(), 0.25) - reg
             assert float(losses[b, k]) == pytest.approx(want, rel=1e-10, abs=1e-13)
         assert float(losses[:, k].mean()) + reg == pytest.approx(float(oracle.loss(thetas[k], idx)), rel=1e-12)
+
+
+def test_logistic_refuses_labels_outside_plus_minus_one() -> None:
+    X = torch.zeros(3, 2, dtype=torch.float64)
+    with pytest.raises(DpoptError, match=r"y must hold only -1.0 and \+1.0 for Logistic; found \[0.0, 1.0, 2.0\]"):
+        glm.Logistic(X, torch.tensor([0.0, 1.0, 2.0]))

@@ -79,10 +79,12 @@ def clip_sum(terms: Sequence[Term], relation: NeighboringRelation) -> tuple[Boun
     term is dropped from every term.
     """
     norms = [term.rows.norms() for term in terms]
-    finite = torch.stack([norm.isfinite() for norm in norms]).all(dim=0) if len(terms) > 1 else norms[0].isfinite()
     used = [(term, norm) for term, norm in zip(terms, norms) if term.scale != 0]  # 0 · ∞ clip has no bound
-    weights = [clip_weights(norm, term.clip) for term, norm in used]
-    if len(terms) > 1:  # a record non-finite in one term is dropped from all (clip_weights zeroes its own)
+    weights = [clip_weights(norm, term.clip) for term, norm in used]  # zero for the term's own non-finite rows
+    if len(terms) == 1:
+        finite = norms[0].isfinite()
+    else:  # a record non-finite in one term is dropped from all
+        finite = torch.stack([norm.isfinite() for norm in norms]).all(dim=0)
         weights = [weight * finite for weight in weights]
     total = sum(term.scale * term.rows.weighted_sum(weight) for (term, _), weight in zip(used, weights))
     bound = sum(abs(term.scale) * term.clip for term, _ in used) * relation_factor(relation)

@@ -155,6 +155,12 @@ class GLM:
 class Logistic(GLM):
     """Logistic loss log(1 + exp(−y m)); labels y ∈ {−1, +1}."""
 
+    def __init__(self, X: Tensor, y: Tensor, *, reg: float = 0.0) -> None:
+        super().__init__(X, y, reg=reg)
+        if not ((self.y == 1) | (self.y == -1)).all():
+            raise _validate.DpoptError(f"y must hold only -1.0 and +1.0 for {type(self).__name__}; "
+                                       f"found {sorted(set(self.y.unique().tolist()))[:5]}")
+
     def _value(self, margin: Tensor, y: Tensor) -> Tensor:
         return torch.nn.functional.softplus(-y * margin)
 
