@@ -223,12 +223,12 @@ def linear_rows(draw, d=None, b=None):
     X = tensor([draw(st.lists(moderate, min_size=d, max_size=d)) for _ in range(b)])
     coef = tensor(draw(st.lists(moderate, min_size=b, max_size=b)))
     shift = tensor(draw(st.lists(moderate, min_size=d, max_size=d)))
-    return LinearRows(X, (X**2).sum(dim=1), coef, shift)
+    return LinearRows(X, X.norm(dim=1), coef, shift)
 
 
 def scale_of(rows: LinearRows) -> torch.Tensor:
     """|c_i|·‖x_i‖ + ‖s‖: the size of the summands in row i."""
-    return rows.coef.abs() * rows.X.norm(dim=1) + rows.shift.norm()
+    return rows.coef.abs() * rows.A.norm(dim=1) + rows.shift.norm()
 
 
 @PROPERTY
@@ -256,11 +256,11 @@ def test_linear_rows_weighted_sum_matches_dense(rows, data):
 @given(d=st.integers(1, 5), b=st.integers(1, 6), data=st.data())
 def test_linear_rows_difference_matches_dense_difference(d, b, data):
     first = data.draw(linear_rows(d=d, b=b))
-    second = LinearRows(first.X, first.sq_norms,
+    second = LinearRows(first.A, first.a_norms,
                         tensor(data.draw(st.lists(moderate, min_size=b, max_size=b))),
                         tensor(data.draw(st.lists(moderate, min_size=d, max_size=d))))
     diff = first - second
-    assert torch.equal(diff.X, first.X) and torch.equal(diff.sq_norms, first.sq_norms)
+    assert torch.equal(diff.A, first.A) and torch.equal(diff.a_norms, first.a_norms)
     want = first.dense() - second.dense()
     scale = float((scale_of(first) + scale_of(second)).max())
     assert float((diff.dense() - want).abs().max()) <= 1e-12 * scale
@@ -272,7 +272,7 @@ def test_linear_rows_difference_matches_dense_difference(d, b, data):
 @given(rows=linear_rows(), clip=clips)
 def test_linear_rows_clipped_record_within_clip(rows, clip):
     for i in range(rows.coef.shape[0]):
-        one = LinearRows(rows.X[i:i + 1], rows.sq_norms[i:i + 1], rows.coef[i:i + 1], rows.shift)
+        one = LinearRows(rows.A[i:i + 1], rows.a_norms[i:i + 1], rows.coef[i:i + 1], rows.shift)
         bounded, dropped = clipping.clip_sum([clipping.Term(1.0, one, clip)], ADD_REMOVE)
         assert dropped == 0
         assert exact_norm(bounded.value.tolist()) <= clip * (1 + 1e-9)
@@ -292,7 +292,7 @@ def test_linear_rows_clip_bound_under_cancellation(magnitude):
         x = magnitude * torch.randn(1, 5, generator=gen, dtype=torch.float64)
         r = torch.randn(5, generator=gen, dtype=torch.float64)
         shift = -x[0] + 2 * r / r.norm()
-        rows = LinearRows(x, (x**2).sum(dim=1), torch.ones(1, dtype=torch.float64), shift)
+        rows = LinearRows(x, x.norm(dim=1), torch.ones(1, dtype=torch.float64), shift)
         true_norm = float(rows.dense().norm())
         assert true_norm == pytest.approx(2.0, rel=1e-6)
         bounded, _ = clipping.clip_sum([clipping.Term(1.0, rows, 1.0)], ADD_REMOVE)
@@ -302,7 +302,7 @@ def test_linear_rows_clip_bound_under_cancellation(magnitude):
 
 def test_linear_rows_non_finite_coef_dropped_and_zero_weight_safe():
     X = tensor([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
-    rows = LinearRows(X, (X**2).sum(dim=1), tensor([math.nan, 1.0, math.inf]), tensor([0.0, 0.0]))
+    rows = LinearRows(X, X.norm(dim=1), tensor([math.nan, 1.0, math.inf]), tensor([0.0, 0.0]))
     bounded, dropped = clipping.clip_sum([clipping.Term(1.0, rows, 10.0)], ADD_REMOVE)
     assert dropped == 2
     assert bounded.value.tolist() == [0.0, 2.0]

@@ -9,6 +9,7 @@ adjacency and 2C under replace-one (one row swapped for another anywhere in the 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -27,7 +28,8 @@ class PerRecord(Protocol):
         """``[B]``: the L2 norm of each record's vector."""
 
     def weighted_sum(self, weights: Tensor) -> Tensor:
-        """``Σ_i w_i · row_i`` as a ``[d]`` tensor; rows with ``w_i = 0`` contribute exactly 0."""
+        """``Σ_i w_i · row_i`` as a new ``[d]`` tensor (the caller may modify it in place); rows
+        with ``w_i = 0`` contribute exactly 0."""
 
 
 @dataclass(frozen=True)
@@ -59,10 +61,14 @@ class Term:
     clip: float
 
 
-def clip_weights(norms: Tensor, clip: float) -> Tensor:
-    """``w_i = min(1, C/‖v_i‖)``; 1 for zero rows and for C = ∞; 0 for non-finite rows."""
-    weights = (norms.reciprocal() * clip).clamp(max=1.0)
-    return weights.where(norms.isfinite(), weights.new_zeros(()))
+def clip_weights(norms: Tensor, clip: float, *, all_finite: bool = False) -> Tensor:
+    """``w_i = min(1, C/‖v_i‖) = C / max(C, ‖v_i‖)``; 1 for zero rows and for C = ∞; 0 for
+    non-finite rows (C/∞ = 0, and NaN is mapped to 0). ``all_finite=True`` (the caller has
+    checked that every norm is finite) skips the NaN mapping."""
+    if clip == math.inf:
+        return norms.isfinite().to(norms.dtype)
+    weights = norms.clamp(min=clip).reciprocal_().mul_(clip)  # (Tensor.__rdiv__ is slow)
+    return weights if all_finite else weights.nan_to_num_(0.0)
 
 
 def relation_factor(relation: NeighboringRelation) -> float:
@@ -79,13 +85,39 @@ def clip_sum(terms: Sequence[Term], relation: NeighboringRelation) -> tuple[Boun
     term is dropped from every term.
     """
     norms = [term.rows.norms() for term in terms]
-    used = [(term, norm) for term, norm in zip(terms, norms) if term.scale != 0]  # 0 · ∞ clip has no bound
-    weights = [clip_weights(norm, term.clip) for term, norm in used]  # zero for the term's own non-finite rows
-    if len(terms) == 1:
-        finite = norms[0].isfinite()
-    else:  # a record non-finite in one term is dropped from all
-        finite = torch.stack([norm.isfinite() for norm in norms]).all(dim=0)
-        weights = [weight * finite for weight in weights]
-    total = sum(term.scale * term.rows.weighted_sum(weight) for (term, _), weight in zip(used, weights))
-    bound = sum(abs(term.scale) * term.clip for term, _ in used) * relation_factor(relation)
-    return Bounded(total, bound, _CLIPPING_TOKEN), int((~finite).sum())
+    all_finite = math.isfinite(math.fsum(float(norm.sum()) for norm in norms))  # one check, common case
+    keep, dropped = None, 0
+    if not all_finite:  # a record non-finite in one term is dropped from all
+        keep = torch.stack([norm.isfinite() for norm in norms]).all(dim=0)
+        dropped = int((~keep).sum())
+    total, bound = None, 0.0
+    for term, norm in zip(terms, norms):
+        if term.scale == 0:  # 0 · ∞ clip has no bound
+            continue
+        weights = clip_weights(norm, term.clip, all_finite=all_finite)
+        part = term.rows.weighted_sum(weights if keep is None else weights.where(keep, 0.0))
+        if total is None:
+            total = part if term.scale == 1 else part.mul_(term.scale)
+        else:
+            total.add_(part, alpha=term.scale)
+        bound += abs(term.scale) * term.clip
+    if total is None:
+        raise ValueError("clip_sum needs at least one term with a non-zero scale")
+    return Bounded(total, bound * relation_factor(relation), _CLIPPING_TOKEN), dropped
+
+
+def clip_aggregate(value: Tensor, clip: float) -> Bounded:
+    """``clip(v, λ) = v · min(1, λ/‖v‖)`` of an aggregate v over a batch (AClip's batch mean).
+
+    Sensitivity **2λ** under every neighbouring relation: clip(v(S)) and clip(v(S′)) both lie
+    in the λ-ball, and with unbounded per-record gradients one record can move v(S) anywhere,
+    so the 2λ is attained (opposite points of the sphere). An aggregate that is not finite
+    (a record's gradient overflowed) is released as 0, a point of the ball that does not
+    depend on which record caused it.
+    """
+    norm = float(value.norm())
+    if not math.isfinite(norm):
+        clipped = torch.zeros_like(value)
+    else:
+        clipped = value * min(1.0, clip / norm) if norm > 0 else value.clone()
+    return Bounded(clipped, 2.0 * clip, _CLIPPING_TOKEN)

@@ -55,4 +55,4 @@ def gaussian(x: Bounded, noise_multiplier: float, gen: torch.Generator) -> tuple
         )
     std = noise_multiplier * x.sensitivity
     noise = torch.randn(x.value.shape, generator=gen, dtype=x.value.dtype, device=x.value.device)
-    return x.value + std * noise, event
+    return x.value.add(noise, alpha=std), event

@@ -8,6 +8,7 @@ a noised sum is divided by (``expected_size``: never the realised, private, batc
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -77,12 +78,15 @@ class Poisson:
         expected = self.rate * self.n
         chunk = int(expected + 6 * math.sqrt(expected) + 16)
         parts, last = [], -1.0
-        while last < self.n:
-            gaps = torch.empty(chunk, dtype=torch.float64).geometric_(self.rate, generator=gen)
-            positions = last + torch.cumsum(gaps, dim=0)
-            parts.append(positions[positions < self.n])
+        while True:
+            positions = torch.empty(chunk, dtype=torch.float64).geometric_(self.rate, generator=gen).cumsum_(0)
+            positions += last
+            inside = int(torch.searchsorted(positions, float(self.n)))  # positions are increasing
+            parts.append(positions[:inside])
+            if inside < chunk:
+                break
             last = float(positions[-1])
-        return torch.cat(parts).long()
+        return (parts[0] if len(parts) == 1 else torch.cat(parts)).long()
 
     def wrap(self, event: dpa.DpEvent) -> dpa.DpEvent:
         return dpa.PoissonSampledDpEvent(self.rate, event)
@@ -129,8 +133,10 @@ def relation(kind: str) -> NeighboringRelation:
     return _KINDS[kind].relation
 
 
+@functools.lru_cache(maxsize=256)
 def make(kind: str, n: int, batch_size: int) -> Sampler:
-    """The sampler named ``kind`` ("poisson", "fixed" or "full") for n records."""
+    """The sampler named ``kind`` ("poisson", "fixed" or "full") for n records (samplers are
+    immutable, so one per configuration is made and reused)."""
     _validate.one_of("sampling", kind, SAMPLINGS)
     if kind == "full":
         return FullBatch(n)

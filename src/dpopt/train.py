@@ -77,6 +77,20 @@ def affordable_steps(algorithm: Any, n: int, steps: int, delta: float, max_epsil
     return lo
 
 
+def step(algorithm: Any, oracle: Oracle, state: Any, t: int, ledger: Ledger,
+         sample_gen: torch.Generator, noise_gen: torch.Generator) -> tuple[Any, int]:
+    """Step t of a run: draw the batch, let the algorithm step, record its event in ``ledger``.
+
+    Returns the new state and the batch size. This is everything :func:`run` does per step
+    besides timing, logging and checkpointing.
+    """
+    sampler = algorithm.sampler(t, oracle.n)
+    indices = sampler.sample(sample_gen)
+    state, event = algorithm.step(state, Batch(t, indices, sampler), oracle, noise_gen)
+    ledger.record(event)
+    return state, len(indices)
+
+
 def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int = 0, delta: float = 1e-5,
         theta0: Tensor | None = None, accountant: str = "pld",
         test_error: Callable[[Tensor], float] | None = None, log_every: int | None = None,
@@ -144,11 +158,8 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int = 0, delta: flo
     bar = tqdm(total=stop_at, initial=start, disable=not progress, desc=type(algorithm).__name__, leave=False)
     for t in range(start, stop_at):
         cpu_start, wall_start = time.process_time(), time.perf_counter()
-        sampler = algorithm.sampler(t, n)
-        indices = sampler.sample(sample_gen)
-        state, event = algorithm.step(state, Batch(t, indices, sampler), oracle, noise_gen)
-        ledger.record(event)
-        visited += len(indices)
+        state, batch_size = step(algorithm, oracle, state, t, ledger, sample_gen, noise_gen)
+        visited += batch_size
         cpu_spent += time.process_time() - cpu_start
         wall_spent += time.perf_counter() - wall_start
         bar.update()

@@ -72,7 +72,7 @@ class DPSGD:
         clipped, _ = clipping.clip_sum([clipping.Term(1.0, rows, self.clip)], batch.sampler.relation)
         noised, event = mechanisms.gaussian(clipped, self.noise_multiplier, gen)
         out = output_track(state.out, batch.t, state.theta)
-        theta = state.theta - self.lr * noised / batch.sampler.expected_size
+        theta = state.theta.add(noised, alpha=-self.lr / batch.sampler.expected_size)
         return DPSGDState(theta, out), batch.sampler.wrap(event)
 
     def output(self, state: DPSGDState) -> Tensor:

@@ -42,38 +42,41 @@ class Oracle(Protocol):
 
     def gradient(self, theta: Tensor) -> Tensor: ...
 
+    def gradient_sum(self, theta: Tensor, indices: Tensor | None) -> Tensor: ...
+
 
 @dataclass(frozen=True)
 class LinearRows:
-    """Rows ``coef_i · x_i + shift`` of a GLM batch (``sq_norms_i = ‖x_i‖²``); ``shift`` is None
-    when there is no regulariser (rows ``coef_i · x_i``, the cheapest case)."""
+    """Rows ``coef_i · a_i + shift`` of a GLM batch (``a_norms_i = ‖a_i‖``); ``shift`` is None
+    when there is no regulariser (rows ``coef_i · a_i``, the cheapest case)."""
 
-    X: Tensor
-    sq_norms: Tensor
+    A: Tensor
+    a_norms: Tensor
     coef: Tensor
     shift: Tensor | None
 
     def norms(self) -> Tensor:
-        """‖c_i x_i + s‖ from c_i²‖x_i‖² + 2c_i⟨x_i, s⟩ + ‖s‖²; where that cancels (c_i x_i ≈ −s),
+        """‖c_i a_i + s‖ from c_i²‖a_i‖² + 2c_i⟨a_i, s⟩ + ‖s‖²; where that cancels (c_i a_i ≈ −s),
         the rows are recomputed densely, so a norm is never underestimated by rounding."""
         if self.shift is None:
-            return self.coef.abs() * self.sq_norms.sqrt()
-        scale = self.coef**2 * self.sq_norms + self.shift @ self.shift
-        squared = scale + 2 * self.coef * (self.X @ self.shift)
+            return self.coef.abs().mul_(self.a_norms)
+        scale = (self.coef * self.a_norms) ** 2 + self.shift @ self.shift
+        squared = scale + 2 * self.coef * (self.A @ self.shift)
         norms = squared.clamp(min=0).sqrt()
         cancelled = squared <= 1e-4 * scale
         if cancelled.any():
-            norms[cancelled] = (self.coef[cancelled, None] * self.X[cancelled] + self.shift).norm(dim=1)
+            norms[cancelled] = (self.coef[cancelled, None] * self.A[cancelled] + self.shift).norm(dim=1)
         return norms
 
     def weighted_sum(self, weights: Tensor) -> Tensor:
-        scaled = torch.where(weights != 0, weights * self.coef, torch.zeros_like(self.coef))
-        total = self.X.T @ scaled
-        return total if self.shift is None else total + weights.sum() * self.shift
+        # w_i = 0 marks a dropped row whose c_i may be ±∞ or NaN: 0 · c_i must be 0, not NaN
+        scaled = (weights * self.coef).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+        total = scaled @ self.A
+        return total if self.shift is None else total.add_(self.shift, alpha=float(weights.sum()))
 
     def dense(self) -> Tensor:
         """The ``[B, d]`` matrix (for tests and small batches)."""
-        rows = self.coef[:, None] * self.X
+        rows = self.coef[:, None] * self.A
         return rows if self.shift is None else rows + self.shift
 
     def __sub__(self, other: LinearRows) -> LinearRows:
@@ -81,11 +84,16 @@ class LinearRows:
             shift = self.shift
         else:
             shift = -other.shift if self.shift is None else self.shift - other.shift
-        return LinearRows(self.X, self.sq_norms, self.coef - other.coef, shift)
+        return LinearRows(self.A, self.a_norms, self.coef - other.coef, shift)
 
 
 class GLM:
-    """Data ``X [n, d]``, targets ``y [n]``; subclasses give ℓ, ℓ′ and the regulariser."""
+    """Data ``X [n, d]``, targets ``y [n]``, in the canonical form f_i(θ) = φ(⟨a_i, θ⟩; y_i) + r(θ).
+
+    Subclasses give the design rows a_i (:meth:`_design`; default a_i = x_i), φ and φ′ as functions
+    of the margin u_i = ⟨a_i, θ⟩, and the regulariser r. Every per-record gradient is
+    φ′(u_i; y_i) · a_i + ∇r(θ).
+    """
 
     def __init__(self, X: Tensor, y: Tensor, *, reg: float = 0.0) -> None:
         self.X = torch.as_tensor(X, dtype=torch.float64)
@@ -96,56 +104,67 @@ class GLM:
             raise _validate.DpoptError("data must be finite: X or y contains NaN or inf")
         self.reg = _validate.non_negative("reg", reg)
         self.n, self.dim = self.X.shape
-        self.sq_norms = (self.X**2).sum(dim=1)
-        self._all = torch.arange(self.n)
-        # one gather per batch: [X | y | ‖x‖²]
-        self._table = torch.cat([self.X, self.y[:, None], self.sq_norms[:, None]], dim=1)
+        self.A = self._design(self.X, self.y)
+        self.a_norms = self.A.norm(dim=1)
+        self._everyone = torch.arange(self.n)
+        # one gather per batch: [A | y | ‖a‖]
+        self._table = torch.cat([self.A, self.y[:, None], self.a_norms[:, None]], dim=1)
+
+    def _design(self, X: Tensor, y: Tensor) -> Tensor:
+        """The rows a_i whose margins ⟨a_i, θ⟩ the loss depends on."""
+        return X
 
     def _value(self, margin: Tensor, y: Tensor) -> Tensor:
-        """Per-record loss ℓ(m; y) at margins m = ⟨x, θ⟩."""
+        """Per-record loss φ(u; y) at margins u = ⟨a, θ⟩."""
         raise NotImplementedError
 
     def _slope(self, margin: Tensor, y: Tensor) -> Tensor:
-        """Its derivative ℓ′(m; y)."""
+        """Its derivative φ′(u; y)."""
         raise NotImplementedError
 
     def _rows(self, indices: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        """(X, y, ‖x‖²) of ``indices``; all records in place (no copy) for None or ``arange(n)``."""
-        if indices is None or (len(indices) == self.n and torch.equal(indices, self._all)):
-            return self.X, self.y, self.sq_norms
+        """(A, y, ‖a‖) of ``indices``; all records in place (no copy) for None or ``arange(n)``."""
+        if indices is None or (indices.shape[0] == self.n and torch.equal(indices, self._everyone)):
+            return self.A, self.y, self.a_norms
         rows = self._table.index_select(0, indices)
         return rows[:, : self.dim], rows[:, self.dim], rows[:, self.dim + 1]
 
-    def _regulariser(self, theta: Tensor) -> tuple[Tensor, Tensor | None]:
-        """r(θ) and ∇r(θ) (None: no regulariser)."""
-        return theta.new_zeros(()), None
+    def regulariser(self, theta: Tensor) -> Tensor:
+        """r(θ), the data-independent part of F (0 here)."""
+        return theta.new_zeros(())
+
+    def _regulariser_gradient(self, theta: Tensor) -> Tensor | None:
+        """∇r(θ), or None when there is no regulariser."""
+        return None
 
     def per_record(self, theta: Tensor, indices: Tensor) -> LinearRows:
         """Per-record gradients of the records ``indices`` (distinct). A batch of every record
         uses the data in place (the set, not the order, determines every clipped sum)."""
-        X, y, sq_norms = self._rows(indices)
-        return LinearRows(X, sq_norms, self._slope(X @ theta, y), self._regulariser(theta)[1])
+        A, y, a_norms = self._rows(indices)
+        return LinearRows(A, a_norms, self._slope(A @ theta, y), self._regulariser_gradient(theta))
 
     def per_record_loss(self, thetas: Tensor, indices: Tensor) -> Tensor:
-        """``[B, K]``: the data loss ℓ(⟨x_i, θ_k⟩; y_i) of records ``indices`` at K points ``thetas [K, d]``
+        """``[B, K]``: the data loss φ(⟨a_i, θ_k⟩; y_i) of records ``indices`` at K points ``thetas [K, d]``
         (one matrix product; the regulariser, which does not depend on the data, is excluded)."""
-        X, y, _ = self._rows(indices)
-        return self._value(X @ thetas.T, y[:, None])
-
-    def regulariser(self, theta: Tensor) -> Tensor:
-        """r(θ), the data-independent part of F."""
-        return self._regulariser(theta)[0]
+        A, y, _ = self._rows(indices)
+        return self._value(A @ thetas.T, y[:, None])
 
     def loss(self, theta: Tensor, indices: Tensor | None = None) -> Tensor:
-        """F(θ) = mean_i ℓ(⟨x_i, θ⟩; y_i) + r(θ) over ``indices`` (default all records)."""
-        X, y, _ = self._rows(indices)
-        return self._value(X @ theta, y).mean() + self._regulariser(theta)[0]
+        """F(θ) = mean_i φ(⟨a_i, θ⟩; y_i) + r(θ) over ``indices`` (default all records)."""
+        A, y, _ = self._rows(indices)
+        return self._value(A @ theta, y).mean() + self.regulariser(theta)
+
+    def gradient_sum(self, theta: Tensor, indices: Tensor | None) -> Tensor:
+        """Σ_{i ∈ indices} ∇f_i(θ) (all records for None) in one pass, without per-record rows:
+        ``φ′(Aθ; y) @ A + |indices| · ∇r(θ)``."""
+        A, y, _ = self._rows(indices)
+        total = self._slope(A @ theta, y) @ A
+        shift = self._regulariser_gradient(theta)
+        return total if shift is None else total.add_(shift, alpha=A.shape[0])
 
     def gradient(self, theta: Tensor) -> Tensor:
         """∇F(θ) over all records."""
-        data_part = self.X.T @ self._slope(self.X @ theta, self.y) / self.n
-        shift = self._regulariser(theta)[1]
-        return data_part if shift is None else data_part + shift
+        return self.gradient_sum(theta, None) / self.n
 
     def error(self, theta: Tensor, X: Tensor, y: Tensor) -> float:
         """Test error: misclassification rate (classification) or mean squared error."""
@@ -153,19 +172,23 @@ class GLM:
 
 
 class Logistic(GLM):
-    """Logistic loss log(1 + exp(−y m)); labels y ∈ {−1, +1}."""
+    """Logistic loss log(1 + exp(−y⟨x, θ⟩)); labels y ∈ {−1, +1}.
 
-    def __init__(self, X: Tensor, y: Tensor, *, reg: float = 0.0) -> None:
-        super().__init__(X, y, reg=reg)
-        if not ((self.y == 1) | (self.y == -1)).all():
+    Canonical form a_i = −y_i x_i: φ(u) = log(1 + eᵘ) = softplus(u), φ′(u) = σ(u) ∈ (0, 1), so a
+    per-record gradient is σ(⟨a_i, θ⟩) a_i (two tensor operations per batch).
+    """
+
+    def _design(self, X: Tensor, y: Tensor) -> Tensor:
+        if not ((y == 1) | (y == -1)).all():
             raise _validate.DpoptError(f"y must hold only -1.0 and +1.0 for {type(self).__name__}; "
-                                       f"found {sorted(set(self.y.unique().tolist()))[:5]}")
+                                       f"found {sorted(set(y.unique().tolist()))[:5]}")
+        return -y[:, None] * X
 
     def _value(self, margin: Tensor, y: Tensor) -> Tensor:
-        return torch.nn.functional.softplus(-y * margin)
+        return torch.nn.functional.softplus(margin)
 
     def _slope(self, margin: Tensor, y: Tensor) -> Tensor:
-        return -y * torch.sigmoid(-y * margin)
+        return torch.sigmoid(margin)
 
     def error(self, theta: Tensor, X: Tensor, y: Tensor) -> float:
         X = torch.as_tensor(X, dtype=torch.float64)
@@ -176,13 +199,16 @@ class Logistic(GLM):
 class NonconvexLogistic(Logistic):
     """Logistic loss + λ Σ_j θ_j²/(1 + θ_j²); ∇r = 2λ θ/(1 + θ²)²."""
 
-    def _regulariser(self, theta: Tensor) -> tuple[Tensor, Tensor]:
+    def regulariser(self, theta: Tensor) -> Tensor:
         sq = theta**2
-        return self.reg * (sq / (1 + sq)).sum(), 2 * self.reg * theta / (1 + sq) ** 2
+        return self.reg * (sq / (1 + sq)).sum()
+
+    def _regulariser_gradient(self, theta: Tensor) -> Tensor | None:
+        return 2 * self.reg * theta / (1 + theta**2) ** 2 if self.reg else None
 
 
 class Ridge(GLM):
-    """Squared loss ½(m − y)² + (λ/2)‖θ‖²."""
+    """Squared loss ½(m − y)² + (λ/2)‖θ‖² (a_i = x_i)."""
 
     def _value(self, margin: Tensor, y: Tensor) -> Tensor:
         return 0.5 * (margin - y) ** 2
@@ -190,8 +216,11 @@ class Ridge(GLM):
     def _slope(self, margin: Tensor, y: Tensor) -> Tensor:
         return margin - y
 
-    def _regulariser(self, theta: Tensor) -> tuple[Tensor, Tensor]:
-        return 0.5 * self.reg * theta @ theta, self.reg * theta
+    def regulariser(self, theta: Tensor) -> Tensor:
+        return 0.5 * self.reg * theta @ theta
+
+    def _regulariser_gradient(self, theta: Tensor) -> Tensor | None:
+        return self.reg * theta if self.reg else None
 
     def error(self, theta: Tensor, X: Tensor, y: Tensor) -> float:
         X = torch.as_tensor(X, dtype=torch.float64)

@@ -219,16 +219,21 @@ class TorchModel:
         count = sum(len(y) for _, y in chunks)
         return (total / count if count else total * float("nan")).to(theta.device, theta.dtype)
 
-    def gradient(self, theta: Tensor) -> Tensor:
-        """∇F(θ) over all records (one backward per chunk)."""
+    def gradient_sum(self, theta: Tensor, indices: Tensor | None) -> Tensor:
+        """Σ_{i ∈ indices} ∇ℓ_i(θ) (all records for None): one ordinary backward per chunk, no
+        per-record gradients."""
         leaf = self._theta(theta).detach().requires_grad_(True)
         total = torch.zeros_like(leaf)
         with torch.enable_grad():
-            for x, y in self._chunks(None):
+            for x, y in self._chunks(indices):
                 (g,) = torch.autograd.grad(self._forward_losses(leaf, x, y).sum(), leaf, allow_unused=True)
                 if g is not None:
                     total += g
-        return (total / self.n).to(theta.device, theta.dtype)
+        return total.to(theta.device, theta.dtype)
+
+    def gradient(self, theta: Tensor) -> Tensor:
+        """∇F(θ) over all records (one backward per chunk)."""
+        return self.gradient_sum(theta, None) / self.n
 
     def per_record_loss(self, thetas: Tensor, indices: Tensor) -> Tensor:
         """``[B, K]``: ℓ_i(θ_k) of the records ``indices`` at the K points ``thetas [K, d]``."""
