@@ -24,6 +24,7 @@ from .oracles import make as make_oracle
 from .train import run
 
 MECHANISMS = ("poisson-gaussian", "wor-gaussian", "gaussian")
+EXPLAINED = ("aclip",)
 ALGORITHMS = ("dp-sgd", "dp-gd", "dp-srm", "rrpsgd", "dp-agd", "storm")
 MODELS = ("logistic", "nonconvex-logistic", "ridge")
 
@@ -63,6 +64,10 @@ def _sampling_rate(args: argparse.Namespace) -> float:
 
 
 def _account(args: argparse.Namespace) -> dict[str, Any]:
+    if args.explain is not None:
+        return _explain(args)
+    if args.mechanism is None or args.noise_multiplier is None:
+        raise _validate.DpoptError("account needs --mechanism and --noise-multiplier (or --explain aclip)")
     z = _validate.positive("noise_multiplier", args.noise_multiplier)
     delta = _validate.open_unit("delta", args.delta)
     event, relation = _mechanism_event(args, z)
@@ -72,6 +77,18 @@ def _account(args: argparse.Namespace) -> dict[str, Any]:
             "accountant": accountant_for(event, relation, args.accountant),
             "neighboring_relation": RELATION_NAMES[relation], "mechanism": args.mechanism,
             "noise_multiplier": z, "steps": args.steps}
+
+
+def _explain(args: argparse.Namespace) -> dict[str, Any]:
+    """``--explain aclip``: the ε the AClip paper's noise formula really gives (see ``paper_noise``)."""
+    from .algorithms.aclip import paper_noise
+
+    _validate.one_of("explain", args.explain, EXPLAINED)
+    for name in ("epsilon", "dataset_size", "batch_size"):
+        if getattr(args, name) is None:
+            raise _validate.DpoptError(f"--explain aclip needs --{name.replace('_', '-')}")
+    return paper_noise(epsilon=args.epsilon, delta=args.delta, n=args.dataset_size, batch_size=args.batch_size,
+                       steps=args.steps, restarts=args.restarts)
 
 
 def _calibrate(args: argparse.Namespace) -> dict[str, Any]:
@@ -170,10 +187,15 @@ def _parser() -> argparse.ArgumentParser:
     for name, help_text in (("account", "ε of a mechanism run --steps times"),
                             ("calibrate", "noise multiplier for a target ε (the inverse of account)")):
         sub = commands.add_parser(name, help=help_text)
-        sub.add_argument("--mechanism", choices=MECHANISMS, required=True)
         if name == "account":
-            sub.add_argument("--noise-multiplier", type=float, required=True)
+            sub.add_argument("--mechanism", choices=MECHANISMS)
+            sub.add_argument("--noise-multiplier", type=float)
+            sub.add_argument("--explain", help="aclip: the ε the AClip paper's noise formula σ̂ = λm√(N ln(1/δ))/(nε) "
+                             "really gives (needs --epsilon, --dataset-size, --batch-size, --steps, --delta)")
+            sub.add_argument("--epsilon", type=float, help="with --explain: the ε the paper's formula targets")
+            sub.add_argument("--restarts", type=int, default=1, help="with --explain aclip: τ stages of --steps each")
         else:
+            sub.add_argument("--mechanism", choices=MECHANISMS, required=True)
             sub.add_argument("--epsilon", type=float, required=True)
         sub.add_argument("--sampling-rate", type=float)
         sub.add_argument("--dataset-size", type=int)
@@ -247,6 +269,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _human(command: str, result: Any) -> str:
+    if command == "account" and "explain" in result:
+        lines = [f"AClip paper's noise for ε = {result['claimed_epsilon']:g}, δ = {result['delta']:g}, "
+                 f"q = {result['sampling_rate']:.4g}, {result['restarts']} × {result['steps_per_stage']} steps "
+                 f"(per stage ε̂ = {result['stage_epsilon']:.4g}, δ̂ = {result['stage_delta']:.3g}): "
+                 f"σ̂/λ = {result['sigma_over_lambda']:.6g}"]
+        lines += [f"  sensitivity {row['sensitivity']}: noise multiplier {row['noise_multiplier']:.6g}, "
+                  f"exact ε = {row['epsilon']:.6g} ({result['accountant']}, {result['neighboring_relation']})"
+                  for row in result["rows"]]
+        return "\n".join(lines)
     if command == "account":
         return (f"ε = {result['epsilon']:.6g} at δ = {result['delta']:g} ({result['accountant']}, "
                 f"{result['neighboring_relation']})")

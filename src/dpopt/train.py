@@ -98,7 +98,9 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int = 0, delta: flo
         max_epsilon: float | None = None, progress: bool = False) -> History:
     """Train ``algorithm`` on ``oracle`` for ``steps`` steps and return the :class:`History`.
 
-    Logged every ``log_every`` steps (default ~50 points) and at the end: F(θ_t), ‖∇F(θ_t)‖,
+    Logged every ``log_every`` steps (default ~50 points) and at the end: F(θ_t), ‖∇F(θ_t)‖
+    (θ_t: ``algorithm.running_output(state)`` for an algorithm that outputs an average, else the
+    current iterate),
     ``test_error(θ_t)``, the ledger's ε(δ) so far, data passes Σ|B_t|/n, and the CPU and wall
     time of training so far (sampling, steps and the ledger; not these measurements).
     ``final`` holds the same at the algorithm's output. With ``checkpoint_path`` the run resumes
@@ -138,6 +140,9 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int = 0, delta: flo
         ledger = Ledger.from_state(saved["ledger"])
         cpu_spent, wall_spent = saved["cpu_time_s"], saved["wall_time_s"]
 
+    # what is logged: the algorithm's output so far where it defines one (averaging), else θ_t
+    current = getattr(algorithm, "running_output", lambda state: state.theta)
+
     def measure(theta: Tensor) -> dict[str, float]:
         return {
             "objective": float(oracle.loss(theta)),
@@ -164,7 +169,7 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int = 0, delta: flo
         wall_spent += time.perf_counter() - wall_start
         bar.update()
         if (t + 1) % log_every == 0 or t + 1 == stop_at:
-            records.append({"step": t + 1} | measure(state.theta))
+            records.append({"step": t + 1} | measure(current(state)))
         if path is not None and checkpoint_every and (t + 1) % checkpoint_every == 0:
             save(t + 1)
     bar.close()

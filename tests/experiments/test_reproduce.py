@@ -17,7 +17,7 @@ from dpopt.experiments.reproduce import reproduce
 from dpopt.oracles import Logistic
 
 
-def _problem(data_dir: str | None) -> tuple[Problem, dict[str, Any]]:
+def _problem(data_dir: str | None, key: None = None) -> tuple[Problem, dict[str, Any]]:
     gen = torch.Generator().manual_seed(0)
     X = torch.randn(500, 4, generator=gen, dtype=torch.float64)
     y = torch.where(X @ torch.tensor([1.0, -1.0, 0.5, 0.0], dtype=torch.float64) > 0, 1.0, -1.0)
@@ -25,7 +25,7 @@ def _problem(data_dir: str | None) -> tuple[Problem, dict[str, Any]]:
     return Problem(oracle, lambda theta: oracle.error(theta, X[400:], y[400:])), {"n": 400}
 
 
-def _methods(epsilon: float) -> list[Method]:
+def _methods(epsilon: float, key: None = None) -> list[Method]:
     return [
         Method("DP-SGD", lambda n, p: (DPSGD(lr=p["lr"], clip=1.0, noise_multiplier=1.0, batch_size=40), 30),
                {"lr": (0.5,)}, {epsilon: {"lr": 0.5}}),

@@ -6,10 +6,11 @@ Protocol (duck-typed): ``relation()``, ``sampler(t, n)``, ``init(theta0, steps, 
 that :func:`dpopt.accounting.calibrate` scales.
 """
 
+from .aclip import AClip, RestartedAClip, Stage
 from .dp_agd import DPAGD
 from .dp_sgd import DPSGD, dp_gd
 from .dp_srm import DPSRM
 from .rrpsgd import rrpsgd
 from .storm import Storm
 
-__all__ = ["DPAGD", "DPSGD", "DPSRM", "Storm", "dp_gd", "rrpsgd"]
+__all__ = ["AClip", "DPAGD", "DPSGD", "DPSRM", "RestartedAClip", "Stage", "Storm", "dp_gd", "rrpsgd"]

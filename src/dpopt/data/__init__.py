@@ -2,7 +2,7 @@
 
 >>> from dpopt import data
 >>> data.names()
-('adult', 'ijcnn1', 'mnist')
+('adult', 'diabetes', 'ijcnn1', 'mnist')
 >>> ds = data.load("adult")          # bundled with the package: works offline
 >>> ds.X_train.shape, ds.X_test.shape
 ((32561, 123), (16281, 123))
@@ -23,5 +23,7 @@ from dpopt.data.registry import (
     load,
     names,
 )
+from dpopt.data.synthetic import NOISES, SYNTHETIC_TASKS, heavy_tailed
 
-__all__ = ["DataError", "Dataset", "default_data_dir", "fetch", "info", "load", "names", "read_idx"]
+__all__ = ["DataError", "Dataset", "NOISES", "SYNTHETIC_TASKS", "default_data_dir", "fetch",
+           "heavy_tailed", "info", "load", "names", "read_idx"]

@@ -175,6 +175,35 @@ def _mnist_split(images_path: Path, labels_path: Path) -> tuple[np.ndarray, np.n
     return X, labels.astype(np.float64)
 
 
+_PIMA_HEADER = "pregnant,glucose,pressure,triceps,insulin,mass,pedigree,age,diabetes"
+_PIMA_TRAIN = 500  # the AClip paper: "768 samples, where we select 500 samples for training"
+
+
+def _pima(paths: Sequence[Path]) -> Arrays:
+    """Parser of the Pima Indians Diabetes CSV (header line, 768 rows of 8 features + label).
+
+    The CSV labels are 1 = tested positive, 0 = tested negative; they are mapped to LIBSVM's
+    ``diabetes`` convention ``y = 1 - 2 * label``: **-1.0 = tested positive, +1.0 = tested
+    negative**. The features are returned raw (no scaling). The first 500 rows are the
+    training set, the remaining 268 the test set (file order, no shuffling).
+    """
+    (path,) = paths
+    with open(path, encoding="ascii") as stream:
+        header = stream.readline().strip()
+        if header != _PIMA_HEADER:
+            raise DataError(f"file {path} must start with the header line {_PIMA_HEADER!r}, "
+                            f"not {header[:80]!r}")
+        table = np.loadtxt(stream, delimiter=",", dtype=np.float64, ndmin=2)
+    if table.shape[1] != 9 or len(table) <= _PIMA_TRAIN:
+        raise DataError(f"file {path} must hold more than {_PIMA_TRAIN} rows of 8 features + "
+                        f"label, not shape {table.shape}")
+    label = table[:, 8]
+    if not np.isin(label, (0.0, 1.0)).all():
+        raise DataError(f"file {path} must have labels 0 (neg) and 1 (pos) only in its last column")
+    X, y = table[:, :8], 1.0 - 2.0 * label
+    return X[:_PIMA_TRAIN], y[:_PIMA_TRAIN], X[_PIMA_TRAIN:], y[_PIMA_TRAIN:]
+
+
 _SPECS = (
     _Spec(
         name="adult",
@@ -255,6 +284,28 @@ _SPECS = (
         n_train=60_000,
         n_test=10_000,
         dim=784,
+    ),
+    _Spec(
+        name="diabetes",
+        task="binary",
+        # No stable original-source URL serves these exact bytes (the CSV was derived from
+        # mlbench's PimaIndiansDiabetes.rda with a header added): copy it into the data dir by
+        # hand, or `fetch(..., base_url=...)` from a server holding it.
+        files=(
+            RemoteFile("pima_indians_diabetes.csv",
+                       "fb921ad6e7a338044c272cede111fa19a433b9cc86e41a0347e83753869a19b5", None),
+        ),
+        parse=_pima,
+        description="Pima Indians Diabetes (= LIBSVM diabetes): 8 raw features (pregnant, "
+                    "glucose, pressure, triceps, insulin, mass, pedigree, age); -1 = tested "
+                    "positive, +1 = tested negative; train = first 500 rows, test = last 268",
+        licence="mlbench (Leisch & Dimitriadou) is GPL-2; data originally from UCI / NIDDK",
+        source="R package mlbench 2.1-3 (Debian r-cran-mlbench 2.1-3-1) PimaIndiansDiabetes.rda, "
+               "exported to CSV with a header line, values unchanged",
+        bundled=False,
+        n_train=500,
+        n_test=268,
+        dim=8,
     ),
 )
 _REGISTRY = {spec.name: spec for spec in _SPECS}

@@ -7,6 +7,7 @@ the privacy target and its hyper-parameters; private methods are calibrated with
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import multiprocessing
@@ -39,59 +40,77 @@ class Method:
     grid: dict[str, Sequence[Any]]
     tuned: dict[float | None, Params] = field(default_factory=dict)
     private: bool = True
+    #: Multiplies the calibrated noise multipliers. 1 for every private method; < 1 only for a
+    #: comparison row labelled NOT PRIVATE (its ledger then reports the larger ε it really spent).
+    noise_scale: float = 1.0
 
 
 @dataclass(frozen=True)
 class Problem:
-    """An oracle with its test-error function (``test_error(θ)``)."""
+    """An oracle with its test-error function (``test_error(θ)``) and, optionally, more final
+    metrics of the output θ (``extra_metrics(θ) -> {name: value}``, added to ``History.final``)."""
 
     oracle: Any
     test_error: Callable[[Any], float]
+    extra_metrics: Callable[[Any], dict[str, float]] | None = None
+
+    def run(self, algorithm: Any, seed: int, settings: dict[str, Any]) -> History:
+        history = run(algorithm, self.oracle, seed=seed, test_error=self.test_error, **settings)
+        if self.extra_metrics is not None:
+            history.final.update(self.extra_metrics(history.theta))
+        return history
 
 
 def run_seeds(method: Method, params: Params, problem: Problem, *, epsilon: float, delta: float,
               seeds: Sequence[int], log_points: int = 40, step_fraction: float = 1.0,
-              pool: Pool | None = None) -> list[History]:
+              pool: Pool | None = None, key: Any = None) -> list[History]:
     """Calibrate (private methods) once, then run ``method`` once per seed (in ``pool`` if given),
     for ``step_fraction`` of its steps (calibrated for that shorter run)."""
     algorithm, steps = method.build(problem.oracle.n, params)
     steps = max(1, round(steps * step_fraction))
     if method.private:
         algorithm = calibrate(algorithm, epsilon=epsilon, delta=delta, n=problem.oracle.n, steps=steps)
+        if method.noise_scale != 1.0:
+            algorithm = dataclasses.replace(algorithm, **{
+                name: getattr(algorithm, name) * method.noise_scale for name in algorithm.NOISE_FIELDS})
     settings = {"steps": steps, "delta": delta, "log_every": max(1, steps // log_points)}
     if pool is not None:
-        return pool.map(algorithm, settings, seeds)
-    return [run(algorithm, problem.oracle, seed=seed, test_error=problem.test_error, **settings) for seed in seeds]
+        return pool.map(algorithm, settings, seeds, key)
+    return [problem.run(algorithm, seed, settings) for seed in seeds]
 
 
 class Pool:
-    """Seeds run in worker processes (spawned, one torch thread each), each holding the problem
-    built once by ``make_problem(*args)`` — a module-level function, so it can be pickled."""
+    """Seeds run in worker processes (spawned, one torch thread each). Each worker builds the
+    problem named ``key`` once, by ``make_problem(*args, key)`` — a module-level function, so it
+    can be pickled — and keeps it for later jobs on the same key."""
 
     def __init__(self, workers: int, make_problem: Callable[..., Problem], *args: Any) -> None:
         context = multiprocessing.get_context("spawn")
         self._executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init,
                                              initargs=(make_problem, args))
 
-    def map(self, algorithm: Any, settings: dict[str, Any], seeds: Sequence[int]) -> list[History]:
-        return list(self._executor.map(_worker_run, [(algorithm, settings, seed) for seed in seeds]))
+    def map(self, algorithm: Any, settings: dict[str, Any], seeds: Sequence[int], key: Any = None) -> list[History]:
+        return list(self._executor.map(_worker_run, [(key, algorithm, settings, seed) for seed in seeds]))
 
     def close(self) -> None:
         self._executor.shutdown()
 
 
-_WORKER_PROBLEM: list[Problem] = []
+_WORKER: dict[str, Any] = {}
 
 
 def _worker_init(make_problem: Callable[..., Problem], args: tuple[Any, ...]) -> None:
     torch.set_num_threads(1)
-    _WORKER_PROBLEM.append(make_problem(*args))
+    _WORKER.update(make=make_problem, args=args, problems={})
 
 
-def _worker_run(job: tuple[Any, dict[str, Any], int]) -> History:
-    algorithm, settings, seed = job
-    problem = _WORKER_PROBLEM[0]
-    return run(algorithm, problem.oracle, seed=seed, test_error=problem.test_error, **settings)
+def _worker_run(job: tuple[Any, Any, dict[str, Any], int]) -> History:
+    key, algorithm, settings, seed = job
+    problems = _WORKER["problems"]
+    if key not in problems:
+        problems.clear()  # one problem at a time: the driver runs them one after another
+        problems[key] = _WORKER["make"](*_WORKER["args"], key)
+    return problems[key].run(algorithm, seed, settings)
 
 
 def grid_points(grid: dict[str, Sequence[Any]]) -> list[Params]:
@@ -100,7 +119,7 @@ def grid_points(grid: dict[str, Sequence[Any]]) -> list[Params]:
 
 
 def tune(method: Method, problem: Problem, *, epsilon: float, delta: float, seeds: Sequence[int],
-         progress: bool = False, pool: Pool | None = None) -> dict[str, Any]:
+         progress: bool = False, pool: Pool | None = None, key: Any = None) -> dict[str, Any]:
     """Every grid point on ``seeds`` (distinct from the evaluation seeds); the point with the
     lowest mean final training objective wins (diverged runs count as +∞). Returns the choice,
     every point's score and the cost (runs, wall seconds). Tuning is NOT privacy-accounted."""
@@ -109,7 +128,7 @@ def tune(method: Method, problem: Problem, *, epsilon: float, delta: float, seed
     for params in tqdm(grid_points(method.grid), desc=f"tune {method.name} ε={epsilon}", disable=not progress,
                        leave=False):
         histories = run_seeds(method, params, problem, epsilon=epsilon, delta=delta, seeds=seeds, log_points=1,
-                              pool=pool)
+                              pool=pool, key=key)
         objectives = [h.final["objective"] for h in histories]
         score = float(np.mean(objectives)) if all(math.isfinite(o) for o in objectives) else math.inf
         scores.append({"params": params, "objective": score})

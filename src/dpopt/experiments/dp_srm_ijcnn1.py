@@ -116,7 +116,7 @@ TUNING_COST: dict[str, Any] = {
 BUILDERS = {"DP-SRM": _dp_srm, "DP-GD": _dp_gd, "DP-AGD": _dp_agd, "RRPSGD": _rrpsgd, "STORM": _storm}
 
 
-def methods(epsilon: float) -> list[Method]:
+def methods(epsilon: float, key: None = None) -> list[Method]:
     return [Method(name, BUILDERS[name](epsilon), GRIDS[name], TUNED.get(name, {}), private=name != "STORM")
             for name in BUILDERS]
 
@@ -124,7 +124,7 @@ OURS = "DP-SRM"
 METRICS = ("test_error", "objective", "grad_norm", "passes", "cpu_time_s", "wall_time_s", "epsilon")
 
 
-def problem(data_dir: str | None) -> tuple[Problem, dict[str, Any]]:
+def problem(data_dir: str | None, key: None = None) -> tuple[Problem, dict[str, Any]]:
     """The ijcnn1 oracle, its test error, and facts for the report (majority-class error)."""
     data = load(DATASET, data_dir)
     oracle = NonconvexLogistic(torch.as_tensor(data.X_train), torch.as_tensor(data.y_train), reg=REG)

@@ -1,11 +1,18 @@
 """``reproduce(name)``: run a preset experiment over seeds and write its report.
 
-For each ε and method: take the preset's tuned hyper-parameters (or tune them again with
-``retune``), calibrate the noise on the method's planned event, run every seed, and summarise
-the final metrics. The method the paper proposes is compared with each private baseline by a
-one-sided Welch t-test on final objective and gradient norm. Written under ``out``:
-``results.json`` (the machine-readable form documented in the README), ``results.md`` and
-figures, all atomically.
+For each problem (data set and model), ε and method: take the preset's tuned hyper-parameters
+(or tune them again with ``retune``), calibrate the noise on the method's planned event, run
+every seed, and summarise the final metrics. Pairs of methods (by default: the paper's method
+against each private baseline) are compared by one-sided Welch t-tests on the preset's test
+metrics. Written under ``out``: ``results.json`` (the machine-readable form documented in the
+README), ``results.md`` and figures, all atomically.
+
+A preset module defines ``NAME``, ``EPSILONS``, ``DELTA``, ``PAPER`` (rows of the paper's
+table), ``METRICS``, ``OURS``, ``TUNING_SEEDS``, ``TUNING_COST``, ``problem(data_dir, key)``,
+``methods(epsilon, key)`` and ``notes(payload)``; optionally ``PROBLEMS`` (problem keys;
+default one problem, key None), ``COMPARISONS`` ((ours, baseline) name pairs), ``TEST_METRICS``
+(default objective and gradient norm), ``TABLE_METRICS`` and ``PAPER_METRICS`` (the columns of
+results.md).
 """
 
 from __future__ import annotations
@@ -44,10 +51,9 @@ def reproduce(name: str, *, seeds: int | None = None, quick: bool = False, out: 
     n_seeds = _validate.positive_int("seeds", seeds if seeds is not None else (2 if quick else 10))
     workers = _validate.positive_int("workers", workers if workers is not None else os.cpu_count() or 1)
     out_dir = Path(out) if out else Path("results") / name
-    problem, facts = exp.problem(data_dir)
     pool = Pool(workers, _problem_of, name, data_dir) if workers > 1 else None
     try:
-        payload = _run_all(exp, problem, facts, n_seeds, quick, retune, progress, pool)
+        payload = _run_all(exp, data_dir, n_seeds, quick, retune, progress, pool)
     finally:
         if pool is not None:
             pool.close()
@@ -55,65 +61,95 @@ def reproduce(name: str, *, seeds: int | None = None, quick: bool = False, out: 
     return {key: value for key, value in payload.items() if key != "_curves"}
 
 
-def _problem_of(name: str, data_dir: str | None) -> Problem:
-    """The experiment's problem alone (built in each worker process)."""
-    return _module(name).problem(data_dir)[0]
+def _problem_of(name: str, data_dir: str | None, key: Any) -> Problem:
+    """The experiment's problem ``key`` alone (built in each worker process)."""
+    return _module(name).problem(data_dir, key)[0]
 
 
-def _run_all(exp: ModuleType, problem: Problem, facts: dict[str, Any], n_seeds: int, quick: bool, retune: bool,
+def _run_all(exp: ModuleType, data_dir: str | None, n_seeds: int, quick: bool, retune: bool,
              progress: bool, pool: Pool | None) -> dict[str, Any]:
     started = time.perf_counter()
-    rows, tuning, curves = [], {}, {}
-    for epsilon in exp.EPSILONS:
-        for method in exp.methods(epsilon):
-            if not method.private and any(row["algorithm"] == method.name for row in rows):
-                continue  # a non-private reference does not depend on ε: run it once
-            params, tuned = _params(method, epsilon if method.private else None, retune, problem, exp, progress, pool)
-            if tuned:
-                tuning[f"{method.name} ε={epsilon if method.private else None}"] = tuned
-            histories = run_seeds(method, params, problem, epsilon=epsilon, delta=exp.DELTA, seeds=range(n_seeds),
-                                  log_points=10 if quick else 40, step_fraction=QUICK_STEPS if quick else 1.0,
-                                  pool=pool)
-            rows.append({"algorithm": method.name, "epsilon": epsilon if method.private else None, "delta": exp.DELTA,
-                         "params": params, "metrics": metrics(histories, exp.METRICS),
-                         "accountant": histories[0].accountant,
-                         "neighboring_relation": histories[0].neighboring_relation,
-                         "_final": {m: [h.final[m] for h in histories] for m in ("objective", "grad_norm")}})
-            curves[(method.name, rows[-1]["epsilon"])] = histories
-            if progress:
-                print(f"  {method.name:>8} ε={epsilon}: objective {rows[-1]['metrics']['objective']['mean']:.5f}",
-                      flush=True)
-    tests = _t_tests(rows, exp.OURS)
+    rows, tuning, curves, facts = [], {}, {}, {}
+    chosen: dict[tuple[Any, str], dict[str, Any]] = {}  # with TUNE_EPSILON: one tuning per method
+    test_metrics = getattr(exp, "TEST_METRICS", ("objective", "grad_norm"))
+    for key in getattr(exp, "PROBLEMS", (None,)):
+        problem, facts[str(key)] = exp.problem(data_dir, key)
+        delta = exp.delta(key) if hasattr(exp, "delta") else exp.DELTA
+        for epsilon in exp.EPSILONS:
+            for method in exp.methods(epsilon, key):
+                if not method.private and any(row["algorithm"] == method.name and row["problem"] == key for row in rows):
+                    continue  # a non-private reference does not depend on ε: run it once
+                params, tuned = _params(method, epsilon if method.private else None, retune, problem, exp, progress,
+                                        pool, key, delta, chosen)
+                if tuned:
+                    tuning[f"{'' if key is None else f'{key} '}{method.name} ε={epsilon if method.private else None}"] = tuned
+                histories = run_seeds(method, params, problem, epsilon=epsilon, delta=delta, seeds=range(n_seeds),
+                                      log_points=10 if quick else 40, step_fraction=QUICK_STEPS if quick else 1.0,
+                                      pool=pool, key=key)
+                rows.append({"problem": key, "algorithm": method.name, "epsilon": epsilon if method.private else None,
+                             "delta": delta, "params": params, "metrics": metrics(histories, exp.METRICS),
+                             "accountant": histories[0].accountant,
+                             "neighboring_relation": histories[0].neighboring_relation,
+                             "_final": {m: [h.final[m] for h in histories] for m in test_metrics}})
+                curves[(key, method.name, rows[-1]["epsilon"])] = histories
+                if progress:
+                    print(f"  {key or ''} {method.name:>8} ε={epsilon}: objective "
+                          f"{rows[-1]['metrics']['objective']['mean']:.5f}", flush=True)
+    tests = _t_tests(rows, _comparisons(exp, rows), test_metrics)
     for row in rows:
         del row["_final"]
+    if getattr(exp, "PROBLEMS", None) is None:
+        for row in rows:
+            del row["problem"]
+        facts = facts["None"]
     return {
         "experiment": exp.NAME, "rows": rows,
-        "paper": [_paper_row(row, exp.DELTA) for row in exp.PAPER],
+        "paper": [_paper_row(row, exp.delta(row["problem"]) if hasattr(exp, "delta") else exp.DELTA)
+                  for row in exp.PAPER],
         "seeds": n_seeds, "quick": quick, "facts": facts, "t_tests": tests,
-        "grids": {m.name: m.grid for m in exp.methods(exp.EPSILONS[0])},
+        "grids": {m.name: m.grid for m in exp.methods(exp.EPSILONS[0], getattr(exp, "PROBLEMS", (None,))[0])},
         "tuning": tuning or exp.TUNING_COST, "wall_time_s": time.perf_counter() - started, "_curves": curves,
     }
 
 
+def _comparisons(exp: ModuleType, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The preset's (ours, baseline) pairs; by default ``OURS`` against every private method."""
+    if hasattr(exp, "COMPARISONS"):
+        return list(exp.COMPARISONS)
+    private = {row["algorithm"] for row in rows if row["epsilon"] is not None}
+    return [(exp.OURS, name) for name in sorted(private) if name != exp.OURS]
+
+
 def _params(method: Method, epsilon: float | None, retune: bool, problem: Any, exp: ModuleType,
-            progress: bool, pool: Pool | None) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """The preset's tuned hyper-parameters for ``epsilon`` (None for a non-private method), or tune."""
-    if not retune and epsilon in method.tuned:
+            progress: bool, pool: Pool | None, key: Any, delta: float,
+            chosen: dict[tuple[Any, str], dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The preset's tuned hyper-parameters for ``epsilon`` (None for a non-private method), or tune.
+
+    A method with an empty grid is never tuned (its one point is its setting). A preset with
+    ``TUNE_EPSILON`` tunes each method once, at that ε, and uses the choice at every ε."""
+    if epsilon in method.tuned and (not retune or not method.grid):
         return method.tuned[epsilon], None
-    result = tune(method, problem, epsilon=epsilon or exp.EPSILONS[0], delta=exp.DELTA, seeds=exp.TUNING_SEEDS,
-                  progress=progress, pool=pool)
+    at = getattr(exp, "TUNE_EPSILON", None)
+    if at is not None and (key, method.name) in chosen:
+        return chosen[(key, method.name)], None
+    result = tune(method, problem, epsilon=at or epsilon or exp.EPSILONS[0], delta=delta, seeds=exp.TUNING_SEEDS,
+                  progress=progress, pool=pool, key=key)
+    chosen[(key, method.name)] = result["chosen"]
     return result["chosen"], result
 
 
-def _t_tests(rows: list[dict[str, Any]], ours: str) -> list[dict[str, Any]]:
+def _t_tests(rows: list[dict[str, Any]], pairs: list[tuple[str, str]], test_metrics: tuple[str, ...]) -> list[dict[str, Any]]:
+    """One-sided Welch tests of mean(ours) < mean(baseline), per problem and ε, for each pair."""
+    by_key = {(row["problem"], row["algorithm"], row["epsilon"]): row for row in rows}
     tests = []
-    for row in rows:
-        if row["algorithm"] == ours:
-            for other in rows:
-                if other["epsilon"] == row["epsilon"] and other["algorithm"] != ours:
-                    tests.append({"epsilon": row["epsilon"], "ours": ours, "baseline": other["algorithm"], **{
-                        f"p_{metric}": one_sided_p(row["_final"][metric], other["_final"][metric])
-                        for metric in ("objective", "grad_norm")}})
+    for (key, name, epsilon), row in by_key.items():
+        for ours, baseline in pairs:
+            other = by_key.get((key, baseline, epsilon))
+            if name == ours and other is not None:
+                tests.append({**({"problem": key} if key is not None else {}), "epsilon": epsilon, "ours": ours,
+                              "baseline": baseline, **{
+                                  f"p_{metric}": one_sided_p(row["_final"][metric], other["_final"][metric])
+                                  for metric in test_metrics}})
     return tests
 
 
@@ -122,7 +158,7 @@ def _paper_row(row: dict[str, Any], delta: float) -> dict[str, Any]:
         mean, std = value if isinstance(value, tuple) else (value, None)
         return {"mean": mean, "std": std}
 
-    keys = ("algorithm", "epsilon")
+    keys = [key for key in ("problem", "algorithm", "epsilon") if key in row]
     return {**{key: row[key] for key in keys}, "delta": delta,
             "metrics": {k: metric(v) for k, v in row.items() if k not in keys}}
 
@@ -131,24 +167,33 @@ def _write(out_dir: Path, payload: dict[str, Any], exp: ModuleType) -> None:
     curves = payload["_curves"]
     report.write_json(out_dir / "results.json", {key: value for key, value in payload.items() if key != "_curves"})
     report.write_text(out_dir / "results.md", _markdown(payload, exp))
-    for epsilon in exp.EPSILONS:
-        panels: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {"objective": {}, "gradient norm": {}}
-        for (method, eps), histories in curves.items():
-            if eps in (epsilon, None):
-                panels["objective"][method] = mean_curve(histories, "objective")
-                panels["gradient norm"][method] = mean_curve(histories, "grad_norm")
-        report.curves_figure(out_dir / f"curves_eps{epsilon}.png", panels, xlabel="data passes (epochs)", log_x=True)
+    shown = getattr(exp, "CURVES", {"objective": "objective", "gradient norm": "grad_norm"})
+    for key in getattr(exp, "PROBLEMS", (None,)):
+        for epsilon in exp.EPSILONS:
+            panels: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {title: {} for title in shown}
+            for (problem, method, eps), histories in curves.items():
+                if problem == key and eps in (epsilon, None):
+                    for title, metric in shown.items():
+                        panels[title][method] = mean_curve(histories, metric)
+            name = f"curves_eps{epsilon}.png" if key is None else f"curves_{key}_eps{epsilon}.png"
+            report.curves_figure(out_dir / name, panels, xlabel="data passes (epochs)", log_x=True)
 
 
 def _markdown(payload: dict[str, Any], exp: ModuleType) -> str:
-    columns = ["algorithm", "epsilon", "test_error", "objective", "grad_norm", "passes", "cpu_time_s"]
-    paper_by_key = {(r["algorithm"], r["epsilon"]): r["metrics"] for r in payload["paper"]}
+    keyed = payload["rows"] and "problem" in payload["rows"][0]
+    table_metrics = list(getattr(exp, "TABLE_METRICS", ("test_error", "objective", "grad_norm", "passes",
+                                                         "cpu_time_s")))
+    paper_metrics = list(getattr(exp, "PAPER_METRICS", ("test_error", "grad_norm", "passes")))
+    test_metrics = getattr(exp, "TEST_METRICS", ("objective", "grad_norm"))
+    head = (["problem"] if keyed else []) + ["algorithm", "epsilon"]
+    shown = {c: f"spent {c}" if c in head else c for c in table_metrics}  # the ledger's ε beside the target
+    paper_by_key = {(r.get("problem"), r["algorithm"], r["epsilon"]): r["metrics"] for r in payload["paper"]}
     table_rows = []
     for row in payload["rows"]:
-        paper = paper_by_key.get((row["algorithm"], row["epsilon"]), {})
-        table_rows.append({"algorithm": row["algorithm"], "epsilon": row["epsilon"] or "non-private",
-                           **{c: row["metrics"][c] for c in columns[2:]},
-                           **{f"paper {c}": _paper_cell(paper.get(c)) for c in ("test_error", "grad_norm", "passes")}})
+        paper = paper_by_key.get((row.get("problem"), row["algorithm"], row["epsilon"]), {})
+        table_rows.append({**{c: row.get(c) for c in head}, "epsilon": row["epsilon"] or "non-private",
+                           **{shown[c]: row["metrics"][c] for c in table_metrics},
+                           **{f"paper {c}": _paper_cell(paper.get(c)) for c in paper_metrics}})
     first = payload["rows"][0]
     lines = [
         f"# {payload['experiment']}", "",
@@ -156,12 +201,13 @@ def _markdown(payload: dict[str, Any], exp: ModuleType) -> str:
         f"adjacency: {first['neighboring_relation']} (private rows). Wall time {payload['wall_time_s']:.0f} s."
         + (f" **Quick mode: {QUICK_STEPS:.0%} of every method's steps; not comparable with the paper.**"
            if payload["quick"] else ""), "",
-        report.markdown_table(table_rows, columns + ["paper test_error", "paper grad_norm", "paper passes"]), "",
+        report.markdown_table(table_rows, head + list(shown.values()) + [f"paper {c}" for c in paper_metrics]), "",
         "## One-sided Welch t-tests (ours < baseline), p-values", "",
-        report.markdown_table(payload["t_tests"], ["epsilon", "ours", "baseline", "p_objective", "p_grad_norm"]), "",
+        report.markdown_table(payload["t_tests"], (["problem"] if keyed else []) + ["epsilon", "ours", "baseline"]
+                              + [f"p_{m}" for m in test_metrics]), "",
         "## Notes", "", exp.notes(payload), "",
         "## Tuning", "", f"Grids: `{payload['grids']}`.", "",
-        f"Chosen: `{ {r['algorithm'] + ' ε=' + str(r['epsilon']): r['params'] for r in payload['rows']} }`.", "",
+        f"Chosen: `{ {(str(r.get('problem')) + ' ' if keyed else '') + r['algorithm'] + ' ε=' + str(r['epsilon']): r['params'] for r in payload['rows']} }`.", "",
         f"Tuning cost (not privacy-accounted): `{_tuning_cost(payload['tuning'])}`.", "",
     ]
     return "\n".join(lines)

@@ -1,0 +1,431 @@
+"""Seed 002, Tables 2 and 4: AClipped-dpSGD against DP-SGD and DP-GD on heavy-tailed data.
+
+Two presets, ``aclip-synthetic`` (Student's t, Laplace and χ² noise, n = 100,000, d = 10) and
+``aclip-real`` (Adult, Diabetes), each for logistic and least-squares ("ridge", no penalty,
+as in the paper's code) regression at ε ∈ {0.5, 0.75, 1, 2}, δ = 1/n.
+
+Methods, each in two column sets:
+
+* **paper**: the paper's settings (ALGORITHMS.md §2; appendix B of the paper). Batch m = 200
+  (Adult, synthetic) or 24 (Diabetes); CC: λ = 0.54, γ = 5e−4 (Diabetes 5e−3), constrained to
+  a ball; UC: λ = 0.87, γ = 2e−4 (Diabetes 1e−2); DP-SGD: per-record clip 0.74, γ = 4e−4
+  (Diabetes 6e−3); DP-GD: per-record clip 0.74, γ = 1e−3 (Diabetes 8e−3).
+* **tuned**: our own step size and clip for each method, chosen on a grid by mean final
+  training objective over tuning seeds at ε = 1 and used at every ε (``TUNED``; ``--retune``).
+
+Plus "CC, λ-noise (NOT PRIVATE)": CC with the noise the paper's proof would calibrate (half the
+honest noise, sensitivity λ instead of 2λ): for comparison only; its ledger reports the ε it
+really spends.
+
+Metrics at the averaged output θ̄: ``error_ratio`` = ‖θ̄ − x_ref‖ / ‖θ0 − x_ref‖ (θ0 = 0;
+x_ref = x* for synthetic ridge, the non-private optimum of the training objective otherwise)
+and ``loss_ratio`` = test loss(θ̄) / test loss(θ0), which is what the paper's code reports as
+"estimation error divided by initial error"; the paper's numbers are set beside ``loss_ratio``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..algorithms import DPSGD, AClip, dp_gd
+from ..data import load
+from ..data.synthetic import NOISES, heavy_tailed
+from ..oracles import GLM, LeastSquares, Logistic
+from ._runner import Method, Params, Problem
+
+EPSILONS = (0.5, 0.75, 1.0, 2.0)
+MODELS = ("logistic", "ridge")
+TUNE_EPSILON = 1.0
+TUNING_SEEDS = (1000, 1001, 1002)
+METRICS = ("loss_ratio", "error_ratio", "test_error", "objective", "passes", "wall_time_s", "epsilon")
+TABLE_METRICS = ("loss_ratio", "error_ratio", "wall_time_s", "epsilon")
+PAPER_METRICS = ("loss_ratio", "wall_time_s")
+TEST_METRICS = ("error_ratio", "loss_ratio")
+CURVES = {"training objective at the averaged iterate": "objective"}
+SETTINGS = ("paper", "tuned")
+NOT_PRIVATE = "CC, λ-noise (NOT PRIVATE)"
+#: AClip against DP-SGD, in each column set (the acceptance comparison).
+COMPARISONS = [(f"{aclip} ({setting})", f"DP-SGD ({setting})") for setting in SETTINGS for aclip in ("CC", "UC")]
+
+#: The paper's settings (appendix B): batch, then (clip, step size) per method.
+PAPER_SETTINGS = {
+    "default": {"batch_size": 200, "CC": (0.54, 5e-4), "UC": (0.87, 2e-4), "DP-SGD": (0.74, 4e-4),
+                "DP-GD": (0.74, 1e-3)},
+    # Diabetes: m = 24 and the step sizes 1e-2 (printed "1E2"), 5e-3, 6e-3, 8e-3; no λ is given,
+    # so Adult's λ values are used.
+    "diabetes": {"batch_size": 24, "CC": (0.54, 5e-3), "UC": (0.87, 1e-2), "DP-SGD": (0.74, 6e-3),
+                 "DP-GD": (0.74, 8e-3)},
+}
+#: Training-set sizes (δ = 1/n): the paper's splits.
+N_TRAIN = {"synthetic": 100_000, "adult": 21_000, "diabetes": 500}
+#: CC's constraint: the ball ‖θ‖ ≤ R around θ0 = 0. The paper's Assumption 2 uses the ball
+#: around x* of radius ‖θ0 − x*‖, which needs x*; we fix R ≈ 2‖x_ref‖ (rounded up), read off the
+#: non-private optimum (real data, synthetic logistic) or x* (synthetic ridge, ‖x*‖ ≈ 1 by
+#: construction). Like the paper's, this is a choice informed by the data, stated here.
+CC_RADIUS = {"logistic:student-t": 1.6, "logistic:laplace": 1.8, "logistic:chi2": 1.2, "ridge:student-t": 1.5,
+             "ridge:laplace": 1.5, "ridge:chi2": 1.5, "logistic:diabetes": 2.6, "logistic:adult": 92.0,
+             "ridge:diabetes": 1.0, "ridge:adult": 3.2}
+GRID = {"lr_factor": (1.0, 4.0, 16.0, 64.0, 256.0), "clip_factor": (0.5, 1.0, 2.0)}
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One preset (``aclip-synthetic`` or ``aclip-real``): the module-like object ``reproduce`` reads."""
+
+    NAME: str
+    PROBLEMS: tuple[str, ...]
+    epochs: int
+    PAPER: list[dict[str, Any]]
+    TUNED: dict[str, dict[str, Params]]
+    TUNING_COST: dict[str, Any]
+    describe: Callable[[dict[str, Any]], str]
+    EPSILONS: tuple[float, ...] = EPSILONS
+    METRICS: tuple[str, ...] = METRICS
+    TABLE_METRICS: tuple[str, ...] = TABLE_METRICS
+    PAPER_METRICS: tuple[str, ...] = PAPER_METRICS
+    TEST_METRICS: tuple[str, ...] = TEST_METRICS
+    CURVES: dict[str, str] = field(default_factory=lambda: dict(CURVES))
+    COMPARISONS: list[tuple[str, str]] = field(default_factory=lambda: list(COMPARISONS))
+    OURS: str = "CC (paper)"
+    TUNING_SEEDS: tuple[int, ...] = TUNING_SEEDS
+    TUNE_EPSILON: float = TUNE_EPSILON
+
+    def delta(self, key: str) -> float:
+        """δ = 1/n, n the problem's training-set size."""
+        return 1.0 / N_TRAIN[split_key(key)[1] if split_key(key)[1] in N_TRAIN else "synthetic"]
+
+    def problem(self, data_dir: str | None, key: str) -> tuple[Problem, dict[str, Any]]:
+        return build_problem(key, data_dir)
+
+    def methods(self, epsilon: float, key: str) -> list[Method]:
+        return build_methods(key, self.epochs, self.TUNED.get(key, {}), epsilon)
+
+    def notes(self, payload: dict[str, Any]) -> str:
+        return self.describe(payload)
+
+
+# ------------------------------------------------------------------------------------ problems
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """``"logistic:adult"`` → ("logistic", "adult")."""
+    model, data = key.split(":")
+    return model, data
+
+
+def _standardised(X_train: np.ndarray, X_test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Columns to zero mean and unit variance with the training split's statistics."""
+    mean, std = X_train.mean(axis=0), X_train.std(axis=0)
+    std[std == 0] = 1.0
+    return (X_train - mean) / std, (X_test - mean) / std
+
+
+def _arrays(data: str, model: str, data_dir: str | None) -> tuple[np.ndarray, ...] | tuple[Any, ...]:
+    """(X_train, y_train, X_test, y_test, x* or None) of data set ``data`` for ``model``."""
+    if data in NOISES:
+        task = "binary" if model == "logistic" else "regression"
+        # 125,000 records: the first 100,000 (the paper's n) train, the last 25,000 test
+        dataset, x_star = heavy_tailed(data, task, n=125_000, dim=10, seed=0, test_fraction=0.2)
+        return dataset.X_train, dataset.y_train, dataset.X_test, dataset.y_test, x_star
+    if data == "adult":
+        # the paper: 21,000 of Adult's 32,561 training records train, the rest test
+        dataset = load("adult", data_dir)
+        X, y = dataset.X_train, dataset.y_train
+        return X[:21_000], y[:21_000], X[21_000:], y[21_000:], None
+    dataset = load("diabetes", data_dir)  # 500 train / 268 test, features on very different scales
+    X_train, X_test = _standardised(dataset.X_train, dataset.X_test)
+    return X_train, dataset.y_train, X_test, dataset.y_test, None
+
+
+def _oracle(model: str, X: np.ndarray, y: np.ndarray) -> GLM:
+    X_t, y_t = torch.as_tensor(X, dtype=torch.float64), torch.as_tensor(y, dtype=torch.float64)
+    return Logistic(X_t, y_t) if model == "logistic" else LeastSquares(X_t, y_t)
+
+
+def nonprivate_optimum(oracle: GLM) -> torch.Tensor:
+    """argmin of the training objective: least squares in closed form; logistic by Newton's
+    method with the exact Hessian Aᵀ diag(σ(1 − σ)) A / n (d ≤ a few hundred here) and a
+    backtracking line search, until ‖∇F‖ ≤ 1e−10."""
+    if isinstance(oracle, LeastSquares):
+        return torch.linalg.lstsq(oracle.X, oracle.y[:, None], driver="gelsd").solution[:, 0]  # SVD: rank-deficient X (one-hot)
+    theta = torch.zeros(oracle.dim, dtype=torch.float64)
+    for _ in range(200):
+        grad = oracle.gradient(theta)
+        if float(grad.norm()) <= 1e-10:
+            break
+        p = torch.sigmoid(oracle.A @ theta)
+        hessian = (oracle.A.T * (p * (1 - p))) @ oracle.A / oracle.n
+        step = torch.linalg.solve(hessian + 1e-12 * torch.eye(oracle.dim, dtype=torch.float64), grad)
+        value, size = float(oracle.loss(theta)), 1.0
+        while float(oracle.loss(theta - size * step)) > value - 1e-4 * size * float(grad @ step) and size > 1e-10:
+            size /= 2
+        theta = theta - size * step
+    return theta
+
+
+def build_problem(key: str, data_dir: str | None) -> tuple[Problem, dict[str, Any]]:
+    """The training oracle, test metrics and reference point of problem ``key``."""
+    model, data = split_key(key)
+    X_train, y_train, X_test, y_test, x_star = _arrays(data, model, data_dir)
+    oracle, test = _oracle(model, X_train, y_train), _oracle(model, X_test, y_test)
+    reference = torch.as_tensor(x_star) if (x_star is not None and model == "ridge") else nonprivate_optimum(oracle)
+    theta0 = torch.zeros(oracle.dim, dtype=torch.float64)
+    initial_error, initial_loss = float((theta0 - reference).norm()), float(test.loss(theta0))
+
+    def extra(theta: torch.Tensor) -> dict[str, float]:
+        return {"error_ratio": float((theta - reference).norm()) / initial_error,
+                "loss_ratio": float(test.loss(theta)) / initial_loss}
+
+    facts = {"n": oracle.n, "n_test": test.n, "dim": oracle.dim, "delta": 1.0 / oracle.n,
+             "reference": "x*" if model == "ridge" and x_star is not None else "non-private optimum",
+             "reference_norm": float(reference.norm()),
+             "nonprivate_loss_ratio": float(test.loss(reference)) / initial_loss}
+    X_test_t, y_test_t = test.X, test.y
+    return Problem(oracle, lambda theta: oracle.error(theta, X_test_t, y_test_t), extra), facts
+
+
+# ------------------------------------------------------------------------------------- methods
+
+
+def _settings(data: str) -> dict[str, Any]:
+    return PAPER_SETTINGS["diabetes" if data == "diabetes" else "default"]
+
+
+def build_methods(key: str, epochs: int, tuned: dict[str, Params], epsilon: float) -> list[Method]:
+    """CC, UC, DP-SGD and DP-GD with the paper's settings and with ours, and (at ε ≥ 1) the NOT
+    PRIVATE row."""
+    model, data = split_key(key)
+    paper = _settings(data)
+    batch = paper["batch_size"]
+
+    def builder(name: str, radius: float) -> Callable[[int, Params], tuple[Any, int]]:
+        clip0, lr0 = paper[name]
+
+        def build(n: int, p: Params) -> tuple[Any, int]:
+            clip, lr = clip0 * p["clip_factor"], lr0 * p["lr_factor"]
+            if name == "DP-GD":
+                return dp_gd(lr=lr, clip=clip, noise_multiplier=1.0), epochs
+            steps = max(1, round(epochs * n / batch))
+            if name == "DP-SGD":
+                return DPSGD(lr=lr, clip=clip, noise_multiplier=1.0, batch_size=batch), steps
+            return AClip(lr=lr, clip=clip, noise_multiplier=1.0, batch_size=batch, radius=radius), steps
+        return build
+
+    radius = CC_RADIUS[key]
+    unit = {"lr_factor": 1.0, "clip_factor": 1.0}
+    methods = []
+    for setting in SETTINGS:
+        for name in ("CC", "UC", "DP-SGD", "DP-GD"):
+            build = builder(name, radius if name == "CC" else math.inf)
+            label = f"{name} ({setting})"
+            if setting == "paper":
+                methods.append(Method(label, build, {}, {eps: unit for eps in EPSILONS}))
+            else:
+                chosen = tuned.get(name)
+                methods.append(Method(label, build, GRID, {eps: chosen for eps in EPSILONS} if chosen else {}))
+    if epsilon >= 1:  # the comparison the acceptance asks for is at ε ≥ 1
+        methods.append(Method(NOT_PRIVATE, builder("CC", radius), {}, {epsilon: unit}, noise_scale=0.5))
+    return methods
+
+
+# --------------------------------------------------------------------------- the paper's tables
+
+#: Tables 2 (logistic) and 4 (ridge): per data set and ε, the "estimation error divided by
+#: initial error" (the paper's code: test loss ratio) and the wall time in s per run, for
+#: CC thm, UC thm, DP-SGD, DP-GD (300 runs; 400 epochs synthetic, 30 real).
+_TABLES = {
+    "logistic": """
+diabetes 0.5 0.8772 0.9174 0.9195 0.9724 6.18E-4 5.87E-4 7.14E-4 5.32E-3
+diabetes 0.75 0.8718 0.9021 0.9070 0.9706 5.91E-4 5.87E-4 7.00E-4 5.27E-3
+diabetes 1.0 0.8693 0.9017 0.9051 0.9702 5.63E-4 5.69E-4 6.98E-4 5.61E-3
+diabetes 2.0 0.8691 0.9012 0.9012 0.9632 6.06E-4 5.05E-4 7.49E-4 5.49E-3
+adult 0.5 0.8103 0.8791 0.9051 0.9813 0.128 0.129 0.138 8.388
+adult 0.75 0.7993 0.8718 0.8875 0.9811 0.125 0.126 0.133 8.297
+adult 1.0 0.7992 0.8689 0.8859 0.9809 0.585 0.599 0.605 9.264
+adult 2.0 0.7986 0.8679 0.8805 0.9806 0.126 0.125 0.134 8.317
+student-t 0.5 0.8517 0.8672 0.8796 0.9058 1.380 1.381 1.580 32.071
+student-t 0.75 0.8443 0.8526 0.8765 0.9055 1.396 1.384 1.610 32.011
+student-t 1.0 0.8428 0.8505 0.8754 0.9053 1.396 1.396 1.611 33.011
+student-t 2.0 0.8420 0.8496 0.8752 0.9049 1.395 1.396 1.613 33.015
+laplace 0.5 0.5767 0.6128 0.6980 0.7742 1.415 1.398 1.631 36.645
+laplace 0.75 0.5709 0.6098 0.6965 0.7720 1.290 1.289 1.506 31.339
+laplace 1.0 0.5702 0.6056 0.6960 0.7715 1.434 1.390 1.727 32.231
+laplace 2.0 0.5679 0.6042 0.6957 0.7711 1.687 1.673 2.024 32.501
+chi2 0.5 0.6270 0.6521 0.7245 0.7926 1.411 1.418 1.561 32.011
+chi2 0.75 0.6165 0.6448 0.7230 0.7920 1.419 1.428 1.567 32.384
+chi2 1.0 0.6118 0.6432 0.7226 0.7916 1.382 1.392 1.646 32.805
+chi2 2.0 0.6113 0.6421 0.7221 0.7911 1.390 1.401 1.582 32.443
+""",
+    "ridge": """
+diabetes 0.5 0.7550 0.7913 0.8211 0.8987 3.67E-4 3.58E-4 4.62E-4 5.51E-3
+diabetes 0.75 0.7481 0.7782 0.8179 0.8951 4.34E-4 3.76E-4 4.56E-4 5.63E-3
+diabetes 1.0 0.7479 0.7752 0.8074 0.8844 3.97E-4 3.56E-4 4.44E-4 5.60E-3
+diabetes 2.0 0.7459 0.7824 0.8059 0.8834 3.66E-4 3.97E-4 4.79E-4 5.33E-3
+adult 0.5 0.6381 0.6884 0.8183 0.9087 0.117 0.117 0.122 8.382
+adult 0.75 0.6113 0.6794 0.7359 0.9085 0.123 0.120 0.129 8.347
+adult 1.0 0.6094 0.6784 0.7352 0.9082 0.118 0.117 0.123 8.318
+adult 2.0 0.6078 0.6778 0.7340 0.9081 0.117 0.116 0.121 8.211
+student-t 0.5 0.7998 0.8059 0.8101 0.8153 0.903 0.909 1.019 30.523
+student-t 0.75 0.7971 0.7990 0.8018 0.8141 0.962 0.977 1.096 32.314
+student-t 1.0 0.7967 0.7985 0.7974 0.8139 0.952 0.961 1.085 32.720
+student-t 2.0 0.7963 0.7991 0.7968 0.8142 0.912 0.961 1.043 32.210
+laplace 0.5 0.5141 0.5286 0.5371 0.5568 1.002 0.989 1.164 32.112
+laplace 0.75 0.5113 0.5234 0.5290 0.5565 0.936 0.931 1.054 31.065
+laplace 1.0 0.5102 0.5206 0.5285 0.5560 0.912 0.917 1.048 32.162
+laplace 2.0 0.5100 0.5201 0.5274 0.5558 0.987 0.979 1.135 32.728
+chi2 0.5 0.5541 0.5701 0.5766 0.5937 0.919 0.909 1.043 30.613
+chi2 0.75 0.5522 0.5621 0.5669 0.5935 0.961 0.951 1.160 32.147
+chi2 1.0 0.5515 0.5619 0.5653 0.5933 0.918 0.902 1.025 30.685
+chi2 2.0 0.5513 0.5606 0.5651 0.5930 0.911 0.910 1.034 30.723
+""",
+}
+
+
+def paper_rows(datasets: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The paper's rows for ``datasets``, keyed like ours (the paper's columns are its settings)."""
+    rows = []
+    for model, table in _TABLES.items():
+        for line in table.strip().splitlines():
+            data, eps, *numbers = line.split()
+            if data not in datasets:
+                continue
+            values = [float(x) for x in numbers]
+            for i, name in enumerate(("CC", "UC", "DP-SGD", "DP-GD")):
+                rows.append({"problem": f"{model}:{data}", "algorithm": f"{name} (paper)", "epsilon": float(eps),
+                             "loss_ratio": values[i], "wall_time_s": values[4 + i]})
+    return rows
+
+
+# ----------------------------------------------------------------------------------- the notes
+
+
+def verdicts(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per problem, ε and column set: the better AClip variant's error ratio against DP-SGD's,
+    and the honest-noise price: CC (paper) against CC with the paper's (λ-calibrated) noise."""
+    by = {(r["problem"], r["algorithm"], r["epsilon"]): r["metrics"] for r in payload["rows"]}
+    found = []
+    for problem in dict.fromkeys(r["problem"] for r in payload["rows"]):
+        for epsilon in EPSILONS:
+            for setting in SETTINGS:
+                cells = {name: by.get((problem, f"{name} ({setting})", epsilon)) for name in ("CC", "UC", "DP-SGD")}
+                if any(cell is None for cell in cells.values()):
+                    continue
+                best = min(("CC", "UC"), key=lambda name: cells[name]["error_ratio"]["mean"])
+                aclip, dpsgd = cells[best]["error_ratio"]["mean"], cells["DP-SGD"]["error_ratio"]["mean"]
+                lam = by.get((problem, NOT_PRIVATE, epsilon))
+                found.append({"problem": problem, "epsilon": epsilon, "setting": setting, "AClip": best,
+                              "AClip error_ratio": aclip, "DP-SGD error_ratio": dpsgd, "AClip ≤ DP-SGD": aclip <= dpsgd,
+                              "CC with λ-noise (NOT PRIVATE)": lam["error_ratio"]["mean"] if lam and setting == "paper"
+                              else math.nan})
+    return found
+
+
+def _verdict_lines(payload: dict[str, Any], heavy_tailed_only: bool) -> list[str]:
+    from ..report import markdown_table
+
+    rows = verdicts(payload)
+    columns = ["problem", "epsilon", "setting", "AClip", "AClip error_ratio", "DP-SGD error_ratio", "AClip ≤ DP-SGD",
+               "CC with λ-noise (NOT PRIVATE)"]
+    lines = ["### AClip against DP-SGD (error ratio, lower is better)", "", markdown_table(rows, columns), ""]
+    scope = [r for r in rows if r["epsilon"] >= 1]
+    losses = [r for r in scope if not r["AClip ≤ DP-SGD"]]
+    what = "heavy-tailed synthetic sets" if heavy_tailed_only else "real data sets"
+    if not losses:
+        lines.append(f"* On the {what}, at ε ≥ 1, the better AClip variant's error ratio is ≤ DP-SGD's in every "
+                     f"problem and column set ({len(scope)} of {len(scope)}).")
+    else:
+        lines.append(f"* **Not everywhere:** on the {what}, at ε ≥ 1, AClip's error ratio is above DP-SGD's in "
+                     f"{len(losses)} of {len(scope)} cases: "
+                     + ", ".join(f"{r['problem']} ε={r['epsilon']} ({r['setting']})" for r in losses) + ".")
+    priced = [r for r in scope if r["setting"] == "paper" and math.isfinite(r["CC with λ-noise (NOT PRIVATE)"])]
+    if priced:
+        gaps = [by_cc - r["CC with λ-noise (NOT PRIVATE)"] for r in priced
+                for by_cc in [_cc_paper(payload, r["problem"], r["epsilon"])]]
+        lines.append(
+            "* The first suspect is the honest 2λ sensitivity: CC run with the noise the paper's proof calibrates "
+            "(sensitivity λ, half the standard deviation; NOT PRIVATE at the stated ε, its real ε is in the main "
+            f"table) has an error ratio lower than honest CC by {min(gaps):+.4f} to {max(gaps):+.4f} at ε ≥ 1 "
+            "(paper settings).")
+    return lines
+
+
+def _cc_paper(payload: dict[str, Any], problem: str, epsilon: float) -> float:
+    for row in payload["rows"]:
+        if row["problem"] == problem and row["algorithm"] == "CC (paper)" and row["epsilon"] == epsilon:
+            return row["metrics"]["error_ratio"]["mean"]
+    return math.nan
+
+
+def _common_notes(payload: dict[str, Any], epochs: int, paper_epochs: int) -> list[str]:
+    facts = payload["facts"]
+    refs = "; ".join(f"{key}: n = {f['n']:,}, δ = {f['delta']:.3g}, x_ref = {f['reference']} "
+                     f"(‖x_ref‖ = {f['reference_norm']:.3f}, its loss ratio {f['nonprivate_loss_ratio']:.4f})"
+                     for key, f in facts.items())
+    return [
+        f"* Paper: 300 runs, {paper_epochs} epochs. Ours: {payload['seeds']} seeds, {epochs} epochs; every "
+        "method gets the same number of data passes. Accountant: PLD (dp_accounting), exact composition of "
+        "the per-step events; adjacency add/remove-one (Poisson: CC, UC, DP-SGD) or replace-one (DP-GD).",
+        "* AClip's noise is calibrated with the honest sensitivity 2λ of the clipped mean (the paper's proof "
+        "uses λ): at the same ε, our CC/UC carry twice the noise standard deviation the paper's formula "
+        "assumes. The row 'CC, λ-noise (NOT PRIVATE)' shows what the paper's calibration buys.",
+        "* `loss_ratio` = test loss at the averaged output / test loss at θ0 = 0, the quantity the paper's "
+        "code computes for its 'estimation error divided by initial error' (the paper itself never defines "
+        "it); the paper's columns are set beside it. `error_ratio` = ‖θ̄ − x_ref‖/‖θ0 − x_ref‖. "
+        f"Problems: {refs}.",
+        "* DP-GD is full-batch gradient descent with per-record clipping (ALGORITHMS.md §5), not the robust "
+        "mean estimator of the paper's reference [43]; it takes one step per epoch, as in the paper's code.",
+        "* Sampling is Poisson at rate m/n, as the paper's Algorithm 1 states (its code samples a fixed-size "
+        "batch with replacement). Wall time: training only (sampling, steps, ledger), per run, one thread.",
+    ]
+
+
+def _synthetic_notes(payload: dict[str, Any]) -> str:
+    lines = _common_notes(payload, SYNTHETIC_EPOCHS, 400) + [
+        "* Synthetic data (`dpopt.data.synthetic.heavy_tailed`, seed 0): the paper does not say how the features "
+        "and x* are drawn; ours are ξ_i ~ N(0, I_10) and x* ~ N(0, I_10)/√10. Noise: Student's t (2 d.f.), "
+        "Laplace (μ = 1, b = 1) and χ² (1 d.f.), each centred. Logistic labels y = sign(exp(−u) − 1/2), "
+        "u = ⟨x*, ξ⟩ + e (the paper's printed formula, 2·sign[·] − 1, would give {1, −3}); their non-private "
+        "optimum is not x*, so logistic errors are measured against that optimum. 100,000 records train, 25,000 "
+        "more (same generator) are the test set.",
+        f"* {SYNTHETIC_EPOCHS} epochs instead of 400 keeps `--seeds 20` within 15 minutes on 2 cores "
+        "(400 epochs at batch 200 are 200,000 steps per run); the trajectories (figures) show how far each "
+        "method got.", "",
+    ]
+    return "\n".join(lines + _verdict_lines(payload, heavy_tailed_only=True))
+
+
+def _real_notes(payload: dict[str, Any]) -> str:
+    lines = _common_notes(payload, REAL_EPOCHS, 30) + [
+        "* Adult: the first 21,000 of the 32,561 LIBSVM a9a training records train, the other 11,561 test (the "
+        "paper's text; its code uses 28,000). Features unchanged (binary). Diabetes (Pima): the first 500 of 768 "
+        "records train, 268 test; features standardised with the training split's mean and std (the paper "
+        "names no preprocessing; raw features range up to 846). Diabetes λ: the paper gives none, Adult's are used; "
+        "its UC step size is printed '1E2', read as 1e−2.", "",
+    ]
+    return "\n".join(lines + _verdict_lines(payload, heavy_tailed_only=False))
+
+
+SYNTHETIC_EPOCHS = 5
+REAL_EPOCHS = 30
+SYNTHETIC_DATA = NOISES
+REAL_DATA = ("diabetes", "adult")
+
+#: Chosen by ``dpopt reproduce aclip-… --retune`` (grid ``GRID`` of factors on the paper's
+#: (γ, λ), 3 tuning seeds, at ε = 1, by mean final training objective): problem → method → factors.
+TUNED: dict[str, dict[str, Params]] = {}
+TUNING_COST: dict[str, Any] = {}
+
+SYNTHETIC = Experiment(
+    NAME="aclip-synthetic", PROBLEMS=tuple(f"{m}:{d}" for m in MODELS for d in SYNTHETIC_DATA),
+    epochs=SYNTHETIC_EPOCHS, PAPER=paper_rows(SYNTHETIC_DATA), TUNED=TUNED, TUNING_COST=TUNING_COST,
+    describe=_synthetic_notes)
+REAL = Experiment(
+    NAME="aclip-real", PROBLEMS=tuple(f"{m}:{d}" for m in MODELS for d in REAL_DATA),
+    epochs=REAL_EPOCHS, PAPER=paper_rows(REAL_DATA), TUNED=TUNED, TUNING_COST=TUNING_COST,
+    describe=_real_notes)
