@@ -33,12 +33,8 @@ Opacus' ``make_private`` derives its sampling rate from the loader as ``1/len(lo
 
 from __future__ import annotations
 
-import cProfile
-import io
 import itertools
 import math
-import os
-import pstats
 import statistics
 import time
 import warnings
@@ -48,6 +44,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from _timing import data_dir, interleaved, mb, other_processes_share, summary
 
 TITLE = "One DP-SGD epoch, logistic regression on ijcnn1: dpopt vs Opacus"
 TARGET = 20.0
@@ -58,18 +55,11 @@ NOISE = 1.0
 LR = 0.5
 DELTA = 1e-5
 SEED = 0
-REPO = Path(__file__).resolve().parents[1]
 #: Share of the machine's CPU other processes may use before the numbers are flagged.
 QUIET = 0.10
 EPS_ONLY = "(component) dpopt final ε only"
 CONTENDED = (": **the machine was busy, so these timings are inflated and noisy**; small-tensor "
              "torch ops with 2 intra-op threads suffer most, rerun on a quiet machine")
-
-
-def data_dir() -> Path:
-    """``$DPOPT_DATA`` (holding one folder per data set) or ``<repo>/../shared/data``."""
-    env = os.environ.get("DPOPT_DATA")
-    return Path(env).expanduser() if env else REPO.parent / "shared" / "data"
 
 
 def load_ijcnn1(folder: Path) -> tuple[np.ndarray, np.ndarray, str]:
@@ -86,48 +76,6 @@ def load_ijcnn1(folder: Path) -> tuple[np.ndarray, np.ndarray, str]:
     path = folder / "ijcnn1" / "ijcnn1.trn.bz2"
     X, y = read_libsvm(path, 22)
     return X, y, f"`dpopt.data.libsvm.read_libsvm({str(path)!r}, 22)`"
-
-
-def _status_mb(field: str) -> float:
-    """``VmRSS``/``VmHWM`` of this process from /proc/self/status, in MB (nan if unavailable)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return math.nan
-
-
-def _with_peak_rss(fn: Callable[[], dict[str, float]]) -> dict[str, float]:
-    """``fn()`` plus ``rss_mb``: how far the resident set rose above its level at the call.
-
-    Linux: writing "5" to /proc/self/clear_refs resets the peak (VmHWM) to the current RSS.
-    The reset and the reads happen outside ``fn``'s own timer.
-    """
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        before = _status_mb("VmRSS")
-    except OSError:
-        before = math.nan
-    result = fn()
-    result["rss_mb"] = _status_mb("VmHWM") - before
-    return result
-
-
-def _busy_cpu_seconds() -> float:
-    """CPU seconds all processes have spent so far (/proc/stat; nan if unavailable)."""
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    except OSError:
-        return math.nan
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-def _own_cpu_seconds() -> float:
-    times = os.times()
-    return times.user + times.system
 
 
 # --------------------------------------------------------------------------- contenders
@@ -233,59 +181,6 @@ class Opacus:
 # --------------------------------------------------------------------------- measurement
 
 
-def _interleaved(contenders: dict[str, Callable[[], dict[str, float]]], repeats: tuple[int, int],
-                 budget: float) -> dict[str, list[dict[str, float]]]:
-    """One warm-up each, then rounds: at least ``repeats[0]`` rounds, and more up to ``repeats[1]``
-    while the rounds so far took less than ``budget`` seconds. Round r runs the contenders in a
-    rotated order (A B C, then B C A, …), so none is always the one that runs right after the
-    contender that leaves the caches and the heap in a particular state."""
-    for fn in contenders.values():
-        fn()
-    names = list(contenders)
-    results: dict[str, list[dict[str, float]]] = {name: [] for name in names}
-    start = time.perf_counter()
-    for done in range(repeats[1]):
-        if done >= repeats[0] and time.perf_counter() - start > budget:
-            break
-        for name in names[done % len(names):] + names[:done % len(names)]:
-            results[name].append(_with_peak_rss(contenders[name]))
-    return results
-
-
-def _profile_steps(dp: Dpopt, rounds: int = 3, top: int = 5) -> tuple[list[tuple[str, int, float, float]], float]:
-    """cProfile of ``rounds`` dpopt step-loop epochs: the ``top`` functions by own time."""
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(rounds):
-        dp.epoch()
-    profiler.disable()
-    stats = pstats.Stats(profiler, stream=io.StringIO())
-    total = stats.total_tt
-    rows = []
-    for (file, line, func), (_cc, ncalls, tottime, _cum, _callers) in stats.stats.items():  # type: ignore[attr-defined]
-        where = func if file == "~" else f"{_short(file)}:{line}({func})"
-        rows.append((where, ncalls, tottime, tottime / total if total else math.nan))
-    rows.sort(key=lambda row: -row[2])
-    return rows[:top], total
-
-
-def _short(file: str) -> str:
-    path = Path(file)
-    for anchor in ("dpopt", "torch", "opacus", "dp_accounting"):
-        if anchor in path.parts:
-            return "/".join(path.parts[len(path.parts) - 1 - path.parts[::-1].index(anchor):])
-    return path.name
-
-
-def _mb(value: float) -> str:
-    return "—" if math.isnan(value) else f"{value:.2f} MB"
-
-
-def _summary(rows: list[dict[str, float]], key: str = "seconds") -> dict[str, float]:
-    values = [row[key] for row in rows]
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 # --------------------------------------------------------------------------- entry point
 
 
@@ -308,20 +203,17 @@ def run(quick: bool = False) -> dict[str, Any]:
     if not quick:
         contenders["Opacus fp64"] = Opacus(X, y, dp.steps, torch.float64).epoch
     contenders[EPS_ONLY] = dp.epsilon_only
-    busy0, own0, start = _busy_cpu_seconds(), _own_cpu_seconds(), time.perf_counter()
-    results = _interleaved(contenders, repeats, budget)
+    start = time.perf_counter()
+    results, others = other_processes_share(lambda: interleaved(contenders, repeats, budget))
     measure_seconds = time.perf_counter() - start
-    others = (_busy_cpu_seconds() - busy0 - (_own_cpu_seconds() - own0)) / (measure_seconds * (os.cpu_count() or 1))
-    others = max(0.0, others) if math.isfinite(others) else math.nan
-    profile = None if quick else _profile_steps(dp)
 
-    stats = {name: _summary(rows) for name, rows in results.items()}
+    stats = {name: summary(rows) for name, rows in results.items()}
     opacus, base = stats["Opacus fp32"]["median"], stats["dpopt epoch"]["median"]
     headline = opacus / base
     per_round = [o["seconds"] / d["seconds"] for o, d in zip(results["Opacus fp32"], results["dpopt epoch"])]
     minima = stats["Opacus fp32"]["min"] / stats["dpopt epoch"]["min"]
     whole_run = stats["dpopt train.run"]["median"]
-    opacus_eps = _summary(results["Opacus fp32"], "eps_seconds")["median"]
+    opacus_eps = summary(results["Opacus fp32"], "eps_seconds")["median"]
     with_eps = statistics.median(r["seconds"] + r["eps_seconds"] for r in results["Opacus fp32"])
 
     def median(rows: list[dict[str, float]], key: str, form: str) -> str:
@@ -349,7 +241,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         md.append(
             f"| {name} | {s['median']:.4f} | {s['min']:.4f} | {s['max']:.4f} | {ratio} | "
             f"{median(rows, 'loss', '.4f')} | {median(rows, 'batch', '.1f')} | {median(rows, 'epsilon', '.3f')} | "
-            f"{_mb(statistics.median(r['rss_mb'] for r in rows))} |")
+            f"{mb(statistics.median(r['rss_mb'] for r in rows))} |")
     md += [
         "",
         f"**Headline: Opacus fp32 / dpopt epoch = {headline:.2f}×** (ratio of medians; per-round "
@@ -369,18 +261,6 @@ def run(quick: bool = False) -> dict[str, Any]:
         "same problem on both sides). Peak RSS rise: median over repeats of how far the resident set "
         "rose above its level at the start of the run (Linux VmHWM, reset before each run).",
     ]
-    if profile is not None:
-        rows, total = profile
-        md += [
-            "",
-            f"Where the dpopt epoch spends its time (cProfile, 3 epochs, {total:.3f} s under the profiler), "
-            "top 5 by own time:",
-            "",
-            "| function | calls | own s | share |",
-            "|---|---:|---:|---:|",
-        ]
-        md += [f"| `{where}` | {calls} | {own:.3f} | {share:.0%} |" for where, calls, own, share in rows]
-
     check = {"name": "Opacus fp32 / dpopt, one epoch", "value": headline,
              "target": f"≥ {TARGET:g}×", "passed": headline >= TARGET}
     return {"title": TITLE, "markdown": "\n".join(md), "checks": [check],

@@ -341,3 +341,22 @@ def test_glm_rows_and_differences_match_dense(model):
                                           clipping.Term(0.9, clipping.Dense(now.dense() - before.dense()), 0.01)],
                                          ADD_REMOVE)
         assert torch.allclose(two_lazy.value, two_dense.value, rtol=1e-10, atol=1e-14)
+
+
+def test_float32_rows_are_measured_in_float64_and_weights_round_toward_zero():
+    """A float32 row whose float32 sum of squares comes out low must still be clipped to ≤ C:
+    norms are float64, and the float64 weight cast to float32 is rounded toward zero."""
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randn(3, 3_000_000, generator=gen, dtype=torch.float32) * 1e-3
+    exact = rows.double().norm(dim=1)
+    dense = clipping.Dense(rows)
+    assert dense.norms().dtype == torch.float64
+    assert torch.allclose(dense.norms(), exact, rtol=1e-12, atol=0)
+    clip = float(exact.min()) / 2
+    bounded, _ = clipping.clip_sum([clipping.Term(1.0, clipping.Dense(rows[:1]), clip)],
+                                   NeighboringRelation.ADD_OR_REMOVE_ONE)
+    assert float(bounded.value.double().norm()) <= clip * (1 + 1e-6)  # float32 products/sum rounding only
+    weights = torch.tensor([1 / 3, 2 / 3, 0.1], dtype=torch.float64)
+    cast = clipping.weights_in(weights, torch.float32)
+    assert cast.dtype == torch.float32 and torch.all(cast.double() <= weights)
+    assert torch.all(weights - cast.double() < 1e-7)

@@ -1,5 +1,6 @@
-"""Tests of the model registry: shapes, layer types (no BatchNorm; every parametrised layer on the
-ghost fast path), seeding, errors, and ghost norms equal to vmap norms on real MNIST images."""
+"""Tests of the model registry: shapes, layer types (no BatchNorm; every parametrised layer of the
+CNNs on the ghost fast path), seeding, errors, ghost norms equal to vmap norms on real MNIST
+images, and the GroupNorm ResNet-18."""
 
 import pytest
 import torch
@@ -8,10 +9,10 @@ from torch import nn
 
 from dpopt._validate import DpoptError
 from dpopt.data import read_idx
-from dpopt.models import MODELS, make_model
+from dpopt.models import MODELS, BasicBlock, make_model
 from dpopt.oracles.torch_model import TorchModel
 
-SHAPES = {"mnist-cnn": (784, 26_010), "cnn5": (3072, 167_642), "cnn6": (3072, 550_570)}
+SHAPES = {"mnist-cnn": (784, 26_010), "cnn5": (3072, 167_642), "cnn6": (3072, 550_570)}  # the plain CNNs
 ALLOWED = (nn.Unflatten, nn.Conv2d, nn.Tanh, nn.ReLU, nn.MaxPool2d, nn.Flatten, nn.Linear)
 
 
@@ -33,7 +34,7 @@ def mnist8(shared_data_dir) -> tuple[torch.Tensor, torch.Tensor]:
     return X, torch.from_numpy(labels).long()
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name", sorted(SHAPES))
 @pytest.mark.parametrize("activation", ["tanh", "relu"])
 def test_shapes_layers_and_fast_path(name, activation):
     model = make_model(name, activation=activation, seed=0)
@@ -62,7 +63,7 @@ def test_seed_is_reproducible_and_leaves_the_global_generator_alone():
 
 
 def test_unknown_names_are_refused():
-    with pytest.raises(DpoptError, match=r"^model='resnet' must be one of: mnist-cnn, cnn5, cnn6$"):
+    with pytest.raises(DpoptError, match=r"^model='resnet' must be one of: mnist-cnn, cnn5, cnn6, resnet18$"):
         make_model("resnet")
     with pytest.raises(DpoptError, match=r"^activation='gelu' must be one of: tanh, relu$"):
         make_model("cnn5", activation="gelu")
@@ -97,3 +98,65 @@ def test_ghost_norms_match_vmap_on_cifar_shaped_inputs(name):
         torch.cat([p.detach().reshape(-1) for p in model.parameters()]), torch.arange(3)).norms()
         for engine in ("ghost", "vmap")}
     assert torch.allclose(norms["ghost"], norms["vmap"], rtol=1e-5, atol=0)
+
+
+RESNET18_PARAMS = 11_173_962  # = the BatchNorm CIFAR ResNet-18's: GroupNorm has the same affine parameters
+
+
+@pytest.fixture(scope="module")
+def resnet18() -> nn.Module:
+    return make_model("resnet18", seed=0)
+
+
+def test_resnet18_layers_and_parameter_count(resnet18):
+    assert sorted(MODELS) == ["cnn5", "cnn6", "mnist-cnn", "resnet18"]
+    assert sum(p.numel() for p in resnet18.parameters()) == RESNET18_PARAMS
+    assert list(resnet18.buffers()) == []
+    assert isinstance(resnet18, nn.Sequential) and isinstance(resnet18[0], nn.Unflatten)
+    assert resnet18[0].unflattened_size == (3, 32, 32)
+    assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in resnet18.modules())
+    norms = [m for m in resnet18.modules() if isinstance(m, nn.GroupNorm)]
+    assert len(norms) == 1 + 8 * 2 + 3 and all(m.num_groups == 32 and m.affine for m in norms)
+    stem = resnet18[1]
+    assert (stem.in_channels, stem.out_channels, stem.kernel_size, stem.stride, stem.padding) == (
+        3, 64, (3, 3), (1, 1), (1, 1))
+    assert not any(isinstance(m, nn.MaxPool2d) for m in resnet18.modules())
+    blocks = [m for m in resnet18 if isinstance(m, BasicBlock)]
+    assert [(b.residual[0].out_channels, b.residual[0].stride[0]) for b in blocks] == [
+        (64, 1), (64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2), (512, 1)]
+    shortcuts = [b.shortcut[0] for b in blocks if not isinstance(b.shortcut, nn.Identity)]
+    assert [(c.in_channels, c.out_channels, c.kernel_size, c.stride) for c in shortcuts] == [
+        (64, 128, (1, 1), (2, 2)), (128, 256, (1, 1), (2, 2)), (256, 512, (1, 1), (2, 2))]
+    assert all(c.bias is None for c in resnet18.modules() if isinstance(c, nn.Conv2d))
+    assert isinstance(resnet18[-3], nn.AdaptiveAvgPool2d) and isinstance(resnet18[-1], nn.Linear)
+    assert (resnet18[-1].in_features, resnet18[-1].out_features) == (512, 10)
+    assert sum(isinstance(m, nn.ReLU) for m in resnet18.modules()) == 1 + 8 * 2
+    assert not any(isinstance(m, nn.Tanh) for m in resnet18.modules())
+    with torch.no_grad():
+        out = resnet18(torch.rand(2, 3072, generator=torch.Generator().manual_seed(0)))
+    assert out.shape == (2, 10) and out.dtype == torch.float32 and out.isfinite().all()
+
+
+def test_resnet18_is_seeded():
+    first, second, other = (make_model("resnet18", seed=s) for s in (0, 0, 1))
+    assert all(torch.equal(a, b) for a, b in zip(first.parameters(), second.parameters()))
+    assert not torch.equal(first[1].weight, other[1].weight)
+    assert any(isinstance(m, nn.Tanh) for m in make_model("resnet18", activation="tanh", seed=0).modules())
+
+
+def test_resnet18_in_the_torch_oracle(resnet18):
+    """TorchModel accepts it (no BatchNorm): both engines give the same per-record gradients."""
+    gen = torch.Generator().manual_seed(0)
+    X, y = torch.rand(4, 3072, generator=gen), torch.tensor([0, 3, 9, 1])
+    oracles = {engine: TorchModel(resnet18, cross_entropy, X, y, engine=engine) for engine in ("vmap", "ghost")}
+    assert oracles["vmap"].dim == RESNET18_PARAMS
+    rules = dict(oracles["ghost"].rules())
+    assert rules["1"] == rules["14"] == "ghost" and list(rules.values()).count("vmap") == 9  # GroupNorm, blocks
+    theta, idx = oracles["vmap"].flat_params(), torch.arange(4)
+    rows = {engine: oracle.per_record(theta, idx) for engine, oracle in oracles.items()}
+    # The rows' norms in float64: Dense.norms() sums 11 M float32 squares in float32 (~1e-3 off).
+    exact = rows["vmap"].rows.double().norm(dim=1)
+    assert rows["vmap"].rows.shape == (4, RESNET18_PARAMS) and (exact > 0).all()
+    assert torch.allclose(rows["ghost"].norms().double(), exact, rtol=1e-4, atol=0)
+    weights = torch.tensor([1.0, 0.5, 0.0, 0.25])
+    assert relative(rows["ghost"].weighted_sum(weights), rows["vmap"].weighted_sum(weights)) < 1e-4

@@ -32,6 +32,9 @@ class PerRecord(Protocol):
         with ``w_i = 0`` contribute exactly 0."""
 
 
+_NORM_CHUNK = 1 << 18  # columns per float64 chunk in Dense.norms
+
+
 @dataclass(frozen=True)
 class Dense:
     """Per-record vectors materialised as a ``[B, d]`` tensor."""
@@ -39,14 +42,20 @@ class Dense:
     rows: Tensor
 
     def norms(self) -> Tensor:
-        """Row norms, scaled by the largest entry so that finite rows never overflow."""
+        """Row norms, in float64. Lower-precision rows are summed in float64 (in column chunks, to
+        bound memory): a float32 sum over millions of entries can come out ~1e-3 too small, which
+        would let a clipped row exceed C. float64 rows are scaled by their largest entry so that
+        finite rows never overflow."""
+        if self.rows.dtype != torch.float64:
+            squares = sum(chunk.double().square().sum(dim=1) for chunk in self.rows.split(_NORM_CHUNK, dim=1))
+            return torch.as_tensor(squares, dtype=torch.float64).reshape(len(self.rows)).sqrt()  # kept in float64
         scale = self.rows.abs().amax(dim=1, keepdim=True)
         safe = torch.where((scale > 0) & scale.isfinite(), scale, torch.ones_like(scale))
         return safe.squeeze(1) * (self.rows / safe).norm(dim=1)
 
     def weighted_sum(self, weights: Tensor) -> Tensor:
         kept = weights != 0
-        return weights[kept] @ self.rows[kept]
+        return weights_in(weights[kept], self.rows.dtype) @ self.rows[kept]
 
     def __sub__(self, other: Dense) -> Dense:
         return Dense(self.rows - other.rows)
@@ -59,6 +68,15 @@ class Term:
     scale: float
     rows: PerRecord
     clip: float
+
+
+def weights_in(weights: Tensor, dtype: torch.dtype) -> Tensor:
+    """``weights`` in ``dtype`` rounded toward zero, so that casting a clip weight to a lower
+    precision never lets a clipped row grow past its clip norm."""
+    if weights.dtype == dtype:
+        return weights
+    cast = weights.to(dtype)
+    return torch.where(cast.to(weights.dtype) > weights, torch.nextafter(cast, torch.zeros_like(cast)), cast)
 
 
 def clip_weights(norms: Tensor, clip: float, *, all_finite: bool = False) -> Tensor:

@@ -1,6 +1,7 @@
 """The networks of the DP-SRM experiments (Wang, Jayaraman, Evans & Gu, "Efficient
 Privacy-Preserving Stochastic Nonconvex Optimization", UAI 2023, arXiv:1910.13659): an MNIST CNN
-and CNN5 / CNN6 for CIFAR-10.
+and CNN5 / CNN6 for CIFAR-10; and the ResNet-18 of the AClip paper's CIFAR-10 experiments (Jin et
+al., "Efficient Private SCO for Heavy-Tailed Data via Averaged Clipping"), with GroupNorm.
 
 >>> from dpopt.models import make_model
 >>> model = make_model("mnist-cnn", seed=0)       # input [B, 784] (dpopt.data's flat rows)
@@ -33,17 +34,34 @@ and CNN5 / CNN6 for CIFAR-10.
    ε = 8), so results on them are comparisons under the paper's protocol, not reproductions of
    its networks.
 
-Activations are ``tanh`` by default (Papernot et al. show bounded, tempered-sigmoid activations
-train better under DP-SGD than ReLU); ``activation="relu"`` gives the TensorFlow Privacy /
-Opacus variant. None of these networks has BatchNorm (so none needed replacing by GroupNorm; the
-torch oracle refuses BatchNorm). Inputs are not normalised inside the model: the data sets give
-pixels in [0, 1].
+Activations of these three are ``tanh`` by default (Papernot et al. show bounded,
+tempered-sigmoid activations train better under DP-SGD than ReLU); ``activation="relu"`` gives
+the TensorFlow Privacy / Opacus variant. None of them has BatchNorm. Inputs are not normalised
+inside the model: the data sets give pixels in [0, 1].
 
-Every model is one ``nn.Sequential`` of ``Unflatten`` / ``Conv2d`` (zero padding) /
-activation / ``MaxPool2d`` / ``Flatten`` / ``Linear`` layers, so every layer with parameters
-takes the ghost engine's fast path (:mod:`dpopt.oracles.ghost`). It starts with
-``nn.Unflatten(1, (C, H, W))`` because :mod:`dpopt.data` stores images as flat rows
-(``[B, 784]`` for MNIST, ``[B, 3072]`` channel-major for CIFAR-10).
+``"resnet18"`` is the standard CIFAR-10 ResNet-18 (He et al. 2016, "Deep Residual Learning for
+Image Recognition", arXiv:1512.03385, in its usual CIFAR form: 3×3 conv stem of 64 channels,
+stride 1, no max-pool; four stages of two :class:`BasicBlock` with 64 / 128 / 256 / 512 channels
+and strides 1 / 2 / 2 / 2, a 1×1 conv shortcut where the shape changes; adaptive average pool;
+fc 512→10; convolutions without bias; 11,173,962 parameters), with **GroupNorm instead of
+BatchNorm**. BatchNorm normalises each record with the statistics of its whole batch, so a
+record's gradient depends on the other records and per-record gradients (hence per-record
+clipping and the DP sensitivity) are undefined; the torch oracle refuses it. GroupNorm normalises
+each record on its own; ``nn.GroupNorm(min(32, C), C)`` (32 groups: Wu & He 2018, "Group
+Normalization", arXiv:1803.08494) is what Opacus's ``ModuleValidator.fix`` substitutes for
+BatchNorm (``opacus/validators/batch_norm.py``), the usual choice for DP ResNets (De et al. 2022
+also train with GroupNorm). GroupNorm has BatchNorm's per-channel affine parameters and no
+buffers, so the parameter count equals BatchNorm ResNet-18's. Its activation is ReLU by default.
+
+Every model is one ``nn.Sequential`` starting with ``nn.Unflatten(1, (C, H, W))``, because
+:mod:`dpopt.data` stores images as flat rows (``[B, 784]`` for MNIST, ``[B, 3072]``
+channel-major R, G, B for CIFAR-10). The three CNNs hold only ``Unflatten`` / ``Conv2d`` (zero
+padding) / activation / ``MaxPool2d`` / ``Flatten`` / ``Linear`` layers, so every layer with
+parameters takes the ghost engine's fast path (:mod:`dpopt.oracles.ghost`). In ResNet-18 only the
+stem conv and the fc layer do: each GroupNorm and each residual block (its own ``forward``) is a
+ghost "block" stage, whose per-record gradients are computed densely under ``vmap``, so memory
+grows as records × block parameters (up to 4.7 M for a 512-channel block): keep
+``microbatch_size`` small (tens of records) with either engine.
 """
 
 from __future__ import annotations
@@ -55,7 +73,7 @@ from torch import nn
 
 from . import _validate
 
-__all__ = ["ACTIVATIONS", "MODELS", "cnn5", "cnn6", "make_model", "mnist_cnn"]
+__all__ = ["ACTIVATIONS", "MODELS", "BasicBlock", "cnn5", "cnn6", "make_model", "mnist_cnn", "resnet18"]
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -103,27 +121,77 @@ def _cifar10_cnn(config: tuple[int | str, ...], activation: str) -> nn.Sequentia
     return nn.Sequential(*layers)
 
 
+def _group_norm(channels: int) -> nn.GroupNorm:
+    """GroupNorm as Opacus substitutes it for BatchNorm: ``min(32, C)`` groups, affine."""
+    return nn.GroupNorm(min(32, channels), channels)
+
+
+class BasicBlock(nn.Module):
+    """ResNet's basic block with GroupNorm: ``act(residual(x) + shortcut(x))``, where
+    ``residual`` = conv 3×3 (stride) → norm → act → conv 3×3 → norm and ``shortcut`` is the
+    identity, or conv 1×1 (stride) → norm when the stride or the channel count changes."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int, act: type[nn.Module]) -> None:
+        super().__init__()
+        self.residual = nn.Sequential(
+            nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False),
+            _group_norm(out_channels), act(),
+            nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False),
+            _group_norm(out_channels),
+        )
+        if stride != 1 or in_channels != out_channels:
+            self.shortcut: nn.Module = nn.Sequential(
+                nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False), _group_norm(out_channels))
+        else:
+            self.shortcut = nn.Identity()
+        self.act = act()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.residual(x) + self.shortcut(x))
+
+
+def resnet18(*, activation: str = "relu") -> nn.Sequential:
+    """The CIFAR-10 ResNet-18 with GroupNorm(min(32, C), C) in place of BatchNorm: input [B, 3072]
+    (channel-major rows), 10 outputs, 11,173,962 parameters."""
+    act = _activation(activation)
+    layers: list[nn.Module] = [
+        nn.Unflatten(1, (3, 32, 32)),
+        nn.Conv2d(3, 64, 3, padding=1, bias=False), _group_norm(64), act(),   # -> 64 x 32 x 32
+    ]
+    channels = 64
+    for width, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):            # -> 512 x 4 x 4
+        layers += [BasicBlock(channels, width, stride, act), BasicBlock(width, width, 1, act)]
+        channels = width
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 10)]
+    return nn.Sequential(*layers)
+
+
 MODELS: dict[str, Callable[..., nn.Sequential]] = {
     "mnist-cnn": mnist_cnn,
     "cnn5": cnn5,
     "cnn6": cnn6,
+    "resnet18": resnet18,
 }
 
 
-def make_model(name: str, *, activation: str = "tanh", seed: int | None = None) -> nn.Module:
+def make_model(name: str, *, activation: str | None = None, seed: int | None = None) -> nn.Module:
     """A fresh float32 model ``name`` (one of :data:`MODELS`) on the CPU.
 
-    ``seed``: if given, the initial weights are drawn from a generator seeded with it (torch's
-    global generator is left as it was), so the same seed gives the same model; otherwise from
-    torch's global generator, like any ``nn`` layer. Use ``.double()`` / ``.to(device)`` after.
+    ``activation``: "tanh" or "relu"; ``None`` is the model's own default (tanh for the DP-SRM
+    networks, relu for "resnet18"). ``seed``: if given, the initial weights are drawn from a
+    generator seeded with it (torch's global generator is left as it was), so the same seed
+    gives the same model; otherwise from torch's global generator, like any ``nn`` layer. Use
+    ``.double()`` / ``.to(device)`` after.
     """
     _validate.one_of("model", name, MODELS)
-    _activation(activation)
+    options = {} if activation is None else {"activation": activation}
+    if activation is not None:
+        _activation(activation)
     if seed is None:
-        return MODELS[name](activation=activation)
+        return MODELS[name](**options)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return MODELS[name](activation=activation)
+        return MODELS[name](**options)
 
 
 def _activation(name: str) -> type[nn.Module]:

@@ -118,7 +118,8 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int = 0, delta: flo
     if max_epsilon is not None:
         _validate.positive("max_epsilon", max_epsilon)
         stop_at = affordable_steps(algorithm, n, steps, delta, max_epsilon, accountant)
-    key = fingerprint(algorithm, oracle, steps=steps, seed=seed, delta=delta, theta0=theta0.tolist(),
+    theta0_digest = hashlib.sha256(theta0.cpu().numpy().tobytes()).hexdigest()
+    key = fingerprint(algorithm, oracle, steps=steps, seed=seed, delta=delta, theta0=theta0_digest,
                       accountant=accountant, max_epsilon=max_epsilon, log_every=log_every)
     path = Path(checkpoint_path) if checkpoint_path else None
 

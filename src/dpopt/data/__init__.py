@@ -2,7 +2,7 @@
 
 >>> from dpopt import data
 >>> data.names()
-('adult', 'diabetes', 'ijcnn1', 'mnist')
+('adult', 'cifar10', 'diabetes', 'ijcnn1', 'mnist')
 >>> ds = data.load("adult")          # bundled with the package: works offline
 >>> ds.X_train.shape, ds.X_test.shape
 ((32561, 123), (16281, 123))

@@ -30,6 +30,7 @@ import numpy as np
 import platformdirs
 
 from dpopt._validate import DpoptError, one_of
+from dpopt.data.cifar import read_cifar10
 from dpopt.data.idx import read_idx
 from dpopt.data.libsvm import DataError, read_libsvm
 
@@ -43,6 +44,7 @@ _TICK_COMMIT = "9d959b6e53e17145e93e9849ff1f9f6d2de8ae51"
 _TICK_IJCNN1 = ("https://raw.githubusercontent.com/X-DataInitiative/tick-datasets/"
                 f"{_TICK_COMMIT}/binary/ijcnn1/")
 _MNIST_MIRROR = "https://ossci-datasets.s3.amazonaws.com/mnist/"  # LeCun's original .gz files
+_CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"  # Krizhevsky's own site
 _DECOMPRESS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 
 PathLike = str | os.PathLike[str]
@@ -173,6 +175,13 @@ def _mnist_split(images_path: Path, labels_path: Path) -> tuple[np.ndarray, np.n
     X = images.reshape(len(images), -1).astype(np.float64)
     X /= 255.0
     return X, labels.astype(np.float64)
+
+
+def _cifar10(paths: Sequence[Path]) -> Arrays:
+    """Parser of ``cifar-10-python.tar.gz`` (:func:`dpopt.data.cifar.read_cifar10`). Its batches
+    are pickles: it only runs after :func:`load` verified the archive's sha256."""
+    (archive,) = paths
+    return read_cifar10(archive)
 
 
 _PIMA_HEADER = "pregnant,glucose,pressure,triceps,insulin,mass,pedigree,age,diabetes"
@@ -306,6 +315,29 @@ _SPECS = (
         n_train=500,
         n_test=268,
         dim=8,
+    ),
+    _Spec(
+        name="cifar10",
+        task="multiclass",
+        # sha256 of the official archive (170,498,071 bytes; md5 c58f30108f718f92721af3b95e74349a,
+        # the one torchvision checks), as pinned by Keras: github.com/keras-team/keras
+        # keras/src/datasets/cifar10.py@7e4b17c, `file_hash=` of the same URL. Not in shared/data.
+        files=(
+            RemoteFile("cifar-10-python.tar.gz",
+                       "6d958be074577803d12ecdefd02955f39262c83c16fe9348329d7fe0b5c001ce",
+                       _CIFAR10_URL),
+        ),
+        parse=_cifar10,
+        description="CIFAR-10 (Krizhevsky 2009): 32x32 colour images flattened channel-major "
+                    "(R 1024, G 1024, B 1024; reshape a row to [3, 32, 32]) to 3072 features "
+                    "pixel/255 in [0, 1]; labels 0-9 (airplane … truck)",
+        licence="CIFAR-10 (Krizhevsky, Nair & Hinton) states no licence; cite Krizhevsky 2009",
+        source="CIFAR-10 python version (cifar-10-python.tar.gz from www.cs.toronto.edu/~kriz), "
+               "train = data_batch_1..5, test = test_batch",
+        bundled=False,
+        n_train=50_000,
+        n_test=10_000,
+        dim=3072,
     ),
 )
 _REGISTRY = {spec.name: spec for spec in _SPECS}

@@ -78,6 +78,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
 from .. import _validate
+from ..clipping import weights_in
 
 class Layout(Protocol):
     """Where each trainable parameter lives in the flat θ (see ``torch_model.Layout``)."""
@@ -367,7 +368,7 @@ class _Block:
 def _weighted_sum(chunks: tuple[tuple, ...], sizes: tuple[int, ...], weights: Tensor, layout: Layout,
                   like: Tensor) -> Tensor:
     total = like.new_zeros(layout.dim)
-    for layers, w in zip(chunks, weights.to(like).split(sizes)):
+    for layers, w in zip(chunks, weights_in(weights, like.dtype).to(like.device).split(sizes)):
         kept = w != 0  # records with w_i = 0 are left out, not multiplied by 0 (their rows may be NaN)
         if kept.any():
             for layer in layers:

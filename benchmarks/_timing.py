@@ -1,0 +1,98 @@
+"""Measurement helpers shared by the benchmarks: interleaved rounds, peak memory, machine load."""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def data_dir() -> Path:
+    """``$DPOPT_DATA`` (holding one folder per data set) or ``<repo>/../shared/data``."""
+    env = os.environ.get("DPOPT_DATA")
+    return Path(env).expanduser() if env else REPO.parent / "shared" / "data"
+
+
+def status_mb(field: str) -> float:
+    """``VmRSS``/``VmHWM`` of this process from /proc/self/status, in MB (nan if unavailable)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return math.nan
+
+
+def with_peak_rss(fn: Callable[[], dict[str, float]]) -> dict[str, float]:
+    """``fn()`` plus ``rss_mb``: how far the resident set rose above its level at the call.
+
+    Linux: writing "5" to /proc/self/clear_refs resets the peak (VmHWM) to the current RSS.
+    The reset and the reads happen outside ``fn``'s own timer.
+    """
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        before = status_mb("VmRSS")
+    except OSError:
+        before = math.nan
+    result = fn()
+    result["rss_mb"] = status_mb("VmHWM") - before
+    return result
+
+
+def busy_cpu_seconds() -> float:
+    """CPU seconds all processes have spent so far (/proc/stat; nan if unavailable)."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return math.nan
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+def interleaved(contenders: dict[str, Callable[[], dict[str, float]]], repeats: tuple[int, int],
+                 budget: float) -> dict[str, list[dict[str, float]]]:
+    """One warm-up each, then rounds: at least ``repeats[0]`` rounds, and more up to ``repeats[1]``
+    while the rounds so far took less than ``budget`` seconds. Round r runs the contenders in a
+    rotated order (A B C, then B C A, …), so none is always the one that runs right after the
+    contender that leaves the caches and the heap in a particular state."""
+    for fn in contenders.values():
+        fn()
+    names = list(contenders)
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    start = time.perf_counter()
+    for done in range(repeats[1]):
+        if done >= repeats[0] and time.perf_counter() - start > budget:
+            break
+        for name in names[done % len(names):] + names[:done % len(names)]:
+            results[name].append(with_peak_rss(contenders[name]))
+    return results
+
+
+def mb(value: float) -> str:
+    return "—" if math.isnan(value) else f"{value:.2f} MB"
+
+
+def summary(rows: list[dict[str, float]], key: str = "seconds") -> dict[str, float]:
+    values = [row[key] for row in rows]
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def other_processes_share(measure: Callable[[], object]) -> tuple[object, float]:
+    """``measure()`` and the share of the machine's CPU time other processes used meanwhile
+    (/proc/stat minus this process; nan where unavailable)."""
+    busy0, own0, start = busy_cpu_seconds(), own_cpu_seconds(), time.perf_counter()
+    result = measure()
+    seconds = time.perf_counter() - start
+    others = (busy_cpu_seconds() - busy0 - (own_cpu_seconds() - own0)) / (seconds * (os.cpu_count() or 1))
+    return result, (max(0.0, others) if math.isfinite(others) else math.nan)
