@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from dpopt.experiments import EXPERIMENTS, aclip
+from dpopt.experiments import EXPERIMENTS, aclip, aclip_cifar10
 
 
 @pytest.mark.parametrize("key", aclip.SYNTHETIC.PROBLEMS + aclip.REAL.PROBLEMS)
@@ -49,3 +49,34 @@ def test_methods_use_the_papers_settings():
     uc, _ = {m.name: m for m in aclip.build_methods("ridge:diabetes", 30, {}, 1.0)}["UC (paper)"].build(
         500, {"lr_factor": 1.0, "clip_factor": 1.0})
     assert (uc.clip, uc.lr, uc.batch_size) == (0.87, 1e-2, 24)
+
+
+def test_cifar10_smoke_version_runs_resnet18_on_cpu(monkeypatch, tmp_path):
+    """The CPU smoke version of aclip-cifar10 end to end: ResNet-18 (GroupNorm), AClip and DP-SGD
+    calibrated to ε = 2 and run for a step on a tiny subset. CIFAR-10 is not in the shared data,
+    so the 8 records are random CIFAR-shaped images (the loader is tested on fake archives in
+    tests/data/test_cifar.py)."""
+    import dataclasses
+
+    import numpy as np
+
+    from dpopt.experiments.reproduce import reproduce
+
+    rng = np.random.default_rng(0)
+
+    def tiny(data_dir, records):
+        assert records == aclip_cifar10.SMOKE_RECORDS
+        return (rng.random((records, 3072)), rng.integers(0, 10, records).astype(float),
+                rng.random((records, 3072)), rng.integers(0, 10, records).astype(float))
+
+    monkeypatch.setattr(aclip_cifar10, "cifar_arrays", tiny)
+    monkeypatch.setitem(EXPERIMENTS, "aclip-cifar10", dataclasses.replace(aclip_cifar10.CIFAR, EPSILONS=(2.0,)))
+    payload = reproduce("aclip-cifar10", quick=True, seeds=1, out=tmp_path, workers=1)
+    rows = {row["algorithm"]: row for row in payload["rows"]}
+    assert set(rows) == {"UC", "DP-SGD"}
+    for row in rows.values():
+        assert row["problem"] == "resnet18:cifar10-smoke"
+        assert 0.99 * 2.0 <= row["metrics"]["epsilon"]["mean"] <= 2.0
+        assert math.isfinite(row["metrics"]["objective"]["mean"])
+    assert {r["algorithm"] for r in payload["paper"]} == {"CC", "UC", "DP-SGD"}
+    assert (tmp_path / "results.md").exists()

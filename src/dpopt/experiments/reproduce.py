@@ -72,7 +72,7 @@ def _run_all(exp: ModuleType, data_dir: str | None, n_seeds: int, quick: bool, r
     rows, tuning, curves, facts = [], {}, {}, {}
     chosen: dict[tuple[Any, str], dict[str, Any]] = {}  # with TUNE_EPSILON: one tuning per method
     test_metrics = getattr(exp, "TEST_METRICS", ("objective", "grad_norm"))
-    for key in getattr(exp, "PROBLEMS", (None,)):
+    for key in _problem_keys(exp, quick):
         problem, facts[str(key)] = exp.problem(data_dir, key)
         delta = exp.delta(key) if hasattr(exp, "delta") else exp.DELTA
         for epsilon in exp.EPSILONS:
@@ -107,9 +107,16 @@ def _run_all(exp: ModuleType, data_dir: str | None, n_seeds: int, quick: bool, r
         "paper": [_paper_row(row, exp.delta(row["problem"]) if hasattr(exp, "delta") else exp.DELTA)
                   for row in exp.PAPER],
         "seeds": n_seeds, "quick": quick, "facts": facts, "t_tests": tests,
-        "grids": {m.name: m.grid for m in exp.methods(exp.EPSILONS[0], getattr(exp, "PROBLEMS", (None,))[0])},
+        "grids": {m.name: m.grid for m in exp.methods(exp.EPSILONS[0], _problem_keys(exp, quick)[0])},
         "tuning": tuning or exp.TUNING_COST, "wall_time_s": time.perf_counter() - started, "_curves": curves,
     }
+
+
+def _problem_keys(exp: ModuleType, quick: bool) -> tuple[Any, ...]:
+    """The preset's problems (``problems(quick)`` where a preset has a smaller smoke version)."""
+    if hasattr(exp, "problems"):
+        return exp.problems(quick)
+    return getattr(exp, "PROBLEMS", (None,))
 
 
 def _comparisons(exp: ModuleType, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -168,7 +175,7 @@ def _write(out_dir: Path, payload: dict[str, Any], exp: ModuleType) -> None:
     report.write_json(out_dir / "results.json", {key: value for key, value in payload.items() if key != "_curves"})
     report.write_text(out_dir / "results.md", _markdown(payload, exp))
     shown = getattr(exp, "CURVES", {"objective": "objective", "gradient norm": "grad_norm"})
-    for key in getattr(exp, "PROBLEMS", (None,)):
+    for key in _problem_keys(exp, payload["quick"]):
         for epsilon in exp.EPSILONS:
             panels: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {title: {} for title in shown}
             for (problem, method, eps), histories in curves.items():
