@@ -17,15 +17,16 @@ import dp_accounting as dpa
 import torch
 from dp_accounting import NeighboringRelation
 
-from . import _validate, data, report
+from . import _validate, data, distributed, report
 from .accounting import ACCOUNTANTS, RELATION_NAMES, calibrate, epsilon_of, solve_noise
-from .algorithms import DPAGD, DPSGD, DPSRM, Storm, dp_gd, rrpsgd
+from .algorithms.by_name import NAMES as ALGORITHMS
+from .algorithms.by_name import NON_PRIVATE
+from .algorithms.by_name import build as build_algorithm
 from .oracles import make as make_oracle
 from .train import run
 
 MECHANISMS = ("poisson-gaussian", "wor-gaussian", "gaussian")
 EXPLAINED = ("aclip",)
-ALGORITHMS = ("dp-sgd", "dp-gd", "dp-srm", "rrpsgd", "dp-agd", "storm")
 MODELS = ("logistic", "nonconvex-logistic", "ridge")
 
 
@@ -104,26 +105,21 @@ def _calibrate(args: argparse.Namespace) -> dict[str, Any]:
             "neighboring_relation": RELATION_NAMES[relation], "mechanism": args.mechanism, "steps": args.steps}
 
 
-def _build_algorithm(args: argparse.Namespace, n: int) -> Any:
-    b = args.batch_size
-    if args.algorithm in ("dp-sgd", "rrpsgd", "dp-srm", "storm"):
-        _validate.positive_int("batch_size", b, maximum=n, maximum_name="n (training records)")
-    if args.algorithm == "dp-sgd":
-        return DPSGD(lr=args.lr, clip=args.clip, noise_multiplier=1.0, batch_size=b, sampling=args.sampling)
-    if args.algorithm == "rrpsgd":
-        return rrpsgd(lr=args.lr, clip=args.clip, noise_multiplier=1.0, batch_size=b, sampling=args.sampling)
-    if args.algorithm == "dp-gd":
-        return dp_gd(lr=args.lr, clip=args.clip, noise_multiplier=1.0)
-    if args.algorithm == "dp-srm":
-        b0 = min(n, 2 * b)
-        return DPSRM(lr=args.lr, clip=args.clip, clip_diff=args.clip_diff, gamma=args.gamma, noise_multiplier0=1.0,
-                     noise_multiplier=1.0, batch_size0=b0, batch_size=b, sampling=args.sampling)
-    if args.algorithm == "storm":
-        return Storm(lr=args.lr, momentum=args.gamma, batch_size0=min(n, 2 * b), batch_size=b, sampling=args.sampling)
-    return DPAGD(clip=args.clip, obj_clip=args.obj_clip, noise_multiplier=1.0)
+def _run(args: argparse.Namespace) -> dict[str, Any] | None:
+    """Train here, in ``--nproc`` data-parallel processes, or as one rank of torchrun's group;
+    rank 0's summary (None on the other ranks, which write and print nothing)."""
+    nproc = _validate.positive_int("nproc", args.nproc)
+    if nproc > 1 and distributed.world_size() == 1:
+        return distributed.launch(_run, nproc, args)[0]
+    created = distributed.init_from_env()
+    try:
+        return _train(args)
+    finally:
+        if created:
+            torch.distributed.destroy_process_group()
 
 
-def _run(args: argparse.Namespace) -> dict[str, Any]:
+def _train(args: argparse.Namespace) -> dict[str, Any] | None:
     _validate.one_of("algorithm", args.algorithm, ALGORITHMS)
     _validate.one_of("dataset", args.dataset, data.names())
     epsilon = _validate.positive("epsilon", args.epsilon)
@@ -135,19 +131,27 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         raise _validate.DpoptError(f"dataset={args.dataset!r} is a {dataset.task} task; model={args.model!r} "
                                    f"needs a {needed} data set")
     oracle = make_oracle(args.model, torch.as_tensor(dataset.X_train), torch.as_tensor(dataset.y_train), reg=args.reg)
-    algorithm = _build_algorithm(args, oracle.n)
-    if args.algorithm != "storm":
+    processes, lead = distributed.world_size(), distributed.rank() == 0
+    if processes > 1:
+        oracle = distributed.Sharded(oracle)
+    algorithm = build_algorithm(args.algorithm, n=oracle.n, batch_size=args.batch_size, lr=args.lr, clip=args.clip,
+                                clip_diff=args.clip_diff, gamma=args.gamma, sampling=args.sampling,
+                                obj_clip=args.obj_clip)
+    if args.algorithm not in NON_PRIVATE:
         ratios = (_validate.positive("noise_ratio", args.noise_ratio), 1.0) if args.algorithm == "dp-srm" else None
         algorithm = calibrate(algorithm, epsilon=epsilon, delta=delta, n=oracle.n, steps=steps,
                               accountant=args.accountant, ratios=ratios)
     out = Path(args.out or f"results/run-{args.algorithm}-{args.dataset}")
     X_test, y_test = torch.as_tensor(dataset.X_test), torch.as_tensor(dataset.y_test)
-    history = run(algorithm, oracle, steps=steps, seed=args.seed, delta=delta, accountant=args.accountant,
-                  test_error=lambda theta: oracle.error(theta, X_test, y_test),
-                  checkpoint_path=out / "checkpoint.pt", checkpoint_every=args.checkpoint_every,
-                  max_epsilon=args.max_epsilon, progress=not args.json and sys.stderr.isatty())
+    with distributed.resumable(out / "checkpoint.pt") as checkpoint_path:  # rank 0 alone writes out/
+        history = run(algorithm, oracle, steps=steps, seed=args.seed, delta=delta, accountant=args.accountant,
+                      test_error=(lambda theta: oracle.error(theta, X_test, y_test)) if lead else None,
+                      checkpoint_path=checkpoint_path, checkpoint_every=args.checkpoint_every if lead else None,
+                      max_epsilon=args.max_epsilon, progress=lead and not args.json and sys.stderr.isatty())
+    if not lead:
+        return None
     payload = {"algorithm": args.algorithm, "dataset": args.dataset, "model": args.model, "epsilon_target": epsilon,
-               "hyperparameters": repr(algorithm), **history.to_dict()}
+               "hyperparameters": repr(algorithm), "processes": processes, **history.to_dict()}
     report.write_json(out / "history.json", payload)
     report.write_text(out / "summary.md", report.markdown_table(
         [{"algorithm": args.algorithm, "dataset": args.dataset, **history.final}],
@@ -227,6 +231,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints (resumes from out/)")
     sub.add_argument("--data-dir", help="data directory (default: $DPOPT_DATA or the user cache)")
     sub.add_argument("--out", help="output directory (default results/run-<algorithm>-<dataset>)")
+    sub.add_argument("--nproc", type=int, default=1, help="data-parallel processes (gloo on 127.0.0.1; the same "
+                     "run as one process; under torchrun leave it at 1)")
     common(sub)
 
     sub = commands.add_parser("reproduce", help="reproduce a paper's experiment")
@@ -261,6 +267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("dpopt: interrupted; completed checkpoints and results are intact\n")
         return 130
+    if result is None:  # a data-parallel rank other than 0 (torchrun): rank 0 prints
+        return 0
     if args.json:
         print(json.dumps(result, default=str))
     else:

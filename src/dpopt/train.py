@@ -56,6 +56,7 @@ def _generators(seed: int) -> tuple[torch.Generator, torch.Generator]:
 
 def fingerprint(algorithm: Any, oracle: Oracle, **settings: Any) -> str:
     """A hash of everything that determines a run, for refusing foreign checkpoints."""
+    oracle = getattr(oracle, "oracle", oracle)  # a data-parallel wrapper runs the same problem
     described = {"algorithm": repr(algorithm), "oracle": f"{type(oracle).__name__}(n={oracle.n}, dim={oracle.dim}, "
                  f"reg={getattr(oracle, 'reg', None)})", **{k: repr(v) for k, v in settings.items()}}
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
