@@ -8,5 +8,8 @@ from .algorithms import DPAGD, DPSGD, DPSRM, AClip, RestartedAClip, Stage, Storm
 from .fit import fit
 from .train import History, run
 
-__all__ = ["AClip", "DPAGD", "DPSGD", "DPSRM", "History", "Ledger", "RestartedAClip", "Stage", "Storm", "calibrate", "dp_gd", "epsilon_of", "fit", "rrpsgd", "run"]
+__all__ = [
+    "AClip", "DPAGD", "DPSGD", "DPSRM", "History", "Ledger", "RestartedAClip", "Stage",
+    "Storm", "calibrate", "dp_gd", "epsilon_of", "fit", "rrpsgd", "run",
+]
 __version__ = "0.1.0"

@@ -69,7 +69,7 @@ def build_cifar_methods(key: str, epochs: int, tuned: dict[str, Params], epsilon
 def _cifar_notes(payload: dict[str, Any]) -> str:
     return "\n".join([
         "* Sized for a GPU: 150 epochs of ResNet-18 (GroupNorm instead of BatchNorm, so per-record gradients "
-        "exist) at batch 500. `--quick` runs a CPU smoke version: 8 records, batch 4, 2 steps per run (1 with --quick's step fraction); its "
+        "exist) at batch 500. `--quick` runs a CPU smoke version: 8 records, batch 4, one step per run; its "
         "numbers only show that the pipeline works.",
         f"* Step sizes {CIFAR_LR} are our guesses inside the paper's tuning range, not tuned: nothing here has "
         "been run at full size. The paper's CC (constrained) has no stated constraint set for a network; we "
