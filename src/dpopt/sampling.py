@@ -77,16 +77,16 @@ class Poisson:
             return torch.arange(self.n)
         expected = self.rate * self.n
         chunk = int(expected + 6 * math.sqrt(expected) + 16)
-        parts, last = [], -1.0
+        parts, last = [], -1
         while True:
-            positions = torch.empty(chunk, dtype=torch.float64).geometric_(self.rate, generator=gen).cumsum_(0)
+            positions = torch.empty(chunk, dtype=torch.int64).geometric_(self.rate, generator=gen).cumsum_(0)
             positions += last
-            inside = int(torch.searchsorted(positions, float(self.n)))  # positions are increasing
+            inside = int(torch.searchsorted(positions, self.n))  # positions are increasing
             parts.append(positions[:inside])
             if inside < chunk:
                 break
-            last = float(positions[-1])
-        return (parts[0] if len(parts) == 1 else torch.cat(parts)).long()
+            last = int(positions[-1])
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def wrap(self, event: dpa.DpEvent) -> dpa.DpEvent:
         return dpa.PoissonSampledDpEvent(self.rate, event)
