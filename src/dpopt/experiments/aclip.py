@@ -327,8 +327,11 @@ def _common_notes(payload: dict[str, Any], epochs: int, paper_epochs: int) -> li
         "batch with replacement). Wall time: training only (sampling, steps, ledger), per run, one thread.",
         f"* Tuned column set: factors on the paper's (γ, λ) from `{GRID}`, 3 tuning seeds (not the evaluation "
         "seeds), by mean final training objective at ε = 1, then used at every ε. Tuning is not "
-        "privacy-accounted. " + ("Choices at an edge of the grid: " + "; ".join(edges) + "." if edges else
-                                  "No choice is at an edge of the grid."),
+        "privacy-accounted. " + ("Choices at an edge of the grid: " + "; ".join(edges) + ". (For AClip, once the "
+                                  "clip binds the step is γλ·(unit direction + noise of std 2z), so it depends on "
+                                  "γλ only: an edge pair such as (4096, 1/64) has interior equivalents like "
+                                  "(256, 1/4); edges in one factor alone are real limits of the grid.)"
+                                  if edges else "No choice is at an edge of the grid."),
     ]
 
 
@@ -392,6 +395,42 @@ TUNED: dict[str, dict[str, Params]] = {
         "DP-SGD": {"lr_factor": 16, "clip_factor": 16},
         "DP-GD": {"lr_factor": 256, "clip_factor": 16},
     },
+    "logistic:student-t": {
+        "CC": {"lr_factor": 1024, "clip_factor": 0.0625},
+        "UC": {"lr_factor": 4096, "clip_factor": 0.015625},
+        "DP-SGD": {"lr_factor": 64, "clip_factor": 4},
+        "DP-GD": {"lr_factor": 4096, "clip_factor": 4},
+    },
+    "logistic:laplace": {
+        "CC": {"lr_factor": 1024, "clip_factor": 0.0625},
+        "UC": {"lr_factor": 4096, "clip_factor": 0.015625},
+        "DP-SGD": {"lr_factor": 64, "clip_factor": 4},
+        "DP-GD": {"lr_factor": 4096, "clip_factor": 4},
+    },
+    "logistic:chi2": {
+        "CC": {"lr_factor": 1024, "clip_factor": 0.0625},
+        "UC": {"lr_factor": 4096, "clip_factor": 0.015625},
+        "DP-SGD": {"lr_factor": 16, "clip_factor": 4},
+        "DP-GD": {"lr_factor": 4096, "clip_factor": 4},
+    },
+    "ridge:student-t": {
+        "CC": {"lr_factor": 64, "clip_factor": 0.25},
+        "UC": {"lr_factor": 64, "clip_factor": 0.25},
+        "DP-SGD": {"lr_factor": 4, "clip_factor": 16},
+        "DP-GD": {"lr_factor": 1024, "clip_factor": 4},
+    },
+    "ridge:laplace": {
+        "CC": {"lr_factor": 256, "clip_factor": 0.0625},
+        "UC": {"lr_factor": 256, "clip_factor": 0.25},
+        "DP-SGD": {"lr_factor": 16, "clip_factor": 4},
+        "DP-GD": {"lr_factor": 4096, "clip_factor": 1},
+    },
+    "ridge:chi2": {
+        "CC": {"lr_factor": 64, "clip_factor": 0.25},
+        "UC": {"lr_factor": 1024, "clip_factor": 0.0625},
+        "DP-SGD": {"lr_factor": 16, "clip_factor": 4},
+        "DP-GD": {"lr_factor": 1024, "clip_factor": 4},
+    },
 }
 #: What that tuning cost (grid points × 3 seeds; wall seconds with 2 worker processes on the 2-core
 #: machine while other jobs shared it). Not privacy-accounted.
@@ -412,6 +451,30 @@ TUNING_COST: dict[str, Any] = {
     "ridge:adult UC": {"runs": 126, "wall_time_s": 107.9},
     "ridge:adult DP-SGD": {"runs": 126, "wall_time_s": 123.6},
     "ridge:adult DP-GD": {"runs": 126, "wall_time_s": 10.9},
+    "logistic:student-t CC": {"runs": 126, "wall_time_s": 42.2},
+    "logistic:student-t UC": {"runs": 126, "wall_time_s": 49.1},
+    "logistic:student-t DP-SGD": {"runs": 126, "wall_time_s": 48.4},
+    "logistic:student-t DP-GD": {"runs": 126, "wall_time_s": 1.8},
+    "logistic:laplace CC": {"runs": 126, "wall_time_s": 55.5},
+    "logistic:laplace UC": {"runs": 126, "wall_time_s": 53.7},
+    "logistic:laplace DP-SGD": {"runs": 126, "wall_time_s": 60.4},
+    "logistic:laplace DP-GD": {"runs": 126, "wall_time_s": 3.0},
+    "logistic:chi2 CC": {"runs": 126, "wall_time_s": 53.5},
+    "logistic:chi2 UC": {"runs": 126, "wall_time_s": 51.2},
+    "logistic:chi2 DP-SGD": {"runs": 126, "wall_time_s": 47.5},
+    "logistic:chi2 DP-GD": {"runs": 126, "wall_time_s": 3.7},
+    "ridge:student-t CC": {"runs": 126, "wall_time_s": 40.2},
+    "ridge:student-t UC": {"runs": 126, "wall_time_s": 44.1},
+    "ridge:student-t DP-SGD": {"runs": 126, "wall_time_s": 49.1},
+    "ridge:student-t DP-GD": {"runs": 126, "wall_time_s": 3.3},
+    "ridge:laplace CC": {"runs": 126, "wall_time_s": 43.9},
+    "ridge:laplace UC": {"runs": 126, "wall_time_s": 50.0},
+    "ridge:laplace DP-SGD": {"runs": 126, "wall_time_s": 41.3},
+    "ridge:laplace DP-GD": {"runs": 126, "wall_time_s": 3.4},
+    "ridge:chi2 CC": {"runs": 126, "wall_time_s": 46.8},
+    "ridge:chi2 UC": {"runs": 126, "wall_time_s": 55.2},
+    "ridge:chi2 DP-SGD": {"runs": 126, "wall_time_s": 50.0},
+    "ridge:chi2 DP-GD": {"runs": 126, "wall_time_s": 2.8},
 }
 
 def delta(key: str) -> float:
