@@ -70,12 +70,13 @@ def _project(theta: Tensor, radius: float) -> Tensor:
     return theta * (radius / norm) if norm > radius else theta
 
 
-def _aclip_step(state: AClipState, batch: Batch, oracle: Oracle, gen: torch.Generator, *, stage: Stage,
+def _aclip_step(state: AClipState, batch: Batch, oracle: Oracle, gen: torch.Generator, *, lr: float, clip: float,
                 noise_multiplier: float, radius: float) -> tuple[AClipState, dpa.DpEvent]:
-    """One AClipped-dpSGD step of ``stage`` (the mechanism shared by both variants)."""
+    """One AClipped-dpSGD step with step size ``lr`` and clip ``clip`` (the mechanism shared by
+    both variants)."""
     mean = oracle.gradient_sum(state.theta, batch.indices) / batch.sampler.expected_size
-    noised, event = mechanisms.gaussian(clipping.clip_aggregate(mean, stage.clip), noise_multiplier, gen)
-    theta = _project(state.theta.add(noised, alpha=-stage.lr), radius)
+    noised, event = mechanisms.gaussian(clipping.clip_aggregate(mean, clip), noise_multiplier, gen)
+    theta = _project(state.theta.add(noised, alpha=-lr), radius)
     return AClipState(theta, state.iterate_sum + theta, state.count + 1), batch.sampler.wrap(event)
 
 
@@ -105,10 +106,7 @@ class AClip:
     def __post_init__(self) -> None:
         _validate.non_negative("noise_multiplier", self.noise_multiplier)
         _validate.positive("radius", self.radius, allow_inf=True)
-        self.stage(1)  # validates lr, clip and batch_size
-
-    def stage(self, steps: int) -> Stage:
-        return Stage(steps, self.batch_size, self.clip, self.lr)
+        Stage(1, self.batch_size, self.clip, self.lr)  # validates lr, clip and batch_size
 
     def relation(self) -> dpa.NeighboringRelation:
         return dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
@@ -121,8 +119,8 @@ class AClip:
 
     def step(self, state: AClipState, batch: Batch, oracle: Oracle,
              gen: torch.Generator) -> tuple[AClipState, dpa.DpEvent]:
-        return _aclip_step(state, batch, oracle, gen, stage=self.stage(1), noise_multiplier=self.noise_multiplier,
-                           radius=self.radius)
+        return _aclip_step(state, batch, oracle, gen, lr=self.lr, clip=self.clip,
+                           noise_multiplier=self.noise_multiplier, radius=self.radius)
 
     def output(self, state: AClipState) -> Tensor:
         return _average(state)
@@ -181,8 +179,8 @@ class RestartedAClip:
     def step(self, state: AClipState, batch: Batch, oracle: Oracle,
              gen: torch.Generator) -> tuple[AClipState, dpa.DpEvent]:
         stage, last = self._stage_of(batch.t)
-        state, event = _aclip_step(state, batch, oracle, gen, stage=stage, noise_multiplier=self.noise_multiplier,
-                                   radius=self.radius)
+        state, event = _aclip_step(state, batch, oracle, gen, lr=stage.lr, clip=stage.clip,
+                                   noise_multiplier=self.noise_multiplier, radius=self.radius)
         if last and batch.t + 1 < self.total_steps:  # restart from this stage's average
             state = _start(_average(state))
         return state, event

@@ -364,6 +364,8 @@ def _real_notes(payload: dict[str, Any]) -> str:
 
 
 SYNTHETIC_EPOCHS = 5
+#: Logged points per run (each costs a full-data objective, gradient and ε): enough for the figures.
+LOG_POINTS = 10
 REAL_EPOCHS = 30
 SYNTHETIC_DATA = NOISES
 REAL_DATA = ("diabetes", "adult")
@@ -489,7 +491,8 @@ def _preset(name: str, datasets: tuple[str, ...], epochs: int, describe: Any) ->
         PAPER=convex_rows(datasets), METRICS=METRICS, TABLE_METRICS=TABLE_METRICS, PAPER_METRICS=PAPER_METRICS,
         TEST_METRICS=TEST_METRICS, COMPARISONS=COMPARISONS, OURS="CC (paper)", epochs=epochs,
         make_problem=build_problem, make_methods=build_methods, delta_of=delta, describe=describe, CURVES=CURVES,
-        TUNED=TUNED, TUNING_COST=TUNING_COST, TUNING_SEEDS=TUNING_SEEDS, TUNE_EPSILON=TUNE_EPSILON)
+        TUNED=TUNED, TUNING_COST=TUNING_COST, TUNING_SEEDS=TUNING_SEEDS, TUNE_EPSILON=TUNE_EPSILON,
+        LOG_POINTS=LOG_POINTS)
 
 
 SYNTHETIC = _preset("aclip-synthetic", SYNTHETIC_DATA, SYNTHETIC_EPOCHS, _synthetic_notes)

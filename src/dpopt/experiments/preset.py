@@ -40,6 +40,7 @@ class Experiment:
     TUNING_SEEDS: tuple[int, ...] = (1000, 1001, 1002)
     TUNE_EPSILON: float | None = None
     SMOKE_PROBLEMS: tuple[str, ...] | None = None
+    LOG_POINTS: int = 40
 
     def problems(self, quick: bool) -> tuple[str, ...]:
         return self.SMOKE_PROBLEMS if quick and self.SMOKE_PROBLEMS else self.PROBLEMS

@@ -12,7 +12,8 @@ table), ``METRICS``, ``OURS``, ``TUNING_SEEDS``, ``TUNING_COST``, ``problem(data
 ``methods(epsilon, key)`` and ``notes(payload)``; optionally ``PROBLEMS`` (problem keys;
 default one problem, key None), ``COMPARISONS`` ((ours, baseline) name pairs), ``TEST_METRICS``
 (default objective and gradient norm), ``TABLE_METRICS`` and ``PAPER_METRICS`` (the columns of
-results.md).
+results.md), ``LOG_POINTS`` (logged points per run, default 40; logging is measurement only and
+does not change a run).
 """
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ def _run_all(exp: ModuleType, data_dir: str | None, n_seeds: int, quick: bool, r
                 if tuned:
                     tuning[f"{'' if key is None else f'{key} '}{method.name} ε={epsilon if method.private else None}"] = tuned
                 histories = run_seeds(method, params, problem, epsilon=epsilon, delta=delta, seeds=range(n_seeds),
-                                      log_points=10 if quick else 40, step_fraction=QUICK_STEPS if quick else 1.0,
+                                      log_points=10 if quick else getattr(exp, "LOG_POINTS", 40),
+                                      step_fraction=QUICK_STEPS if quick else 1.0,
                                       pool=pool, key=key)
                 rows.append({"problem": key, "algorithm": method.name, "epsilon": epsilon if method.private else None,
                              "delta": delta, "params": params, "metrics": metrics(histories, exp.METRICS),
