@@ -184,7 +184,7 @@ def _write(out_dir: Path, payload: dict[str, Any], exp: ModuleType) -> None:
                 if problem == key and eps in (epsilon, None):
                     for title, metric in shown.items():
                         panels[title][method] = mean_curve(histories, metric)
-            name = f"curves_eps{epsilon}.png" if key is None else f"curves_{key}_eps{epsilon}.png"
+            name = f"curves_eps{epsilon}.png" if key is None else f"curves_{key.replace(':', '-')}_eps{epsilon}.png"
             report.curves_figure(out_dir / name, panels, xlabel="data passes (epochs)", log_x=True)
 
 
