@@ -206,7 +206,7 @@ def _markdown(payload: dict[str, Any], exp: ModuleType) -> str:
     first = payload["rows"][0]
     lines = [
         f"# {payload['experiment']}", "",
-        f"{payload['seeds']} seeds (mean (std)); δ = {first['delta']}; accountant: {first['accountant']}; "
+        f"{payload['seeds']} seeds (mean (std)); δ = {_deltas(payload['rows'])}; accountant: {first['accountant']}; "
         f"adjacency: {first['neighboring_relation']} (private rows). Wall time {payload['wall_time_s']:.0f} s."
         + (f" **Quick mode: {QUICK_STEPS:.0%} of every method's steps; not comparable with the paper.**"
            if payload["quick"] else ""), "",
@@ -220,6 +220,14 @@ def _markdown(payload: dict[str, Any], exp: ModuleType) -> str:
         f"Tuning cost (not privacy-accounted): `{_tuning_cost(payload['tuning'])}`.", "",
     ]
     return "\n".join(lines)
+
+
+def _deltas(rows: list[dict[str, Any]]) -> str:
+    """The δ of the rows: one value, or one per problem."""
+    per = {row.get("problem"): row["delta"] for row in rows}
+    if len(set(per.values())) == 1:
+        return f"{rows[0]['delta']:g}"
+    return ", ".join(f"{delta:.3g} ({problem})" for problem, delta in per.items())
 
 
 def _paper_cell(value: Any) -> Any:
