@@ -343,32 +343,30 @@ def _common_notes(payload: dict[str, Any], epochs: int, paper_epochs: int) -> li
     ]
 
 
+def _notes(payload: dict[str, Any], epochs: int, paper_epochs: int, data_notes: list[str], synthetic: bool) -> str:
+    lines = _common_notes(payload, epochs, paper_epochs) + data_notes + [""]
+    return "\n".join(lines + _verdict_lines(payload, heavy_tailed_only=synthetic) + _paper_noise_lines(payload, epochs))
+
+
 def _synthetic_notes(payload: dict[str, Any]) -> str:
-    lines = _common_notes(payload, SYNTHETIC_EPOCHS, 400) + [
+    return _notes(payload, SYNTHETIC_EPOCHS, 400, [
         "* Synthetic data (`dpopt.data.synthetic.heavy_tailed`, seed 0): the paper does not say how the features "
         "and x* are drawn; ours are ξ_i ~ N(0, I_10) and x* ~ N(0, I_10)/√10. Noise: Student's t (2 d.f.), "
         "Laplace (μ = 1, b = 1) and χ² (1 d.f.), each centred. Logistic labels y = sign(exp(−u) − 1/2), "
         "u = ⟨x*, ξ⟩ + e (the paper's printed formula, 2·sign[·] − 1, would give {1, −3}); their non-private "
         "optimum is not x*, so logistic errors are measured against that optimum. 100,000 records train, 25,000 "
         "more (same generator) are the test set.",
-        f"* {SYNTHETIC_EPOCHS} epochs instead of 400 keeps `--seeds 20` within 15 minutes on 2 cores "
-        "(400 epochs at batch 200 are 200,000 steps per run); the trajectories (figures) show how far each "
-        "method got.", "",
-    ]
-    return "\n".join(lines + _verdict_lines(payload, heavy_tailed_only=True)
-                     + _paper_noise_lines(payload, SYNTHETIC_EPOCHS))
+        f"* {SYNTHETIC_EPOCHS} epochs instead of 400: 400 epochs at batch 200 are 200,000 steps per run, hours per "
+        "table on 2 cores; the trajectories (figures) show how far each method got."], synthetic=True)
 
 
 def _real_notes(payload: dict[str, Any]) -> str:
-    lines = _common_notes(payload, REAL_EPOCHS, 30) + [
+    return _notes(payload, REAL_EPOCHS, 30, [
         "* Adult: the first 21,000 of the 32,561 LIBSVM a9a training records train, the other 11,561 test (the "
         "paper's text; its code uses 28,000). Features unchanged (binary). Diabetes (Pima): the first 500 of 768 "
         "records train, 268 test; features standardised with the training split's mean and std (the paper "
-        "names no preprocessing; raw features range up to 846). Diabetes λ: the paper gives none, Adult's are used; "
-        "its UC step size is printed '1E2', read as 1e−2.", "",
-    ]
-    return "\n".join(lines + _verdict_lines(payload, heavy_tailed_only=False)
-                     + _paper_noise_lines(payload, REAL_EPOCHS))
+        "names no preprocessing; raw features range up to 846). Diabetes λ: the paper gives none, Adult's are "
+        "used; its UC step size is printed '1E2', read as 1e−2."], synthetic=False)
 
 
 SYNTHETIC_EPOCHS = 5
