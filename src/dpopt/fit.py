@@ -47,7 +47,7 @@ def as_tensors(data: Dataset | tuple[Tensor, Tensor], name: str = "train_data") 
 def fit(model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], train_data: Dataset | tuple[Tensor, Tensor],
         *, algorithm: str = "dp-sgd", epsilon: float, delta: float, epochs: float, batch_size: int = 256,
         lr: float = 0.1, clip: float = 1.0, seed: int = 0, accountant: str = "pld", engine: str = "ghost",
-        microbatch_size: int = 256, test_data: Dataset | tuple[Tensor, Tensor] | None = None,
+        microbatch_size: int = 512, test_data: Dataset | tuple[Tensor, Tensor] | None = None,
         checkpoint_path: str | Path | None = None, checkpoint_every: int | None = None,
         progress: bool = False, **options: Any) -> History:
     """Train ``model`` with ``algorithm`` at (``epsilon``, ``delta``) for ``epochs`` passes.

@@ -106,11 +106,13 @@ class TorchModel:
     ``module``: any ``nn.Module`` without BatchNorm; ``loss_fn(output, target) -> [B]``;
     ``X [n, ...]``, ``y [n, ...]`` tensors (floating-point X is cast to the module's dtype chunk
     by chunk); ``engine``: "ghost" (default) or "vmap"; ``microbatch_size``: records per chunk
-    of every per-record or full-data computation (memory, not results).
+    of every per-record or full-data computation (memory, not results). The default, 512, keeps
+    a Poisson batch of expected size 256 (256 ± 16) in one chunk: each extra chunk is one more
+    forward/backward with its fixed cost (~10 % of a step of the MNIST CNN).
     """
 
     def __init__(self, module: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], X: Tensor, y: Tensor, *,
-                 engine: str = "ghost", microbatch_size: int = 256) -> None:
+                 engine: str = "ghost", microbatch_size: int = 512) -> None:
         if not isinstance(module, nn.Module):
             raise _validate.DpoptError(f"module={type(module).__name__} must be a torch.nn.Module")
         reject_batch_norm(module)

@@ -1,0 +1,362 @@
+"""MNIST CNN, expected batch 256: dpopt's DP-SGD and DP-SRM steps against a plain PyTorch step
+and an Opacus DP-SGD step, side by side in one process.
+
+Setting: MNIST train (60,000 images, the shared data dir, float32 pixels in [0, 1]), the model
+``dpopt.models.make_model("mnist-cnn", seed=0)`` (26,010 parameters, tanh), cross-entropy per
+record, float32, CPU, ``torch.set_num_threads(2)``, clip C = 1, noise multiplier z = 1, lr 0.1.
+Every contender trains its own copy of the same initial model and continues its own run from
+round to round (``STEPS_PER_ROUND`` steps per round; times are per step).
+
+Contenders (interleaved: one warm-up round each, then rounds in a rotated order):
+
+* ``non-private SGD (PyTorch)``: the loop a PyTorch user writes, ``zero_grad``, forward, mean
+  cross-entropy, ``backward``, ``torch.optim.SGD.step``, on **fixed-size** batches of 256 taken
+  from a random permutation of the training set (reshuffled each epoch; ``X[idx]`` tensor
+  indexing, no ``DataLoader``: the cheapest data path, so the ratios over it are not flattered
+  by loader overhead). This is the reference of the checks.
+* ``non-private SGD (PyTorch, channels_last)``: the same after ``model.to(memory_format=
+  torch.channels_last)``, PyTorch's own advice for CNNs on CPU: a reference row only. dpopt's
+  ghost engine runs convolutions and max-pools in that layout (``dpopt.oracles.ghost.
+  _channels_last``); the default-layout step pays PyTorch's slow NCHW max-pool kernel, as
+  Opacus does, so this row shows how much of dpopt's margin is the layout.
+* ``dpopt DP-SGD (ghost)``: ``train.step`` (Poisson sampling at q = 256/n, the step, the
+  ledger) of ``DPSGD`` on ``TorchModel(model, loss, X, y)`` with the defaults (engine "ghost",
+  default ``microbatch_size``); ``dpopt DP-SGD (vmap)``: the same with ``engine="vmap"``.
+* ``dpopt DP-SRM (ghost)``: ``train.step`` of ``DPSRM`` (Poisson, expected 256, C1 = C2 = 1,
+  γ = 0.5), at steps t ≥ 1: per-record gradients at θ_t and θ_{t−1} on the same batch.
+* ``Opacus DP-SGD``: ``PrivacyEngine().make_private(poisson_sampling=True)``, default hooks
+  mode, ``DataLoader(TensorDataset(X, y), batch_size=256)``, ``SGD``; the loop is zero_grad,
+  forward, ``CrossEntropyLoss`` (mean), backward, step, the batch drawn by Opacus' Poisson
+  loader (``make_private`` outside the timer, the loader's work inside it).
+
+Targets (acceptance text): DP-SGD / non-private ≤ 1.5× (Opacus was measured at 2.85× on this
+machine); Opacus DP-SGD / dpopt DP-SGD ≥ 1.9×; DP-SRM / non-private ≤ 2.5×; dpopt's default
+engine (ghost) for the checks.
+
+OpenMP wait policy: the measurement runs in a child process with ``OMP_WAIT_POLICY=PASSIVE``
+(a value set by the caller is kept). PyTorch's libgomp spins its idle threads by default; on
+this 2-CPU machine, when other jobs hold the CPUs, a spinning worker takes the CPU from its own
+main thread: a plain 2-thread step of this CNN was measured at 0.32 s instead of 0.044 s with
+passive waiting, every contender slowed by a different factor (more for more, smaller
+operations), per-round ratios spread over 1×–7×, and a machine that turns busy during a run
+under the default policy spoils it. Passive waiting costs a wake-up per parallel region
+instead; on a quiet machine it leaves the second thread partly idle for every contender (plain
+step 0.028 s with libgomp's default, ~0.045 s passive), with about the same ratios: measured
+on a quiet machine with the default policy, DP-SGD / non-private 0.99×, Opacus / DP-SGD 2.04×,
+DP-SRM / non-private 1.98×. ``OMP_WAIT_POLICY= python benchmarks/bench_mnist_cnn.py`` (empty)
+measures with libgomp's default.
+
+Memory: after the timed rounds, each contender runs single steps after ``malloc_trim(0)``
+(free heap pages returned to the OS) with the peak resident set reset (``_timing``'s VmHWM
+reset): its peak RSS rise is what one step touched, the step's working set (median of 3; the
+allocator would otherwise reuse pages freed by earlier rounds and show ~0). Over many steps the
+resident set of every Poisson-batched contender drifts further up: glibc's dynamic mmap
+threshold fragments the heap when allocation sizes vary with the batch size (plain PyTorch on
+varying batches drifts the same way; ``MALLOC_MMAP_THRESHOLD_`` fixed removes it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from _timing import data_dir, interleaved, mb, other_processes_share, status_mb, summary
+
+TITLE = "MNIST CNN step, batch 256: dpopt DP-SGD / DP-SRM vs plain PyTorch and Opacus"
+THREADS = 2
+BATCH = 256
+CLIP = 1.0
+NOISE = 1.0
+LR = 0.1
+STEPS_PER_ROUND = 5
+TARGET_DPSGD = 1.5
+TARGET_OPACUS = 1.9
+TARGET_DPSRM = 2.5
+#: Share of the machine's CPU other processes may use before the numbers are flagged.
+QUIET = 0.10
+WAIT_POLICY = "PASSIVE"
+RESULT_MARK = "@@bench_mnist_cnn result@@ "
+
+PLAIN = "non-private SGD (PyTorch)"
+PLAIN_CL = "non-private SGD (PyTorch, channels_last)"
+GHOST = "dpopt DP-SGD (ghost)"
+SRM = "dpopt DP-SRM (ghost)"
+OPACUS = "Opacus DP-SGD"
+VMAP = "dpopt DP-SGD (vmap)"
+
+
+def _cross_entropy(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(out, y, reduction="none")
+
+
+def _model() -> torch.nn.Module:
+    from dpopt.models import make_model
+
+    return make_model("mnist-cnn", seed=0)
+
+
+class Plain:
+    """Non-private minibatch SGD as a PyTorch user writes it, fixed batches of 256."""
+
+    def __init__(self, X: torch.Tensor, y: torch.Tensor, channels_last: bool = False) -> None:
+        self.X, self.y = X, y
+        self.model = _model()
+        if channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=LR)
+        self.gen = torch.Generator().manual_seed(2)
+        self.order, self.at = torch.randperm(len(X), generator=self.gen), 0
+
+    def __call__(self, steps: int = STEPS_PER_ROUND) -> dict[str, float]:
+        model, optimizer = self.model, self.optimizer
+        start = time.perf_counter()
+        for _ in range(steps):
+            if self.at + BATCH > len(self.order):  # a new epoch
+                self.order, self.at = torch.randperm(len(self.X), generator=self.gen), 0
+            idx = self.order[self.at:self.at + BATCH]
+            self.at += BATCH
+            xb, yb = self.X[idx], self.y[idx]
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(xb), yb)
+            loss.backward()
+            optimizer.step()
+        return {"seconds": (time.perf_counter() - start) / steps, "batch": float(BATCH)}
+
+
+class Stepper:
+    """``STEPS_PER_ROUND`` dpopt ``train.step`` calls of ``algorithm`` on a TorchModel oracle,
+    continuing one run (the first call is the warm-up, so DP-SRM's timed steps have t ≥ 1)."""
+
+    def __init__(self, algorithm: Any, X: torch.Tensor, y: torch.Tensor, engine: str) -> None:
+        from dpopt.accounting import Ledger
+        from dpopt.oracles import TorchModel
+
+        self.algorithm = algorithm
+        self.oracle = TorchModel(_model(), _cross_entropy, X, y, engine=engine)
+        self.gens = torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)
+        self.state = algorithm.init(self.oracle.flat_params().double(), 10_000, self.gens[0])
+        self.ledger, self.t = Ledger(algorithm.relation()), 0
+
+    def __call__(self, steps: int = STEPS_PER_ROUND) -> dict[str, float]:
+        from dpopt import train
+
+        start, records = time.perf_counter(), 0
+        for _ in range(steps):
+            self.state, size = train.step(self.algorithm, self.oracle, self.state, self.t, self.ledger, *self.gens)
+            self.t, records = self.t + 1, records + size
+        return {"seconds": (time.perf_counter() - start) / steps, "batch": records / steps}
+
+
+class Opacus:
+    """Opacus DP-SGD as its users run it: ``make_private`` (Poisson, hooks), the usual loop."""
+
+    def __init__(self, X: torch.Tensor, y: torch.Tensor) -> None:
+        from opacus import PrivacyEngine
+        from torch.utils.data import DataLoader, TensorDataset
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = _model()
+            optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+            loader = DataLoader(TensorDataset(X, y), batch_size=BATCH)
+            self.engine = PrivacyEngine()
+            self.model, self.optimizer, self.loader = self.engine.make_private(
+                module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=NOISE,
+                max_grad_norm=CLIP, poisson_sampling=True)
+        self.criterion = torch.nn.CrossEntropyLoss()
+        self.batches = iter(self.loader)
+
+    def _next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        try:
+            return next(self.batches)
+        except StopIteration:  # a new epoch of the loader
+            self.batches = iter(self.loader)
+            return next(self.batches)
+
+    def __call__(self, steps: int = STEPS_PER_ROUND) -> dict[str, float]:
+        model, optimizer, criterion = self.model, self.optimizer, self.criterion
+        start, records = time.perf_counter(), 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for _ in range(steps):
+                xb, yb = self._next()
+                optimizer.zero_grad()
+                loss = criterion(model(xb), yb)
+                loss.backward()
+                optimizer.step()
+                records += len(yb)
+        return {"seconds": (time.perf_counter() - start) / steps, "batch": records / steps}
+
+
+def _mnist() -> tuple[torch.Tensor, torch.Tensor, float]:
+    from dpopt.data import load
+
+    start = time.perf_counter()
+    data = load("mnist", data_dir())
+    X = torch.as_tensor(data.X_train, dtype=torch.float32).contiguous()
+    y = torch.as_tensor(data.y_train).long()
+    return X, y, time.perf_counter() - start
+
+
+def _trim() -> None:
+    """Return the heap's free pages to the OS (glibc ``malloc_trim``; no-op elsewhere)."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _working_set(fn: Callable[..., dict[str, float]]) -> float:
+    """MB the resident set rose during one step of ``fn`` after a trim (median of 3; nan off Linux)."""
+    rises = []
+    for _ in range(3):
+        _trim()
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            return math.nan
+        before = status_mb("VmRSS")
+        fn(1)
+        rises.append(status_mb("VmHWM") - before)
+    return statistics.median(rises)
+
+
+def measure(quick: bool) -> dict[str, Any]:
+    """The measurement itself (run in the child process): timings, memory, machine load."""
+    from dpopt.algorithms import DPSGD, DPSRM
+
+    torch.set_num_threads(THREADS)
+    X, y, load_seconds = _mnist()
+    dpsgd = DPSGD(lr=LR, clip=CLIP, noise_multiplier=NOISE, batch_size=BATCH)
+    dpsrm = DPSRM(lr=LR, clip=CLIP, clip_diff=CLIP, gamma=0.5, noise_multiplier0=NOISE, noise_multiplier=NOISE,
+                  batch_size0=BATCH, batch_size=BATCH)
+    contenders: dict[str, Callable[[], dict[str, float]]] = {
+        PLAIN: Plain(X, y),
+        PLAIN_CL: Plain(X, y, channels_last=True),
+        GHOST: Stepper(dpsgd, X, y, "ghost"),
+        SRM: Stepper(dpsrm, X, y, "ghost"),
+        OPACUS: Opacus(X, y),
+        VMAP: Stepper(dpsgd, X, y, "vmap"),
+    }
+    repeats, budget = ((3, 3), 0.0) if quick else ((6, 20), 80.0)
+    start = time.perf_counter()
+    results, others = other_processes_share(lambda: interleaved(contenders, repeats, budget))
+    seconds = time.perf_counter() - start
+    memory = {name: _working_set(fn) for name, fn in contenders.items()}
+    return {"results": results, "others": others, "seconds": seconds, "memory": memory,
+            "load_seconds": load_seconds, "n": len(X), "policy": os.environ.get("OMP_WAIT_POLICY", "default"),
+            "threads": torch.get_num_threads()}
+
+
+def _child(quick: bool) -> tuple[dict[str, Any], str]:
+    env = dict(os.environ)
+    if "OMP_WAIT_POLICY" in env:
+        how = f"`OMP_WAIT_POLICY={env['OMP_WAIT_POLICY']}` as set by the caller"
+    else:
+        env["OMP_WAIT_POLICY"] = WAIT_POLICY
+        how = f"`OMP_WAIT_POLICY={WAIT_POLICY}` (set by this benchmark, see its docstring)"
+    command = [sys.executable, str(Path(__file__).resolve()), "--child"] + (["--quick"] if quick else [])
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_MARK)]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"the measuring process failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+    return json.loads(lines[-1][len(RESULT_MARK):]), how
+
+
+def _check(name: str, value: float, target: float, above: bool) -> dict[str, Any]:
+    passed = value >= target if above else value <= target
+    return {"name": name, "value": value, "target": f"{'≥' if above else '≤'} {target}×", "passed": passed}
+
+
+def report(data: dict[str, Any], how: str) -> dict[str, Any]:
+    results, others = data["results"], data["others"]
+    stats = {name: summary(rows) for name, rows in results.items()}
+    med = {name: s["median"] for name, s in stats.items()}
+    plain, plain_cl = med[PLAIN], med[PLAIN_CL]
+    dp_ratio, srm_ratio, opacus_ratio = med[GHOST] / plain, med[SRM] / plain, med[OPACUS] / med[GHOST]
+
+    def per_round(num: str, den: str) -> str:
+        ratios = [a["seconds"] / b["seconds"] for a, b in zip(results[num], results[den])]
+        return f"{min(ratios):.2f}×–{max(ratios):.2f}×"
+
+    rounds = len(results[PLAIN])
+    busy = ("How busy the machine was is unknown (no /proc/stat)." if math.isnan(others) else
+            f"Other processes used {others:.0%} of the machine's CPU time meanwhile (/proc/stat)"
+            + ("." if others < QUIET else ": **the machine was busy, so these timings are inflated and noisy**; "
+               "the ratios, measured side by side, are the meaningful numbers."))
+    md = [
+        f"MNIST train (n = {data['n']:,}, loaded in {data['load_seconds']:.1f} s), `make_model(\"mnist-cnn\", "
+        f"seed=0)`, float32, cross-entropy, {data['threads']} threads, C = {CLIP:g}, z = {NOISE:g}, lr = {LR:g}. "
+        f"{rounds} interleaved rounds of {STEPS_PER_ROUND} steps per contender (rotated order, after one warm-up "
+        f"round each; {data['seconds']:.0f} s), in a child process with {how}. {busy}",
+        "",
+        "| contender | median s/step | min | max | this / non-private | this / non-private channels_last "
+        "| mean batch | peak RSS rise |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, rows in results.items():
+        s = stats[name]
+        md.append(f"| {name} | {s['median']:.4f} | {s['min']:.4f} | {s['max']:.4f} | {s['median'] / plain:.2f}× | "
+                  f"{s['median'] / plain_cl:.2f}× | {statistics.mean(r['batch'] for r in rows):.1f} | "
+                  f"{mb(data['memory'][name])} |")
+    md += [
+        "",
+        f"- **DP-SGD (dpopt, ghost) / non-private = {dp_ratio:.2f}×** (per round {per_round(GHOST, PLAIN)}); "
+        f"target ≤ {TARGET_DPSGD}×: **{'PASS' if dp_ratio <= TARGET_DPSGD else 'FAIL'}**. "
+        f"Opacus / non-private = {med[OPACUS] / plain:.2f}×; dpopt's vmap engine / non-private = "
+        f"{med[VMAP] / plain:.2f}×.",
+        f"- **Opacus DP-SGD / dpopt DP-SGD = {opacus_ratio:.2f}×** (per round {per_round(OPACUS, GHOST)}); "
+        f"target ≥ {TARGET_OPACUS}×: **{'PASS' if opacus_ratio >= TARGET_OPACUS else 'FAIL'}**.",
+        f"- **DP-SRM (dpopt, ghost) / non-private = {srm_ratio:.2f}×** (per round {per_round(SRM, PLAIN)}); "
+        f"target ≤ {TARGET_DPSRM}×: **{'PASS' if srm_ratio <= TARGET_DPSRM else 'FAIL'}**. DP-SRM / DP-SGD = "
+        f"{med[SRM] / med[GHOST]:.2f}×.",
+        f"- Against the channels-last plain step ({plain_cl:.4f} s; default layout / channels-last = "
+        f"{plain / plain_cl:.2f}×): DP-SGD {med[GHOST] / plain_cl:.2f}×, DP-SRM {med[SRM] / plain_cl:.2f}×, Opacus "
+        f"{med[OPACUS] / plain_cl:.2f}×. dpopt's ghost engine runs convolutions and max-pools in channels-last "
+        "layout (`dpopt.oracles.ghost._channels_last`); the default-layout plain step pays PyTorch's slow NCHW "
+        "max-pool kernel, as Opacus does.",
+        "",
+        "Notes: every step includes drawing its batch (dpopt and Opacus: Poisson, expected 256, so the realised batch varies; the non-private "
+        "steps: exactly 256) and, for dpopt, the privacy ledger. Ratios are of medians. Peak RSS rise: one "
+        "step per contender after the timed rounds, after `malloc_trim(0)`, peak (VmHWM) minus the resident "
+        "set at its start (median of 3): the pages a step touches.",
+    ]
+    checks = [
+        _check("DP-SGD / non-private step, MNIST CNN", dp_ratio, TARGET_DPSGD, above=False),
+        _check("Opacus / dpopt DP-SGD step, MNIST CNN", opacus_ratio, TARGET_OPACUS, above=True),
+        _check("DP-SRM / non-private step, MNIST CNN", srm_ratio, TARGET_DPSRM, above=False),
+    ]
+    return {"title": TITLE, "markdown": "\n".join(md), "checks": checks,
+            "data": {"stats": stats, "memory_mb": data["memory"], "other_processes_cpu_share": others,
+                     "wait_policy": how}}
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    """Measure in a child process, and return ``{"title", "markdown", "checks", "data"}``."""
+    data, how = _child(quick)
+    return report(data, how)
+
+
+if __name__ == "__main__":
+    if "--child" in sys.argv:
+        print(RESULT_MARK + json.dumps(measure(quick="--quick" in sys.argv)))
+        sys.exit(0)
+    result = run(quick="--quick" in sys.argv)
+    print(result["markdown"])
+    for check in result["checks"]:
+        print(f"{check['name']}: {check['value']:.2f}× (target {check['target']}): "
+              f"{'PASS' if check['passed'] else 'FAIL'}")
