@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
@@ -27,6 +26,7 @@ from dpopt.clipping import Dense, Term, clip_sum
 from dpopt.models import make_model
 from dpopt.oracles import ghost
 from dpopt.oracles.torch_model import TorchModel
+from test_ghost import loop_reference  # the per-record autograd reference of the engine tests
 
 F64 = torch.float64
 RELATION = NeighboringRelation.ADD_OR_REMOVE_ONE
@@ -34,19 +34,6 @@ RELATION = NeighboringRelation.ADD_OR_REMOVE_ONE
 
 def cross_entropy(out, y):
     return F.cross_entropy(out, y, reduction="none")
-
-
-def loop_reference(oracle: TorchModel, theta: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    """``[B, d]``: each record's gradient by autograd on that record alone (a copy of the module)."""
-    module = copy.deepcopy(oracle.module)
-    params = [p for p in module.parameters() if p.requires_grad]
-    torch.nn.utils.vector_to_parameters(theta.to(params[0].dtype), params)
-    rows = []
-    for i in indices.tolist():
-        x = oracle.X[i:i + 1].to(params[0].dtype)
-        grads = torch.autograd.grad(oracle.loss_fn(module(x), oracle.y[i:i + 1]).sum(), params)
-        rows.append(torch.cat([g.reshape(-1) for g in grads]))
-    return torch.stack(rows)
 
 
 def close(got: torch.Tensor, want: torch.Tensor, rtol: float) -> bool:
