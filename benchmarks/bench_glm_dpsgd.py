@@ -36,6 +36,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -44,7 +45,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from _timing import data_dir, interleaved, mb, other_processes_share, summary
+from _timing import data_dir, in_child, interleaved, mb, other_processes_share, report_from_child, summary
 
 TITLE = "One DP-SGD epoch, logistic regression on ijcnn1: dpopt vs Opacus"
 TARGET = 20.0
@@ -184,8 +185,8 @@ class Opacus:
 # --------------------------------------------------------------------------- entry point
 
 
-def run(quick: bool = False) -> dict[str, Any]:
-    """Measure, and return ``{"title", "markdown", "checks", "data"}`` (see ``benchmarks/run.py``)."""
+def measure(quick: bool) -> dict[str, Any]:
+    """The interleaved rounds (run in the child process; JSON-serialisable result)."""
     torch.set_num_threads(THREADS)
     repeats, budget = ((5, 5), 0.0) if quick else ((7, 15), 60.0)
     folder = data_dir()
@@ -205,8 +206,16 @@ def run(quick: bool = False) -> dict[str, Any]:
     contenders[EPS_ONLY] = dp.epsilon_only
     start = time.perf_counter()
     results, others = other_processes_share(lambda: interleaved(contenders, repeats, budget))
-    measure_seconds = time.perf_counter() - start
+    return {"results": results, "others": others, "measure_seconds": time.perf_counter() - start,
+            "load_seconds": load_seconds, "how": how, "n": dp.n, "dim": dp.oracle.dim, "steps": dp.steps}
 
+
+def run(quick: bool = False) -> dict[str, Any]:
+    """Measure in a child process, and return ``{"title", "markdown", "checks", "data"}`` (see
+    ``benchmarks/run.py``)."""
+    data, policy = in_child(__file__, quick)
+    results, others, measure_seconds = data["results"], data["others"], data["measure_seconds"]
+    load_seconds, how, n, dim, steps = data["load_seconds"], data["how"], data["n"], data["dim"], data["steps"]
     stats = {name: summary(rows) for name, rows in results.items()}
     opacus, base = stats["Opacus fp32"]["median"], stats["dpopt epoch"]["median"]
     headline = opacus / base
@@ -220,13 +229,13 @@ def run(quick: bool = False) -> dict[str, Any]:
         return format(statistics.median(r[key] for r in rows), form) if key in rows[0] else "—"
 
     md = [
-        f"Problem: ijcnn1 train, n = {dp.n:,}, d = {dp.oracle.dim}; logistic regression without bias, "
+        f"Problem: ijcnn1 train, n = {n:,}, d = {dim}; logistic regression without bias, "
         f"θ0 = 0; Poisson sampling, expected batch b = {BATCH}; clip C = {CLIP:g}, noise multiplier "
-        f"z = {NOISE:g}, lr = {LR:g}; one epoch = round(n/b) = {dp.steps} steps; "
+        f"z = {NOISE:g}, lr = {LR:g}; one epoch = round(n/b) = {steps} steps; "
         f"`torch.set_num_threads({THREADS})`; δ = {DELTA:g} for ε. Data: {how} ({load_seconds:.1f} s).",
         "",
         f"{len(results['dpopt epoch'])} interleaved rounds (each contender once per round, after one "
-        f"warm-up each; {measure_seconds:.0f} s of measurement). "
+        f"warm-up each; {measure_seconds:.0f} s of measurement), in a child process with {policy}. "
         + ("How busy the machine was is unknown (no /proc/stat)." if math.isnan(others) else
            f"Other processes used {others:.0%} of the machine's CPU time meanwhile (/proc/stat)"
            f"{'' if others < QUIET else CONTENDED}."),
@@ -269,7 +278,8 @@ def run(quick: bool = False) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    import sys
-
+    if "--child" in sys.argv:
+        report_from_child(measure(quick="--quick" in sys.argv))
+        sys.exit(0)
     result = run(quick="--quick" in sys.argv)
     print(result["markdown"])

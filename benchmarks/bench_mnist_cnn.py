@@ -59,11 +59,9 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -73,7 +71,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _timing import data_dir, interleaved, mb, other_processes_share, status_mb, summary
+from _timing import data_dir, in_child, interleaved, mb, other_processes_share, report_from_child, status_mb, summary
 
 TITLE = "MNIST CNN step, batch 256: dpopt DP-SGD / DP-SRM vs plain PyTorch and Opacus"
 THREADS = 2
@@ -87,8 +85,6 @@ TARGET_OPACUS = 1.9
 TARGET_DPSRM = 2.5
 #: Share of the machine's CPU other processes may use before the numbers are flagged.
 QUIET = 0.10
-WAIT_POLICY = "PASSIVE"
-RESULT_MARK = "@@bench_mnist_cnn result@@ "
 
 PLAIN = "non-private SGD (PyTorch)"
 PLAIN_CL = "non-private SGD (PyTorch, channels_last)"
@@ -262,21 +258,6 @@ def measure(quick: bool) -> dict[str, Any]:
             "threads": torch.get_num_threads()}
 
 
-def _child(quick: bool) -> tuple[dict[str, Any], str]:
-    env = dict(os.environ)
-    if "OMP_WAIT_POLICY" in env:
-        how = f"`OMP_WAIT_POLICY={env['OMP_WAIT_POLICY']}` as set by the caller"
-    else:
-        env["OMP_WAIT_POLICY"] = WAIT_POLICY
-        how = f"`OMP_WAIT_POLICY={WAIT_POLICY}` (set by this benchmark, see its docstring)"
-    command = [sys.executable, str(Path(__file__).resolve()), "--child"] + (["--quick"] if quick else [])
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
-    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_MARK)]
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(f"the measuring process failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
-    return json.loads(lines[-1][len(RESULT_MARK):]), how
-
-
 def _check(name: str, value: float, target: float, above: bool) -> dict[str, Any]:
     passed = value >= target if above else value <= target
     return {"name": name, "value": value, "target": f"{'≥' if above else '≤'} {target}×", "passed": passed}
@@ -347,13 +328,13 @@ def report(data: dict[str, Any], how: str) -> dict[str, Any]:
 
 def run(quick: bool = False) -> dict[str, Any]:
     """Measure in a child process, and return ``{"title", "markdown", "checks", "data"}``."""
-    data, how = _child(quick)
+    data, how = in_child(__file__, quick)
     return report(data, how)
 
 
 if __name__ == "__main__":
     if "--child" in sys.argv:
-        print(RESULT_MARK + json.dumps(measure(quick="--quick" in sys.argv)))
+        report_from_child(measure(quick="--quick" in sys.argv))
         sys.exit(0)
     result = run(quick="--quick" in sys.argv)
     print(result["markdown"])

@@ -21,8 +21,10 @@ import dp_accounting as dpa
 from dp_accounting import NeighboringRelation
 from dp_accounting.pld import pld_privacy_accountant, privacy_loss_distribution
 from dp_accounting.rdp import rdp_privacy_accountant
+from scipy import optimize, special
 
 from . import _validate
+from .gaussian_pld import gaussian_pld
 
 ACCOUNTANTS = ("pld", "rdp")
 RELATION_NAMES = {
@@ -160,9 +162,7 @@ def _gaussian_pld(runs: Sequence[tuple[dpa.DpEvent, int]], relation: Neighboring
     total = privacy_loss_distribution.identity(grid)
     for atom, count in runs:
         if isinstance(atom, dpa.GaussianDpEvent):
-            part = privacy_loss_distribution.from_gaussian_mechanism(
-                standard_deviation=atom.noise_multiplier / math.sqrt(count), value_discretization_interval=grid,
-                neighboring_relation=relation)
+            part = gaussian_pld(atom.noise_multiplier / math.sqrt(count), grid, relation)
         elif isinstance(atom, dpa.PoissonSampledDpEvent) and isinstance(atom.event, dpa.GaussianDpEvent):
             if atom.sampling_probability == 0:
                 continue
@@ -177,9 +177,7 @@ def _gaussian_pld(runs: Sequence[tuple[dpa.DpEvent, int]], relation: Neighboring
 @functools.lru_cache(maxsize=256)
 def _sampled_gaussian_step(rate: float, noise_multiplier: float, relation: NeighboringRelation,
                            grid: float) -> privacy_loss_distribution.PrivacyLossDistribution:
-    return privacy_loss_distribution.from_gaussian_mechanism(
-        standard_deviation=noise_multiplier, value_discretization_interval=grid, sampling_prob=rate,
-        neighboring_relation=relation)
+    return gaussian_pld(noise_multiplier, grid, relation, sampling_prob=rate)
 
 
 class Ledger:
@@ -281,6 +279,43 @@ def _root(gap: Callable[[float], float], start: float, accept: float) -> float:
     raise _validate.DpoptError("noise calibration did not converge")
 
 
+def _gdp_mu_squared(event: dpa.DpEvent) -> float | None:
+    """μ² of the central-limit Gaussian-DP approximation of ``event`` (Dong, Roth and Su 2022):
+    1/z² for a Gaussian step, q²(e^{1/z²} − 1) for a Poisson-sampled one, summed over a
+    composition. None for any other kind of event. Only a starting point for :func:`solve_noise`."""
+    if isinstance(event, dpa.GaussianDpEvent):
+        return 1 / event.noise_multiplier**2 if event.noise_multiplier > 0 else math.inf
+    if isinstance(event, dpa.PoissonSampledDpEvent) and isinstance(event.event, dpa.GaussianDpEvent):
+        z = event.event.noise_multiplier
+        return event.sampling_probability**2 * math.expm1(min(1 / z**2, 700.0)) if z > 0 else math.inf
+    if isinstance(event, dpa.SelfComposedDpEvent):
+        inner = _gdp_mu_squared(event.event)
+        return None if inner is None else event.count * inner
+    if isinstance(event, dpa.ComposedDpEvent):
+        parts = [_gdp_mu_squared(sub) for sub in event.events]
+        return None if None in parts else sum(parts)
+    return None
+
+
+def _gdp_start(event_of: Callable[[float], dpa.DpEvent], epsilon: float, delta: float) -> float:
+    """A noise scale whose Gaussian-DP approximation is (ε, δ)-DP, or 1.0 where the events are
+    not Gaussian: the bisection's first guess (within a few per cent for long runs)."""
+    if _gdp_mu_squared(event_of(1.0)) is None:
+        return 1.0
+
+    def delta_of(mu: float) -> float:  # δ(ε) of μ-GDP
+        return special.ndtr(-epsilon / mu + mu / 2) - math.exp(epsilon) * special.ndtr(-epsilon / mu - mu / 2)
+
+    def excess(log_scale: float) -> float:
+        return math.log(_gdp_mu_squared(event_of(math.exp(log_scale)))) - 2 * math.log(mu)
+
+    try:
+        mu = optimize.brentq(lambda m: delta_of(m) - delta, 1e-6, 50.0)
+        return math.exp(optimize.brentq(excess, math.log(1e-4), math.log(1e5), xtol=1e-4))
+    except (ValueError, OverflowError, ZeroDivisionError):
+        return 1.0
+
+
 def solve_noise(event_of: Callable[[float], dpa.DpEvent], *, epsilon: float, delta: float,
                 relation: NeighboringRelation, accountant: str = "pld",
                 tolerance: float = 0.005) -> tuple[float, float]:
@@ -303,12 +338,15 @@ def solve_noise(event_of: Callable[[float], dpa.DpEvent], *, epsilon: float, del
             return math.log(eps / epsilon) if eps > 0 else -math.inf
         return gap
 
+    start = _gdp_start(event_of, epsilon, delta)
     if kind == "rdp":
-        scale = _root(gap_on(None), 1.0, accept)
+        scale = _root(gap_on(None), start, accept)
     else:
-        scale = _root(gap_on(COARSE_DISCRETIZATION), 1.0, accept)
-        if pld_discretization(epsilon, count_steps(event_of(scale))) < COARSE_DISCRETIZATION:
-            scale = _root(gap_on(None), scale, accept)
+        scale = _root(gap_on(COARSE_DISCRETIZATION), start, accept)
+        coarse = epsilon_of(event_of(scale), delta, relation, kind, COARSE_DISCRETIZATION)
+        grid = pld_discretization(coarse, count_steps(event_of(scale)))
+        if grid < COARSE_DISCRETIZATION:  # refine on the grid the ledger picks at this scale
+            scale = _root(gap_on(grid), scale, accept)
     achieved = epsilon_of(event_of(scale), delta, relation, kind)
     while achieved > epsilon:
         scale *= 1 + tolerance / 2
