@@ -18,6 +18,7 @@ from torch import nn
 import dpopt
 from dpopt import sampling, train
 from dpopt._validate import DpoptError
+from dpopt.accounting import Ledger, canonical
 from dpopt.oracles.torch_model import TorchModel
 
 F64 = torch.float64
@@ -237,10 +238,25 @@ def test_clipped_dpsrm_runs_the_same_on_both_engines():
     assert float(rows.norms().median()) > 0.3  # clipping was active
 
 
-def test_private_dpsgd_run_is_recorded_in_the_ledger():
-    o = oracle("ghost")
-    algo = dpopt.DPSGD(lr=0.1, clip=1.0, noise_multiplier=1.1, batch_size=8)
-    history = dpopt.run(algo, o, steps=5, seed=0, theta0=o.flat_params(), log_every=5)
-    want = dpopt.epsilon_of(algo.planned_event(N, 5), 1e-5, algo.relation())
+PRIVATE = {
+    "dp-sgd": dpopt.DPSGD(lr=0.1, clip=1.0, noise_multiplier=1.1, batch_size=8),
+    "dp-srm": dpopt.DPSRM(lr=0.1, clip=1.0, clip_diff=0.5, gamma=0.3, noise_multiplier0=2.0, noise_multiplier=1.1,
+                          batch_size0=12, batch_size=8),
+}
+
+
+@pytest.mark.parametrize("name", PRIVATE)
+def test_private_run_with_the_torch_oracle_records_its_plan(name):
+    """Double entry with the torch oracle: the ledger of a run equals the algorithm's plan, event
+    for event, and the run reports the plan's ε."""
+    o, algo, steps = oracle("ghost"), PRIVATE[name], 5
+    history = dpopt.run(algo, o, steps=steps, seed=0, theta0=o.flat_params(), log_every=steps)
+    sample_gen, noise_gen = train._generators(0)
+    state, ledger = algo.init(o.flat_params(), steps, sample_gen), Ledger(algo.relation())
+    for t in range(steps):
+        state, _ = train.step(algo, o, state, t, ledger, sample_gen, noise_gen)
+    assert torch.equal(algo.output(state), history.theta)  # the replay is the run
+    assert canonical(ledger.event()) == canonical(algo.planned_event(N, steps))
+    want = dpopt.epsilon_of(algo.planned_event(N, steps), 1e-5, algo.relation())
     assert history.final["epsilon"] == pytest.approx(want, rel=1e-9)
     assert history.theta.isfinite().all()
