@@ -133,9 +133,15 @@ def clip_aggregate(value: Tensor, clip: float) -> Bounded:
     (a record's gradient overflowed) is released as 0, a point of the ball that does not
     depend on which record caused it.
     """
-    norm = float(value.norm())
+    norm = float(Dense(value.reshape(1, -1)).norms())  # in float64, whatever value's precision
     if not math.isfinite(norm):
         clipped = torch.zeros_like(value)
-    else:
-        clipped = value * min(1.0, clip / norm) if norm > 0 else value.clone()
+    elif norm <= clip:
+        clipped = value.clone()
+    else:  # in a lower precision, rounding can leave the product a hair above λ: shrink until not
+        scale = weights_in(torch.tensor(clip / norm, dtype=torch.float64), value.dtype)
+        clipped = value * scale
+        while float(Dense(clipped.reshape(1, -1)).norms()) > clip:
+            scale = torch.nextafter(scale, torch.zeros_like(scale))
+            clipped = value * scale
     return Bounded(clipped, 2.0 * clip, _CLIPPING_TOKEN)

@@ -8,7 +8,7 @@ import math
 import dp_accounting as dpa
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dpopt
@@ -130,3 +130,13 @@ def test_cli_explains_the_paper_noise(capsys):
     assert "sensitivity 2λ (honest)" in capsys.readouterr().out
     assert cli.main(["account", "--explain", "aclip", "--delta", "1e-5", "--steps", "10"]) == 2
     assert "--explain aclip needs --epsilon" in capsys.readouterr().err
+
+
+@given(st.integers(min_value=0, max_value=2**31 - 1), st.floats(min_value=1e-3, max_value=1e3))
+@settings(max_examples=200, deadline=None)
+def test_a_float32_aggregate_is_clipped_to_at_most_lambda(seed: int, lam: float) -> None:
+    """In float32 the product v · (λ/‖v‖) can round above λ; the clipped aggregate never does."""
+    value = torch.randn(257, generator=torch.Generator().manual_seed(seed), dtype=torch.float32) * 100
+    clipped = clipping.clip_aggregate(value, lam).value
+    assert clipped.dtype == torch.float32
+    assert float(clipped.double().norm()) <= lam
