@@ -22,6 +22,7 @@ from .accounting import ACCOUNTANTS, RELATION_NAMES, calibrate, epsilon_of, solv
 from .algorithms.by_name import NAMES as ALGORITHMS
 from .algorithms.by_name import NON_PRIVATE
 from .algorithms.by_name import build as build_algorithm
+from .mechanisms import NOISES
 from .oracles import make as make_oracle
 from .train import run
 
@@ -136,7 +137,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any] | None:
         oracle = distributed.Sharded(oracle)
     algorithm = build_algorithm(args.algorithm, n=oracle.n, batch_size=args.batch_size, lr=args.lr, clip=args.clip,
                                 clip_diff=args.clip_diff, gamma=args.gamma, sampling=args.sampling,
-                                obj_clip=args.obj_clip)
+                                obj_clip=args.obj_clip, noise=args.noise)
     if args.algorithm not in NON_PRIVATE:
         ratios = (_validate.positive("noise_ratio", args.noise_ratio), 1.0) if args.algorithm == "dp-srm" else None
         algorithm = calibrate(algorithm, epsilon=epsilon, delta=delta, n=oracle.n, steps=steps,
@@ -225,6 +226,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--gamma", type=float, default=0.01, help="DP-SRM/STORM momentum γ")
     sub.add_argument("--noise-ratio", type=float, default=1.0, help="DP-SRM's σ0/σ, fixed while calibrating")
     sub.add_argument("--obj-clip", type=float, default=1.0, help="DP-AGD's clip of per-record losses")
+    sub.add_argument("--noise", choices=NOISES, default="torch", help="noise source: the run's seeded generator, "
+                     "the OS CSPRNG (secure), or the exact discrete Gaussian (discrete; full-batch dp-gd only)")
     sub.add_argument("--accountant", choices=ACCOUNTANTS, default="pld")
     sub.add_argument("--seed", type=int, default=0)
     sub.add_argument("--max-epsilon", type=float, help="stop before a step that would exceed this ε")
