@@ -1,4 +1,4 @@
-"""The ``dpopt`` command line: ``run | reproduce | account | calibrate | data``.
+"""The ``dpopt`` command line: ``run | reproduce | account | calibrate | audit | data``.
 
 Every command takes ``--json`` for machine-readable output on stdout. Invalid input prints one
 line, ``dpopt: error: <argument>=<value> must be …``, and exits with code 2; no traceback.
@@ -165,6 +165,23 @@ def _train(args: argparse.Namespace) -> dict[str, Any] | None:
                                     "neighboring_relation", "steps_done", "stopped")} | {"out": str(out)}
 
 
+def _audit(args: argparse.Namespace) -> dict[str, Any]:
+    """Calibrate ``--algo`` to (--epsilon, --delta) on the canary world's n + 1 records, then audit it."""
+    from .audit import audit
+
+    _validate.one_of("algo", args.algo, ALGORITHMS)
+    epsilon = _validate.positive("epsilon", args.epsilon)
+    n = _validate.positive_int("dataset_size", args.dataset_size)
+    algorithm = build_algorithm(args.algo, n=n + 1, batch_size=args.batch_size, lr=args.lr, clip=args.clip,
+                                sampling=args.sampling, noise=args.noise)
+    if args.algo not in NON_PRIVATE:
+        algorithm = calibrate(algorithm, epsilon=epsilon, delta=_validate.open_unit("delta", args.delta), n=n + 1,
+                              steps=_validate.positive_int("steps", args.steps))
+    result = audit(algorithm, name=args.algo, steps=args.steps, dataset_size=n, runs=args.runs, delta=args.delta,
+                   confidence=args.confidence, seed=args.seed)
+    return result.to_dict()
+
+
 def _reproduce(args: argparse.Namespace) -> dict[str, Any]:
     from .experiments import reproduce
 
@@ -238,6 +255,22 @@ def _parser() -> argparse.ArgumentParser:
                      "run as one process; under torchrun leave it at 1)")
     common(sub)
 
+    sub = commands.add_parser("audit", help="empirical ε lower bound by the canary method (see dpopt.audit)")
+    sub.add_argument("--algo", required=True, help=f"one of: {', '.join(ALGORITHMS)}")
+    sub.add_argument("--epsilon", type=float, required=True, help="the claimed ε the algorithm is calibrated to")
+    sub.add_argument("--delta", type=float, default=1e-5)
+    sub.add_argument("--steps", type=int, default=10)
+    sub.add_argument("--dataset-size", type=int, default=99, help="background records (the canary is one more)")
+    sub.add_argument("--batch-size", type=int, default=10)
+    sub.add_argument("--sampling", choices=("poisson", "fixed"), default="poisson")
+    sub.add_argument("--lr", type=float, default=1.0)
+    sub.add_argument("--clip", type=float, default=1.0)
+    sub.add_argument("--noise", choices=NOISES, default="torch")
+    sub.add_argument("--runs", type=int, default=1000, help="runs on each of D and D plus the canary")
+    sub.add_argument("--confidence", type=float, default=0.95)
+    sub.add_argument("--seed", type=int, default=0)
+    common(sub)
+
     sub = commands.add_parser("reproduce", help="reproduce a paper's experiment")
     sub.add_argument("name", help="experiment name, e.g. dp-srm-ijcnn1")
     sub.add_argument("--quick", action="store_true", help="a fast smoke version (2 seeds)")
@@ -256,7 +289,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-HANDLERS = {"account": _account, "calibrate": _calibrate, "run": _run, "reproduce": _reproduce, "data": _data}
+HANDLERS = {"account": _account, "calibrate": _calibrate, "run": _run, "audit": _audit, "reproduce": _reproduce,
+            "data": _data}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
