@@ -110,6 +110,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     """Train here, in ``--nproc`` data-parallel processes, or as one rank of torchrun's group;
     rank 0's summary (None on the other ranks, which write and print nothing)."""
     nproc = _validate.positive_int("nproc", args.nproc)
+    _shared_noise(max(nproc, distributed.world_size()), args.noise)
     if nproc > 1 and distributed.world_size() == 1:
         return distributed.launch(_run, nproc, args)[0]
     created = distributed.init_from_env()
@@ -118,6 +119,14 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     finally:
         if created:
             torch.distributed.destroy_process_group()
+
+
+def _shared_noise(processes: int, noise: str) -> None:
+    """Data-parallel ranks must add one shared draw (DESIGN.md rule 3): only the seeded generator,
+    identical on every rank, gives it; a CSPRNG would add a different draw on every rank."""
+    if processes > 1 and noise != "torch":
+        raise _validate.DpoptError(f"noise={noise!r} draws independently in every process; data-parallel runs "
+                                   f"({processes} processes) need noise='torch' (one draw from the shared seed)")
 
 
 def _train(args: argparse.Namespace) -> dict[str, Any] | None:
