@@ -94,18 +94,32 @@ def _torch_normals(like: Tensor, gen: torch.Generator) -> Tensor:
     return torch.randn(like.shape, generator=gen, dtype=like.dtype, device=like.device)
 
 
-def secure_normals(count: int) -> np.ndarray:
-    """``count`` i.i.d. N(0, 1) draws from the OS CSPRNG by the Box–Muller transform.
+def secure_uniforms(count: int) -> np.ndarray:
+    """``count`` i.i.d. uniforms on the open interval (0, 1) from the OS CSPRNG:
+    u = (k + ½)·2⁻⁵³ with k the top 53 bits of 8 ``os.urandom`` bytes (never 0 or 1)."""
+    bits = np.frombuffer(os.urandom(8 * count), dtype=np.uint64) >> np.uint64(11)
+    return (bits.astype(np.float64) + 0.5) * 2.0**-53
 
-    Uniforms u = (k + ½)·2⁻⁵³ with k the top 53 bits of 8 urandom bytes lie in (0, 1) (never 0,
-    so ln u is finite); for independent u₁, u₂, √(−2 ln u₁)·(cos 2πu₂, sin 2πu₂) are two
-    independent standard normals.
-    """
+
+def secure_normals(count: int) -> np.ndarray:
+    """``count`` i.i.d. N(0, 1) draws from the OS CSPRNG by the Box–Muller transform: for
+    independent uniforms u₁, u₂ on (0, 1) (so ln u₁ is finite), √(−2 ln u₁)·(cos 2πu₂, sin 2πu₂)
+    are two independent standard normals."""
     pairs = (count + 1) // 2
-    bits = np.frombuffer(os.urandom(16 * pairs), dtype=np.uint64) >> np.uint64(11)
-    uniform = (bits.astype(np.float64) + 0.5) * 2.0**-53
+    uniform = secure_uniforms(2 * pairs)
     radius, angle = np.sqrt(-2.0 * np.log(uniform[:pairs])), 2.0 * np.pi * uniform[pairs:]
     return np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:count]
+
+
+def uniforms(like: Tensor, gen: torch.Generator, noise: str = "torch") -> Tensor:
+    """Uniforms on (0, 1) shaped like ``like``, from the same source as ``noise``'s Gaussians
+    (for mechanisms other than the Gaussian, e.g. DP-AGD's Gumbel noise): ``gen`` for "torch"
+    (clamped away from 0), the OS CSPRNG otherwise."""
+    if noise == "torch":
+        draws = torch.rand(like.shape, generator=gen, dtype=like.dtype, device=like.device)
+        return draws.clamp(min=torch.finfo(like.dtype).tiny)
+    return torch.from_numpy(secure_uniforms(like.numel())).reshape(like.shape).to(dtype=like.dtype,
+                                                                                  device=like.device)
 
 
 def _secure_normals(like: Tensor, gen: torch.Generator) -> Tensor:

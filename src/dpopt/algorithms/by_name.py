@@ -26,10 +26,9 @@ def build(name: str, *, n: int, batch_size: int = 256, lr: float = 0.5, clip: fl
     first batch is twice it, capped at n); ``clip`` is C (DP-SGD, DP-SRM's C1, DP-AGD) or λ
     (AClip); ``clip_diff`` and ``gamma`` are DP-SRM's C2 and γ (γ is STORM's momentum);
     ``radius`` is AClip's constraint ball; ``obj_clip`` DP-AGD's clip of per-record losses; ``noise``
-    the noise source of every Gaussian release (:data:`dpopt.mechanisms.NOISES`; DP-AGD and STORM
-    take only the default)."""
+    the noise source of every release (:data:`dpopt.mechanisms.NOISES`; STORM has none)."""
     _validate.one_of("algorithm", name, NAMES)
-    if name in ("dp-agd", "storm"):
+    if name == "storm":
         _validate.one_of("noise", noise, ("torch",))
     if name in ("dp-sgd", "rrpsgd", "dp-srm", "storm", "aclip"):
         _validate.positive_int("batch_size", batch_size, maximum=n, maximum_name="n (training records)")
@@ -47,7 +46,7 @@ def build(name: str, *, n: int, batch_size: int = 256, lr: float = 0.5, clip: fl
         return Storm(lr=lr, momentum=gamma, batch_size0=first, batch_size=batch_size, sampling=sampling)
     if name == "aclip":
         return AClip(lr=lr, clip=clip, noise_multiplier=1.0, batch_size=batch_size, radius=radius, noise=noise)
-    return DPAGD(clip=clip, obj_clip=obj_clip, noise_multiplier=1.0)
+    return DPAGD(clip=clip, obj_clip=obj_clip, noise_multiplier=1.0, noise=noise)
 
 
 def steps_for_epochs(algorithm: Any, n: int, epochs: float) -> int:
