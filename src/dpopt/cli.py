@@ -1,4 +1,4 @@
-"""The ``dpopt`` command line: ``run | reproduce | account | calibrate | data``.
+"""The ``dpopt`` command line: ``run | reproduce | account | calibrate | audit | data``.
 
 Every command takes ``--json`` for machine-readable output on stdout. Invalid input prints one
 line, ``dpopt: error: <argument>=<value> must be …``, and exits with code 2; no traceback.
@@ -22,6 +22,7 @@ from .accounting import ACCOUNTANTS, RELATION_NAMES, calibrate, epsilon_of, solv
 from .algorithms.by_name import NAMES as ALGORITHMS
 from .algorithms.by_name import NON_PRIVATE
 from .algorithms.by_name import build as build_algorithm
+from .mechanisms import NOISES
 from .oracles import make as make_oracle
 from .train import run
 
@@ -109,6 +110,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     """Train here, in ``--nproc`` data-parallel processes, or as one rank of torchrun's group;
     rank 0's summary (None on the other ranks, which write and print nothing)."""
     nproc = _validate.positive_int("nproc", args.nproc)
+    _shared_noise(max(nproc, distributed.world_size()), args.noise)
     if nproc > 1 and distributed.world_size() == 1:
         return distributed.launch(_run, nproc, args)[0]
     created = distributed.init_from_env()
@@ -117,6 +119,14 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     finally:
         if created:
             torch.distributed.destroy_process_group()
+
+
+def _shared_noise(processes: int, noise: str) -> None:
+    """Data-parallel ranks must add one shared draw (DESIGN.md rule 3): only the seeded generator,
+    identical on every rank, gives it; a CSPRNG would add a different draw on every rank."""
+    if processes > 1 and noise != "torch":
+        raise _validate.DpoptError(f"noise={noise!r} draws independently in every process; data-parallel runs "
+                                   f"({processes} processes) need noise='torch' (one draw from the shared seed)")
 
 
 def _train(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -136,7 +146,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any] | None:
         oracle = distributed.Sharded(oracle)
     algorithm = build_algorithm(args.algorithm, n=oracle.n, batch_size=args.batch_size, lr=args.lr, clip=args.clip,
                                 clip_diff=args.clip_diff, gamma=args.gamma, sampling=args.sampling,
-                                obj_clip=args.obj_clip)
+                                obj_clip=args.obj_clip, noise=args.noise)
     if args.algorithm not in NON_PRIVATE:
         ratios = (_validate.positive("noise_ratio", args.noise_ratio), 1.0) if args.algorithm == "dp-srm" else None
         algorithm = calibrate(algorithm, epsilon=epsilon, delta=delta, n=oracle.n, steps=steps,
@@ -162,6 +172,23 @@ def _train(args: argparse.Namespace) -> dict[str, Any] | None:
                                            [r["grad_norm"] for r in history.records])}}, xlabel="data passes")
     return {k: payload[k] for k in ("algorithm", "dataset", "epsilon_target", "final", "delta", "accountant",
                                     "neighboring_relation", "steps_done", "stopped")} | {"out": str(out)}
+
+
+def _audit(args: argparse.Namespace) -> dict[str, Any]:
+    """Calibrate ``--algo`` to (--epsilon, --delta) on the canary world's n + 1 records, then audit it."""
+    from .audit import audit
+
+    _validate.one_of("algo", args.algo, ALGORITHMS)
+    epsilon = _validate.positive("epsilon", args.epsilon)
+    n = _validate.positive_int("dataset_size", args.dataset_size)
+    algorithm = build_algorithm(args.algo, n=n + 1, batch_size=args.batch_size, lr=args.lr, clip=args.clip,
+                                sampling=args.sampling, noise=args.noise)
+    if args.algo not in NON_PRIVATE:
+        algorithm = calibrate(algorithm, epsilon=epsilon, delta=_validate.open_unit("delta", args.delta), n=n + 1,
+                              steps=_validate.positive_int("steps", args.steps))
+    result = audit(algorithm, name=args.algo, steps=args.steps, dataset_size=n, runs=args.runs, delta=args.delta,
+                   confidence=args.confidence, seed=args.seed)
+    return result.to_dict()
 
 
 def _reproduce(args: argparse.Namespace) -> dict[str, Any]:
@@ -225,6 +252,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--gamma", type=float, default=0.01, help="DP-SRM/STORM momentum γ")
     sub.add_argument("--noise-ratio", type=float, default=1.0, help="DP-SRM's σ0/σ, fixed while calibrating")
     sub.add_argument("--obj-clip", type=float, default=1.0, help="DP-AGD's clip of per-record losses")
+    sub.add_argument("--noise", choices=NOISES, default="torch", help="noise source: the run's seeded generator, "
+                     "the OS CSPRNG (secure), or the exact discrete Gaussian (discrete; full-batch dp-gd only)")
     sub.add_argument("--accountant", choices=ACCOUNTANTS, default="pld")
     sub.add_argument("--seed", type=int, default=0)
     sub.add_argument("--max-epsilon", type=float, help="stop before a step that would exceed this ε")
@@ -233,6 +262,22 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--out", help="output directory (default results/run-<algorithm>-<dataset>)")
     sub.add_argument("--nproc", type=int, default=1, help="data-parallel processes (gloo on 127.0.0.1; the same "
                      "run as one process; under torchrun leave it at 1)")
+    common(sub)
+
+    sub = commands.add_parser("audit", help="empirical ε lower bound by the canary method (see dpopt.audit)")
+    sub.add_argument("--algo", required=True, help=f"one of: {', '.join(ALGORITHMS)}")
+    sub.add_argument("--epsilon", type=float, required=True, help="the claimed ε the algorithm is calibrated to")
+    sub.add_argument("--delta", type=float, default=1e-5)
+    sub.add_argument("--steps", type=int, default=10)
+    sub.add_argument("--dataset-size", type=int, default=99, help="background records (the canary is one more)")
+    sub.add_argument("--batch-size", type=int, default=10)
+    sub.add_argument("--sampling", choices=("poisson", "fixed"), default="poisson")
+    sub.add_argument("--lr", type=float, default=1.0)
+    sub.add_argument("--clip", type=float, default=1.0)
+    sub.add_argument("--noise", choices=NOISES, default="torch")
+    sub.add_argument("--runs", type=int, default=1000, help="runs on each of D and D plus the canary")
+    sub.add_argument("--confidence", type=float, default=0.95)
+    sub.add_argument("--seed", type=int, default=0)
     common(sub)
 
     sub = commands.add_parser("reproduce", help="reproduce a paper's experiment")
@@ -253,7 +298,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-HANDLERS = {"account": _account, "calibrate": _calibrate, "run": _run, "reproduce": _reproduce, "data": _data}
+HANDLERS = {"account": _account, "calibrate": _calibrate, "run": _run, "audit": _audit, "reproduce": _reproduce,
+            "data": _data}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -180,8 +180,11 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any) -> list[Any]:
 
     ``fn`` and ``args`` must be picklable (``fn`` a module-level function). Each process uses
     ``cpu_count // nproc`` torch threads (at least 1). A :class:`~dpopt._validate.DpoptError`
-    raised in a process is raised here with its message; any other failure stops every process
-    and raises ``torch.multiprocessing.ProcessRaisedException`` (or ``ProcessExitedException``).
+    raised in a process is raised here with its message; a process that dies (a signal, or an
+    exit without an exception) is noticed as soon as it exits (``mp.spawn`` polls its children
+    while the others wait in a collective), every other process is stopped, and a DpoptError
+    names the rank and the signal; any other failure stops every process and raises
+    ``torch.multiprocessing.ProcessRaisedException``.
     """
     positive_int("nproc", nproc)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 or dist.is_initialized():
@@ -195,7 +198,11 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any) -> list[Any]:
         try:
             spawn_log.setLevel(logging.ERROR)
             mp.spawn(_worker, (fn, args, nproc, store.port, tmp), nprocs=nproc)
-        except (mp.ProcessRaisedException, mp.ProcessExitedException):
+        except mp.ProcessExitedException as err:  # killed, or exited without a Python exception
+            cause = f"signal {err.signal_name}" if err.signal_name else f"exit code {err.exit_code}"
+            raise DpoptError(f"rank {err.error_index} died ({cause}); the other ranks were stopped; "
+                             "completed checkpoints are intact") from None
+        except mp.ProcessRaisedException:
             errors = sorted(Path(tmp).glob("error-*.txt"))
             if errors:
                 raise DpoptError(errors[0].read_text()) from None

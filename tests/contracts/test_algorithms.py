@@ -400,11 +400,11 @@ BAD_VALUES: dict[str, list[tuple[str, Any]]] = {
     "dpsgd-poisson": [("lr", 0.0), ("lr", -1.0), ("lr", INF), ("lr", math.nan), ("clip", 0.0), ("clip", -2.0),
                       ("clip", math.nan), ("noise_multiplier", -0.5), ("noise_multiplier", INF),
                       ("batch_size", 0), ("batch_size", 2.5), ("batch_size", True), ("sampling", "shuffle"),
-                      ("output_rule", "best")],
+                      ("output_rule", "best"), ("noise", "fast"), ("noise", "discrete")],
     "dpsrm-poisson": [("lr", 0.0), ("clip", -1.0), ("clip_diff", 0.0), ("gamma", 0.0), ("gamma", 1.5),
                       ("noise_multiplier0", -1.0), ("noise_multiplier", -1.0), ("batch_size0", 0),
                       ("batch_size", 0), ("sampling", "full"), ("step_rule", "adam"), ("zeta", 0.0),
-                      ("n0", -1.0), ("smoothness", 0.0), ("output_rule", "best")],
+                      ("n0", -1.0), ("smoothness", 0.0), ("output_rule", "best"), ("noise", "discrete")],
     "storm": [("lr", 0.0), ("momentum", 0.0), ("momentum", 1.5), ("batch_size0", 0), ("batch_size", -3),
               ("sampling", "full"), ("step_rule", "adam"), ("k", 0.0), ("w", -1.0), ("c", 0.0)],
     "dpagd": [("noise_multiplier", -1.0), ("clip", 0.0), ("obj_clip", -1.0), ("clip", INF), ("obj_clip", INF),
@@ -413,7 +413,7 @@ BAD_VALUES: dict[str, list[tuple[str, Any]]] = {
 }
 BAD_VALUES["aclip"] = [("lr", 0.0), ("lr", math.nan), ("clip", 0.0), ("clip", -1.0), ("noise_multiplier", -1.0),
                        ("noise_multiplier", INF), ("batch_size", 0), ("batch_size", 1.5), ("radius", 0.0),
-                       ("radius", -1.0)]
+                       ("radius", -1.0), ("noise", "discrete")]
 BAD_VALUES["aclip-restarted"] = [("noise_multiplier", -1.0), ("radius", 0.0), ("stages", ()), ("stages", (1, 2))]
 BAD_VALUES["dpsgd-fixed"] = BAD_VALUES["dpsgd-poisson"]
 BAD_VALUES["dpsrm-fixed"] = BAD_VALUES["dpsrm-poisson"]

@@ -8,7 +8,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .. import _validate
+from .. import _validate, mechanisms
 from ..sampling import Sampler
 
 OUTPUT_RULES = ("last", "uniform")
@@ -48,3 +48,12 @@ def output_track(out: Output, t: int, theta: Tensor) -> Output:
 
 def output_value(out: Output, theta_last: Tensor) -> Tensor:
     return theta_last if out.pick < 0 else out.chosen
+
+
+def check_noise(noise: str, sampling: str) -> None:
+    """``noise`` must be one of :data:`mechanisms.NOISES`; discrete noise only without sampling
+    (``sampling="full"``): its zCDP event has no amplification-by-sampling bound in dp_accounting."""
+    _validate.one_of("noise", noise, mechanisms.NOISES)
+    if noise == "discrete" and sampling != "full":
+        raise _validate.DpoptError(f"noise='discrete' needs sampling='full', not sampling={sampling!r}: the discrete "
+                                   "Gaussian is accounted as zCDP, which dp_accounting cannot amplify by sampling")

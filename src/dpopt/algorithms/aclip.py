@@ -36,7 +36,7 @@ from torch import Tensor
 
 from .. import _validate, accounting, clipping, mechanisms, sampling
 from ..oracles import Oracle
-from ._common import Batch
+from ._common import Batch, check_noise
 
 
 @dataclass(frozen=True)
@@ -71,11 +71,11 @@ def _project(theta: Tensor, radius: float) -> Tensor:
 
 
 def _aclip_step(state: AClipState, batch: Batch, oracle: Oracle, gen: torch.Generator, *, lr: float, clip: float,
-                noise_multiplier: float, radius: float) -> tuple[AClipState, dpa.DpEvent]:
+                noise_multiplier: float, radius: float, noise: str) -> tuple[AClipState, dpa.DpEvent]:
     """One AClipped-dpSGD step with step size ``lr`` and clip ``clip`` (the mechanism shared by
     both variants)."""
     mean = oracle.gradient_sum(state.theta, batch.indices) / batch.sampler.expected_size
-    noised, event = mechanisms.gaussian(clipping.clip_aggregate(mean, clip), noise_multiplier, gen)
+    noised, event = mechanisms.gaussian(clipping.clip_aggregate(mean, clip), noise_multiplier, gen, noise)
     theta = _project(state.theta.add(noised, alpha=-lr), radius)
     return AClipState(theta, state.iterate_sum + theta, state.count + 1), batch.sampler.wrap(event)
 
@@ -91,14 +91,16 @@ def _average(state: AClipState) -> Tensor:
 @dataclass(frozen=True)
 class AClip:
     """AClipped-dpSGD. Keyword-only: ``lr`` (γ), ``clip`` (λ), ``noise_multiplier`` (z = σ̂/(2λ)),
-    ``batch_size`` (m, the expected Poisson batch size and the divisor of the batch sum) and
-    ``radius`` (R of the constraint ball; ∞ for the unconstrained variant)."""
+    ``batch_size`` (m, the expected Poisson batch size and the divisor of the batch sum),
+    ``radius`` (R of the constraint ball; ∞ for the unconstrained variant) and ``noise`` (the noise
+    source, :data:`dpopt.mechanisms.NOISES`; not "discrete": the batches are sampled)."""
 
     lr: float
     clip: float
     noise_multiplier: float
     batch_size: int = 1
     radius: float = math.inf
+    noise: str = "torch"
 
     NOISE_FIELDS = ("noise_multiplier",)
     noise_ratios = (1.0,)
@@ -106,6 +108,7 @@ class AClip:
     def __post_init__(self) -> None:
         _validate.non_negative("noise_multiplier", self.noise_multiplier)
         _validate.positive("radius", self.radius, allow_inf=True)
+        check_noise(self.noise, "poisson")
         Stage(1, self.batch_size, self.clip, self.lr)  # validates lr, clip and batch_size
 
     def relation(self) -> dpa.NeighboringRelation:
@@ -120,7 +123,7 @@ class AClip:
     def step(self, state: AClipState, batch: Batch, oracle: Oracle,
              gen: torch.Generator) -> tuple[AClipState, dpa.DpEvent]:
         return _aclip_step(state, batch, oracle, gen, lr=self.lr, clip=self.clip,
-                           noise_multiplier=self.noise_multiplier, radius=self.radius)
+                           noise_multiplier=self.noise_multiplier, radius=self.radius, noise=self.noise)
 
     def output(self, state: AClipState) -> Tensor:
         return _average(state)
@@ -130,18 +133,19 @@ class AClip:
         return _average(state)
 
     def planned_event(self, n: int, steps: int) -> dpa.DpEvent:
-        step = self.sampler(0, n).wrap(dpa.GaussianDpEvent(self.noise_multiplier))
+        step = self.sampler(0, n).wrap(mechanisms.noise_event(self.noise_multiplier, self.noise))
         return dpa.SelfComposedDpEvent(step, steps)
 
 
 @dataclass(frozen=True)
 class RestartedAClip:
     """R-AClipped-dpSGD: ``stages`` (a tuple of :class:`Stage`), one ``noise_multiplier`` for
-    all of them, and ``radius``. A run must have exactly Σ_s N_s steps."""
+    all of them, ``radius`` and ``noise``. A run must have exactly Σ_s N_s steps."""
 
     stages: tuple[Stage, ...]
     noise_multiplier: float
     radius: float = math.inf
+    noise: str = "torch"
 
     NOISE_FIELDS = ("noise_multiplier",)
     noise_ratios = (1.0,)
@@ -151,6 +155,7 @@ class RestartedAClip:
             raise _validate.DpoptError(f"stages={self.stages!r} must be a non-empty tuple of Stage")
         _validate.non_negative("noise_multiplier", self.noise_multiplier)
         _validate.positive("radius", self.radius, allow_inf=True)
+        check_noise(self.noise, "poisson")
 
     @property
     def total_steps(self) -> int:
@@ -180,7 +185,7 @@ class RestartedAClip:
              gen: torch.Generator) -> tuple[AClipState, dpa.DpEvent]:
         stage, last = self._stage_of(batch.t)
         state, event = _aclip_step(state, batch, oracle, gen, lr=stage.lr, clip=stage.clip,
-                                   noise_multiplier=self.noise_multiplier, radius=self.radius)
+                                   noise_multiplier=self.noise_multiplier, radius=self.radius, noise=self.noise)
         if last and batch.t + 1 < self.total_steps:  # restart from this stage's average
             state = _start(_average(state))
         return state, event
@@ -195,7 +200,7 @@ class RestartedAClip:
     def planned_event(self, n: int, steps: int) -> dpa.DpEvent:
         if steps != self.total_steps:
             raise _validate.DpoptError(f"steps={steps} must equal the stages' total, {self.total_steps}")
-        gaussian = dpa.GaussianDpEvent(self.noise_multiplier)
+        gaussian = mechanisms.noise_event(self.noise_multiplier, self.noise)
         return dpa.ComposedDpEvent([
             dpa.SelfComposedDpEvent(sampling.make("poisson", n, stage.batch_size).wrap(gaussian), stage.steps)
             for stage in self.stages])

@@ -21,29 +21,32 @@ NON_PRIVATE = ("storm",)
 
 def build(name: str, *, n: int, batch_size: int = 256, lr: float = 0.5, clip: float = 1.0,
           clip_diff: float = 0.01, gamma: float = 0.01, sampling: str = "poisson", obj_clip: float = 1.0,
-          radius: float = math.inf) -> Any:
+          radius: float = math.inf, noise: str = "torch") -> Any:
     """Algorithm ``name`` for n records. ``batch_size`` is the expected batch (DP-SRM's and STORM's
     first batch is twice it, capped at n); ``clip`` is C (DP-SGD, DP-SRM's C1, DP-AGD) or λ
     (AClip); ``clip_diff`` and ``gamma`` are DP-SRM's C2 and γ (γ is STORM's momentum);
-    ``radius`` is AClip's constraint ball; ``obj_clip`` DP-AGD's clip of per-record losses."""
+    ``radius`` is AClip's constraint ball; ``obj_clip`` DP-AGD's clip of per-record losses; ``noise``
+    the noise source of every release (:data:`dpopt.mechanisms.NOISES`; STORM has none)."""
     _validate.one_of("algorithm", name, NAMES)
+    if name == "storm":
+        _validate.one_of("noise", noise, ("torch",))
     if name in ("dp-sgd", "rrpsgd", "dp-srm", "storm", "aclip"):
         _validate.positive_int("batch_size", batch_size, maximum=n, maximum_name="n (training records)")
     first = min(n, 2 * batch_size)
     if name == "dp-sgd":
-        return DPSGD(lr=lr, clip=clip, noise_multiplier=1.0, batch_size=batch_size, sampling=sampling)
+        return DPSGD(lr=lr, clip=clip, noise_multiplier=1.0, batch_size=batch_size, sampling=sampling, noise=noise)
     if name == "rrpsgd":
-        return rrpsgd(lr=lr, clip=clip, noise_multiplier=1.0, batch_size=batch_size, sampling=sampling)
+        return rrpsgd(lr=lr, clip=clip, noise_multiplier=1.0, batch_size=batch_size, sampling=sampling, noise=noise)
     if name == "dp-gd":
-        return dp_gd(lr=lr, clip=clip, noise_multiplier=1.0)
+        return dp_gd(lr=lr, clip=clip, noise_multiplier=1.0, noise=noise)
     if name == "dp-srm":
         return DPSRM(lr=lr, clip=clip, clip_diff=clip_diff, gamma=gamma, noise_multiplier0=1.0, noise_multiplier=1.0,
-                     batch_size0=first, batch_size=batch_size, sampling=sampling)
+                     batch_size0=first, batch_size=batch_size, sampling=sampling, noise=noise)
     if name == "storm":
         return Storm(lr=lr, momentum=gamma, batch_size0=first, batch_size=batch_size, sampling=sampling)
     if name == "aclip":
-        return AClip(lr=lr, clip=clip, noise_multiplier=1.0, batch_size=batch_size, radius=radius)
-    return DPAGD(clip=clip, obj_clip=obj_clip, noise_multiplier=1.0)
+        return AClip(lr=lr, clip=clip, noise_multiplier=1.0, batch_size=batch_size, radius=radius, noise=noise)
+    return DPAGD(clip=clip, obj_clip=obj_clip, noise_multiplier=1.0, noise=noise)
 
 
 def steps_for_epochs(algorithm: Any, n: int, epochs: float) -> int:

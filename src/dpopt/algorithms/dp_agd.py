@@ -81,7 +81,7 @@ from torch import Tensor
 
 from .. import _validate, clipping, mechanisms, sampling
 from ..oracles import Oracle
-from ._common import Batch
+from ._common import Batch, check_noise
 
 
 class DPAGDState(NamedTuple):
@@ -99,7 +99,9 @@ class DPAGD:
     non-private), gradient clip ``clip`` (C_grad), loss clip ``obj_clip`` (C_obj), initial
     budget fractions ``grad_fraction`` (ρ_ng/ρ) and ``select_fraction`` (ρ_nmax/ρ), budget
     growth ``gamma`` (γ), step sizes ``max_step`` (initial α_max) and ``num_candidates`` (m
-    nonzero candidates), and Φ's update every ``adapt_every`` iterations by ``step_growth``."""
+    nonzero candidates), Φ's update every ``adapt_every`` iterations by ``step_growth``, and
+    ``noise``, the source of the Gaussian and the Gumbel noise (:data:`dpopt.mechanisms.NOISES`;
+    "discrete" makes the Gaussian releases discrete, the Gumbel noise comes from the CSPRNG)."""
 
     noise_multiplier: float
     clip: float
@@ -111,6 +113,7 @@ class DPAGD:
     num_candidates: int = 20
     adapt_every: int = 10
     step_growth: float = 0.1
+    noise: str = "torch"
 
     NOISE_FIELDS = ("noise_multiplier",)
     noise_ratios = (1.0,)
@@ -135,6 +138,7 @@ class DPAGD:
         _validate.positive_int("num_candidates", self.num_candidates)
         _validate.positive_int("adapt_every", self.adapt_every)
         _validate.non_negative("step_growth", self.step_growth)
+        check_noise(self.noise, "full")
 
     @property
     def private(self) -> bool:
@@ -198,10 +202,9 @@ class DPAGD:
                   events: list[dpa.DpEvent]) -> Tensor:
         """The Gaussian mechanism at zCDP budget ρ (multiplier 1/√(2ρ)); records ZCDpEvent(ρ)."""
         z = 1 / math.sqrt(2 * rho) if self.private else 0.0
-        noised, event = mechanisms.gaussian(clipped, z, gen)
+        noised, event = mechanisms.gaussian(clipped, z, gen, self.noise)
         if self.private:
-            assert isinstance(event, dpa.GaussianDpEvent) and math.isclose(
-                1 / (2 * event.noise_multiplier**2), rho, rel_tol=1e-9), event
+            assert event == mechanisms.noise_event(z, self.noise) and math.isclose(1 / (2 * z**2), rho, rel_tol=1e-9)
             events.append(dpa.ZCDpEvent(rho))
         return noised
 
@@ -211,8 +214,7 @@ class DPAGD:
         if not self.private:
             return int(torch.argmin(scores))
         scale = self.obj_clip / math.sqrt(2 * rho)
-        uniform = torch.rand(scores.shape, generator=gen, dtype=scores.dtype)
-        uniform = uniform.clamp(min=torch.finfo(scores.dtype).tiny)
+        uniform = mechanisms.uniforms(scores, gen, self.noise)
         gumbel = -torch.log(-torch.log(uniform))
         events.append(dpa.ZCDpEvent(rho))
         return int(torch.argmax(-scores + scale * gumbel))

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from .. import _validate, clipping, mechanisms, sampling
 from ..oracles import Oracle
-from ._common import OUTPUT_RULES, Batch, Output, output_init, output_track, output_value
+from ._common import OUTPUT_RULES, Batch, Output, check_noise, output_init, output_track, output_value
 
 
 class DPSGDState(NamedTuple):
@@ -37,7 +37,8 @@ class DPSGDState(NamedTuple):
 class DPSGD:
     """Keyword-only hyper-parameters: step size ``lr`` (η), clip norm ``clip`` (C),
     ``noise_multiplier`` (z), ``batch_size`` (b, expected size under Poisson), ``sampling``
-    ("poisson", "fixed" or "full") and ``output_rule`` ("last" or "uniform")."""
+    ("poisson", "fixed" or "full"), ``output_rule`` ("last" or "uniform") and ``noise`` (the
+    noise source, :data:`dpopt.mechanisms.NOISES`)."""
 
     lr: float
     clip: float
@@ -45,6 +46,7 @@ class DPSGD:
     batch_size: int = 1
     sampling: str = "poisson"
     output_rule: str = "last"
+    noise: str = "torch"
 
     NOISE_FIELDS = ("noise_multiplier",)
     noise_ratios = (1.0,)
@@ -56,6 +58,7 @@ class DPSGD:
         _validate.positive_int("batch_size", self.batch_size)
         _validate.one_of("sampling", self.sampling, sampling.SAMPLINGS)
         _validate.one_of("output_rule", self.output_rule, OUTPUT_RULES)
+        check_noise(self.noise, self.sampling)
 
     def relation(self) -> dpa.NeighboringRelation:
         return sampling.relation(self.sampling)
@@ -70,7 +73,7 @@ class DPSGD:
              gen: torch.Generator) -> tuple[DPSGDState, dpa.DpEvent]:
         rows = oracle.per_record(state.theta, batch.indices)
         clipped, _ = clipping.clip_sum([clipping.Term(1.0, rows, self.clip)], batch.sampler.relation)
-        noised, event = mechanisms.gaussian(clipped, self.noise_multiplier, gen)
+        noised, event = mechanisms.gaussian(clipped, self.noise_multiplier, gen, self.noise)
         out = output_track(state.out, batch.t, state.theta)
         theta = state.theta.add(noised, alpha=-self.lr / batch.sampler.expected_size)
         return DPSGDState(theta, out), batch.sampler.wrap(event)
@@ -79,10 +82,11 @@ class DPSGD:
         return output_value(state.out, state.theta)
 
     def planned_event(self, n: int, steps: int) -> dpa.DpEvent:
-        step = self.sampler(0, n).wrap(dpa.GaussianDpEvent(self.noise_multiplier))
+        step = self.sampler(0, n).wrap(mechanisms.noise_event(self.noise_multiplier, self.noise))
         return dpa.SelfComposedDpEvent(step, steps)
 
 
-def dp_gd(*, lr: float, clip: float, noise_multiplier: float, output_rule: str = "last") -> DPSGD:
+def dp_gd(*, lr: float, clip: float, noise_multiplier: float, output_rule: str = "last", noise: str = "torch") -> DPSGD:
     """DP-GD: DP-SGD on the full batch every step (replace-one adjacency)."""
-    return DPSGD(lr=lr, clip=clip, noise_multiplier=noise_multiplier, sampling="full", output_rule=output_rule)
+    return DPSGD(lr=lr, clip=clip, noise_multiplier=noise_multiplier, sampling="full", output_rule=output_rule,
+                 noise=noise)

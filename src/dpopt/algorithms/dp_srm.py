@@ -29,7 +29,7 @@ from torch import Tensor
 
 from .. import _validate, clipping, mechanisms, sampling
 from ..oracles import Oracle
-from ._common import OUTPUT_RULES, Batch, Output, output_init, output_track, output_value
+from ._common import OUTPUT_RULES, Batch, Output, check_noise, output_init, output_track, output_value
 
 STEP_RULES = ("plain", "normalized")
 
@@ -46,7 +46,8 @@ class DPSRM:
     """Hyper-parameters (keyword-only): ``lr`` (η), ``clip`` (C1), ``clip_diff`` (C2),
     ``gamma`` (γ, the paper sets γ = C2), ``noise_multiplier0`` (σ0), ``noise_multiplier``
     (σ), ``batch_size0`` (b0), ``batch_size`` (b), ``sampling``, ``step_rule`` ("plain" or
-    "normalized" with ``zeta``, ``n0``, ``smoothness`` = L) and ``output_rule``."""
+    "normalized" with ``zeta``, ``n0``, ``smoothness`` = L), ``output_rule`` and ``noise`` (the noise
+    source, :data:`dpopt.mechanisms.NOISES`; not "discrete": the batches are sampled)."""
 
     lr: float
     clip: float
@@ -62,6 +63,7 @@ class DPSRM:
     n0: float = 1.0
     smoothness: float = 1.0
     output_rule: str = "last"
+    noise: str = "torch"
 
     NOISE_FIELDS = ("noise_multiplier0", "noise_multiplier")
     noise_ratios = (1.0, 1.0)
@@ -80,6 +82,7 @@ class DPSRM:
         for name in ("zeta", "n0", "smoothness"):
             _validate.positive(name, getattr(self, name))
         _validate.one_of("output_rule", self.output_rule, OUTPUT_RULES)
+        check_noise(self.noise, self.sampling)
 
     def relation(self) -> dpa.NeighboringRelation:
         return sampling.relation(self.sampling)
@@ -102,7 +105,7 @@ class DPSRM:
             terms = [clipping.Term(self.gamma, grads, self.clip), clipping.Term(1 - self.gamma, diffs, self.clip_diff)]
             noise, carried = self.noise_multiplier, (1 - self.gamma) * state.momentum
         clipped, _ = clipping.clip_sum(terms, batch.sampler.relation)
-        noised, event = mechanisms.gaussian(clipped, noise, gen)
+        noised, event = mechanisms.gaussian(clipped, noise, gen, self.noise)
         momentum = noised / batch.sampler.expected_size + carried
         out = output_track(state.out, batch.t, state.theta)
         theta = state.theta - self._step_size(momentum) * momentum
@@ -119,6 +122,6 @@ class DPSRM:
         return output_value(state.out, state.theta)
 
     def planned_event(self, n: int, steps: int) -> dpa.DpEvent:
-        first = self.sampler(0, n).wrap(dpa.GaussianDpEvent(self.noise_multiplier0))
-        rest = self.sampler(1, n).wrap(dpa.GaussianDpEvent(self.noise_multiplier))
+        first = self.sampler(0, n).wrap(mechanisms.noise_event(self.noise_multiplier0, self.noise))
+        rest = self.sampler(1, n).wrap(mechanisms.noise_event(self.noise_multiplier, self.noise))
         return dpa.ComposedDpEvent([first, dpa.SelfComposedDpEvent(rest, steps - 1)])

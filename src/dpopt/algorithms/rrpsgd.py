@@ -11,7 +11,7 @@ from .dp_sgd import DPSGD
 
 
 def rrpsgd(*, lr: float, clip: float, noise_multiplier: float, batch_size: int,
-           sampling: str = "poisson") -> DPSGD:
+           sampling: str = "poisson", noise: str = "torch") -> DPSGD:
     """DP-SGD with ``output_rule="uniform"``."""
     return DPSGD(lr=lr, clip=clip, noise_multiplier=noise_multiplier, batch_size=batch_size,
-                 sampling=sampling, output_rule="uniform")
+                 sampling=sampling, output_rule="uniform", noise=noise)

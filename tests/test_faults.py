@@ -1,0 +1,158 @@
+"""Faults: SIGKILL inside checkpoint writes, a full disk, a read-only output directory, a dead
+data-parallel process. Nothing written is ever corrupt, a resumed run is the uninterrupted run
+(same ledger, same θ), and failures are clear errors within a bounded time."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import dpopt
+from dpopt import _validate, checkpoint, distributed
+from dpopt.accounting import Ledger
+
+STEPS, EVERY = 30, 3
+
+#: The run every test interrupts, as source for a child process and for this one.
+PROBLEM = """
+import torch, dpopt
+gen = torch.Generator().manual_seed(0)
+X = torch.randn(200, 4, generator=gen, dtype=torch.float64)
+oracle = dpopt.oracles.Logistic(X, torch.where(X[:, 0] > 0, 1.0, -1.0))
+algo = dpopt.DPSGD(lr=0.5, clip=1.0, noise_multiplier=1.0, batch_size=20)
+"""
+
+
+def problem() -> tuple[dpopt.DPSGD, dpopt.oracles.Logistic]:
+    scope: dict = {}
+    exec(PROBLEM, scope)  # the same definition the child processes run
+    return scope["algo"], scope["oracle"]
+
+
+def run(path: Path | None = None) -> dpopt.History:
+    algo, oracle = problem()
+    return dpopt.run(algo, oracle, steps=STEPS, seed=7, log_every=1, checkpoint_path=path, checkpoint_every=EVERY)
+
+
+def assert_same_run(got: dpopt.History, want: dpopt.History) -> None:
+    assert torch.equal(got.theta, want.theta)
+    assert [r["epsilon"] for r in got.records] == [r["epsilon"] for r in want.records]
+    assert [r["objective"] for r in got.records] == [r["objective"] for r in want.records]
+
+
+# ------------------------------------------------------------- SIGKILL inside checkpoint writes
+
+#: Kill points inside checkpoint.write_bytes: the k-th call of a file-system function. fsync is
+#: called twice per checkpoint (the temporary file, then the directory, after the rename), so odd
+#: k die before a rename (a whole temporary file is left), even k right after one; the fdopen kill
+#: leaves a torn temporary file.
+KILLS = [("fsync", 1), ("fsync", 4), ("fdopen", 3)]
+
+
+@pytest.mark.parametrize(("function", "call"), KILLS)
+def test_sigkill_inside_a_checkpoint_write_then_resume(tmp_path, function, call):
+    path = tmp_path / "ckpt.pt"
+    child = PROBLEM + f"""
+import os, signal
+from dpopt import checkpoint
+real, calls = getattr(os, {function!r}), []
+def dying(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == {call}:
+        if {function!r} == "fdopen":  # die half-way through writing the temporary file's bytes
+            handle = real(*args, **kwargs)
+            handle.write(b"partial")
+            handle.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(*args, **kwargs)
+setattr(checkpoint.os, {function!r}, dying)
+dpopt.run(algo, oracle, steps={STEPS}, seed=7, log_every=1, checkpoint_path={str(path)!r}, checkpoint_every={EVERY})
+"""
+    killed = subprocess.run([sys.executable, "-c", child], capture_output=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()
+    if path.exists():  # what the reader sees is a whole checkpoint, never a torn one
+        saved = checkpoint.load(path)
+        assert 0 < saved["step"] < STEPS and saved["step"] % EVERY == 0
+        assert Ledger.from_state(saved["ledger"]).steps == saved["step"]
+    resumed = run(path)
+    assert_same_run(resumed, run())
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+# ------------------------------------------------------------------- full disk, read-only directory
+
+
+def test_a_full_disk_is_a_clear_error_and_loses_nothing(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt.pt"
+    real, calls = os.fsync, []
+
+    def full(fd: int) -> None:
+        calls.append(1)
+        if len(calls) == 5:  # the third checkpoint's temporary file (calls 1-2, 3-4: two checkpoints)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd)
+
+    monkeypatch.setattr(checkpoint.os, "fsync", full)
+    with pytest.raises(_validate.DpoptError, match=r"could not write .*ckpt.pt.*: No space left on device; "
+                                                   r"nothing was replaced"):
+        run(path)
+    monkeypatch.setattr(checkpoint.os, "fsync", real)
+    assert checkpoint.load(path)["step"] == 2 * EVERY  # the last good checkpoint is intact
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert_same_run(run(path), run())  # space freed: the run resumes to the uninterrupted result
+
+
+def test_a_read_only_output_directory_is_a_clear_error(tmp_path, monkeypatch):
+    """As root, permissions do not stop writes; the directory refuses them as a read-only mount does."""
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(checkpoint.tempfile, "mkstemp", read_only)
+    with pytest.raises(_validate.DpoptError, match=r"out='.*' must be a writable directory \(Read-only file system\)"):
+        run(tmp_path / "ckpt.pt")
+    assert list(tmp_path.iterdir()) == []
+
+
+# ----------------------------------------------------------------- a dead data-parallel process
+
+
+def _dying_rank(victim: int) -> None:
+    """Train on 2 ranks; rank ``victim`` is SIGKILLed at step 5 (mid-run, between collectives)."""
+    algo, oracle = problem()
+    sharded = distributed.Sharded(oracle)
+    calls = []
+    per_record = sharded.per_record
+
+    def dying(theta, indices):
+        calls.append(1)
+        if len(calls) == 5 and distributed.rank() == victim:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return per_record(theta, indices)
+
+    sharded.per_record = dying
+    dpopt.run(algo, sharded, steps=STEPS, seed=7)
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_a_dead_process_stops_the_run_within_a_timeout(victim):
+    start = time.monotonic()
+    with pytest.raises(_validate.DpoptError, match=f"rank {victim} died .*signal SIGKILL"):
+        distributed.launch(_dying_rank, 2, victim)
+    assert time.monotonic() - start < 60
+
+
+def test_data_parallel_runs_refuse_per_process_noise(capsys):
+    from dpopt.cli import main
+
+    assert main(["run", "--algorithm", "dp-gd", "--epsilon", "1", "--nproc", "2", "--noise", "secure"]) == 2
+    assert capsys.readouterr().err == ("dpopt: error: noise='secure' draws independently in every process; "
+                                       "data-parallel runs (2 processes) need noise='torch' (one draw from the "
+                                       "shared seed)\n")
