@@ -11,7 +11,6 @@ never decreases with steps, nor across a resume.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
