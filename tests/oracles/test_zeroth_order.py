@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from dpopt.oracles import Ridge, TorchModel, TruncatedAbsolute
+from dpopt.oracles import NonconvexLogistic, Ridge, TorchModel, TruncatedAbsolute
 from dpopt.oracles import zeroth_order as zo
 
 
@@ -18,9 +18,12 @@ def data(n: int = 30, d: int = 6, seed: int = 0) -> tuple[torch.Tensor, torch.Te
     return torch.randn(n, d, generator=gen, dtype=torch.float64), torch.randn(n, generator=gen, dtype=torch.float64)
 
 
-def test_vectorised_estimator_equals_the_per_record_loop():
+@pytest.mark.parametrize("kind", ["truncated-absolute", "nonconvex-logistic"])
+def test_vectorised_estimator_equals_the_per_record_loop(kind):
+    """Also with a regulariser (evaluated at each record's own points)."""
     X, y = data()
-    oracle = TruncatedAbsolute(X, y, cap=1.5)
+    oracle = (TruncatedAbsolute(X, y, cap=1.5) if kind == "truncated-absolute"
+              else NonconvexLogistic(X, torch.where(y > 0, 1.0, -1.0).double(), reg=0.3))
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(6, generator=gen, dtype=torch.float64)
     indices = torch.tensor([3, 0, 17, 29])
@@ -41,6 +44,11 @@ def test_torch_model_losses_and_gradients_at_per_record_points_match_the_glm():
     indices = torch.arange(7) * 4
     assert torch.allclose(torch_oracle.losses_at(points, indices), glm.losses_at(points, indices), atol=1e-12)
     assert torch.allclose(torch_oracle.gradients_at(points, indices), glm.gradients_at(points, indices), atol=1e-12)
+    regularised = NonconvexLogistic(X, torch.where(y > 0, 1.0, -1.0).double(), reg=0.3)
+    for i, k in ((0, 0), (6, 3)):
+        leaf = points[i, k].clone().requires_grad_(True)
+        (want,) = torch.autograd.grad(regularised.loss(leaf, indices[i : i + 1]), leaf)
+        assert torch.allclose(regularised.gradients_at(points, indices)[i, k], want, atol=1e-12)
 
 
 def test_directions_are_unit_and_isotropic():

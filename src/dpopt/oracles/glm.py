@@ -155,15 +155,17 @@ class GLM:
         K points ``points [B, K, d]`` (the zeroth-order oracle's queries)."""
         A, y, _ = self._rows(indices)
         values = self._value(torch.einsum("bd,bkd->bk", A, points), y[:, None])
-        return values + torch.vmap(torch.vmap(self.regulariser))(points) if self.reg else values
+        if self._regulariser_gradient(points[0, 0]) is None:  # no regulariser
+            return values
+        return values + torch.vmap(torch.vmap(self.regulariser))(points)
 
     def gradients_at(self, points: Tensor, indices: Tensor) -> Tensor:
         """``[B, K, d]``: ∇f_i(θ_ik) of record i at its own K points ``points [B, K, d]``."""
         A, y, _ = self._rows(indices)
         grads = self._slope(torch.einsum("bd,bkd->bk", A, points), y[:, None])[:, :, None] * A[:, None, :]
-        if self.reg:
-            grads = grads + torch.vmap(torch.vmap(self._regulariser_gradient))(points)
-        return grads
+        if self._regulariser_gradient(points[0, 0]) is None:
+            return grads
+        return grads + torch.vmap(torch.vmap(self._regulariser_gradient))(points)
 
     def loss(self, theta: Tensor, indices: Tensor | None = None) -> Tensor:
         """F(θ) = mean_i φ(⟨a_i, θ⟩; y_i) + r(θ) over ``indices`` (default all records)."""
