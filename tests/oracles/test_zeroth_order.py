@@ -19,7 +19,7 @@ def data(n: int = 30, d: int = 6, seed: int = 0) -> tuple[torch.Tensor, torch.Te
 
 
 @pytest.mark.parametrize("kind", ["truncated-absolute", "nonconvex-logistic"])
-def test_vectorised_estimator_equals_the_per_record_loop(kind):
+def test_vectorised_estimator_equals_the_per_record_loop(kind, monkeypatch):
     """Also with a regulariser (evaluated at each record's own points)."""
     X, y = data()
     oracle = (TruncatedAbsolute(X, y, cap=1.5) if kind == "truncated-absolute"
@@ -31,6 +31,8 @@ def test_vectorised_estimator_equals_the_per_record_loop(kind):
     got = zo.two_point(oracle, x, indices, directions, 0.1)
     want = zo.two_point_loop(oracle, x, indices, directions, 0.1)
     assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+    monkeypatch.setattr(zo, "CHUNK", 2 * 5 * 6 * 3)  # three records per chunk: the same estimates
+    assert torch.allclose(zo.two_point(oracle, x, indices, directions, 0.1), got, rtol=0, atol=1e-15)
 
 
 def test_torch_model_losses_and_gradients_at_per_record_points_match_the_glm():

@@ -34,14 +34,24 @@ def ball(gen: torch.Generator, records: int, count: int, dim: int, radius: float
     return sphere(gen, records, count, dim, dtype) * scale
 
 
+#: Query points evaluated at once (records × 2m × d entries), bounding memory, not changing results.
+CHUNK = 1 << 23
+
+
 def two_point(oracle: Oracle, x: Tensor, indices: Tensor, directions: Tensor, alpha: float) -> Tensor:
     """``[B, d]``: the estimator (4) of each record ``indices[i]`` at x, with its m directions
-    ``directions[i] [m, d]`` (unit vectors) and smoothing radius ``alpha``."""
+    ``directions[i] [m, d]`` (unit vectors) and smoothing radius ``alpha`` (records in chunks of
+    at most :data:`CHUNK` query entries)."""
     records, m, dim = directions.shape
-    points = torch.cat([x + alpha * directions, x - alpha * directions], dim=1)  # [B, 2m, d]
-    values = oracle.losses_at(points, indices)
-    weights = (values[:, :m] - values[:, m:]).mul_(dim / (2 * alpha * m))    # [B, m]
-    return torch.einsum("bm,bmd->bd", weights, directions)
+    step = max(1, CHUNK // (2 * m * dim))
+    parts = []
+    for start in range(0, records, step):
+        y = directions[start : start + step]
+        points = torch.cat([x + alpha * y, x - alpha * y], dim=1)                 # [b, 2m, d]
+        values = oracle.losses_at(points, indices[start : start + step])
+        weights = (values[:, :m] - values[:, m:]).mul_(dim / (2 * alpha * m))     # [b, m]
+        parts.append(torch.einsum("bm,bmd->bd", weights, y))
+    return torch.cat(parts)
 
 
 def two_point_loop(oracle: Oracle, x: Tensor, indices: Tensor, directions: Tensor, alpha: float) -> Tensor:
