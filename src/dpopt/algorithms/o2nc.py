@@ -223,6 +223,7 @@ class O2NC:
         """x̄_k = (1/M) Σ_{m=1}^{M} z_{(k−1)M+m} for the pre-drawn window k."""
         return state.window_sum / self.window
 
-    def clip_rate(self, state: O2NCState) -> float:
-        """The fraction of per-record contributions whose clip bit (0 if none were clipped yet)."""
-        return state.clipped / state.records if state.records else 0.0
+    def diagnostics(self, state: O2NCState) -> dict[str, float]:
+        """``clip_rate``: the fraction of per-record contributions whose clip bit (the paper's
+        sensitivity bound failing), reported in ``History.final``."""
+        return {"clip_rate": state.clipped / state.records if state.records else 0.0}
