@@ -93,3 +93,16 @@ def test_single_pass_noise_is_the_trees_with_the_larger_increment_sensitivity():
     # the period's first release is covered by the leaf node [0, 1)
     assert torch.allclose(noisy_g - clean_g, tree._node_noise(0, 0, zero), rtol=1e-10, atol=1e-14)
     assert float(tree._node_noise(0, 0, zero).norm()) > 0
+
+
+@pytest.mark.parametrize(("batch_size0", "clip0"), [(5, 0.1), (7, 0.1), (5, 3.3), (3, 0.7)])
+def test_tree_sensitivity_is_the_increments_to_the_last_bit(batch_size0, clip0):
+    """C/B and (1/B)·C differ in the last bit for these pairs; the tree must accept the increment
+    clip_sum builds (sensitivity (1/B)·C) rather than refuse it as too sensitive."""
+    algo = dataclasses.replace(TABLE["o2nc-zeroth-single"].make(1.0, 1.0), batch_size0=batch_size0, clip0=clip0,
+                               clip=1e-3)
+    assert algo.tree_sensitivity() == (1.0 / batch_size0) * clip0
+    state = algo.init(torch.zeros(DIM, dtype=torch.float64), 30, torch.Generator())
+    sampler = algo.sampler(0, N)
+    state, _ = algo.step(state, Batch(0, sampler.sample(torch.Generator()), sampler), oracle(), torch.Generator())
+    assert state.tree.count == 1

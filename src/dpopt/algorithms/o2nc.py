@@ -142,8 +142,9 @@ class O2NC:
         return sampling.SinglePass(n, self.records_used(t), size, self.order_seed)
 
     def tree_sensitivity(self) -> float:
-        """max(C1/B1, C2/B2): the largest sensitivity of one increment of a period's tree."""
-        return max(self.clip0 / self.batch_size0, self.clip / self.batch_size)
+        """max(C1/B1, C2/B2): the largest sensitivity of one increment of a period's tree (computed
+        as :func:`~dpopt.clipping.clip_sum` computes an increment's, (1/B)·C, to the last bit)."""
+        return max((1.0 / self.batch_size0) * self.clip0, (1.0 / self.batch_size) * self.clip)
 
     def period_lengths(self, steps: int) -> list[int]:
         full, rest = divmod(steps, self.period)
