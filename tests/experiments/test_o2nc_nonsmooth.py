@@ -6,7 +6,6 @@ import math
 import time
 
 import numpy as np
-import pytest
 import torch
 
 from dpopt.experiments import o2nc_nonsmooth as preset
