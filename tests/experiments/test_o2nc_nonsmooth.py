@@ -40,9 +40,11 @@ def test_counted_oracle_counts_per_record_calls():
 
 
 def test_quick_reproduction_runs_in_under_a_minute(tmp_path):
-    started = time.perf_counter()
+    """Under a minute of this process's CPU time (one worker: every run is in-process; CPU time,
+    not wall time, so that other users of a shared machine do not fail the test)."""
+    started = time.process_time()
     payload = reproduce("o2nc-nonsmooth", quick=True, out=tmp_path, workers=1)
-    assert time.perf_counter() - started < 60
+    assert time.process_time() - started < 60
     rows = {row["algorithm"]: row["metrics"] for row in payload["rows"]}
     assert set(rows) == {preset.OURS, preset.ZHANG, preset.FIRST, "DP-SGD"}
     for metrics in rows.values():
