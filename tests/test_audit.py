@@ -159,8 +159,9 @@ def test_every_mutant_is_flagged_and_its_honest_version_is_not(key):
 
 
 #: Every landed private algorithm, honest, on a small configuration (batch 10 of 50 records; DP-AGD,
-#: whose steps run a line search, for 2 steps).
-HONEST = {name: Case(name, honest, steps=2 if name == "dp-agd" else 5, n=49, batch=10)
+#: whose steps run a line search, for 2 steps; O2NC for one window of 10 steps, one period).
+STEPS = {"dp-agd": 2, "o2nc-zeroth": 10, "o2nc-first": 10, "o2nc-multi": 10}
+HONEST = {name: Case(name, honest, steps=STEPS.get(name, 5), n=49, batch=10)
           for name in NAMES if name not in NON_PRIVATE}
 
 

@@ -62,7 +62,7 @@ class Canary:
 #: The canary world per algorithm name (one entry per algorithm; a new algorithm adds one line).
 CANARIES: dict[str, Canary] = {
     "dp-sgd": Canary(), "dp-gd": Canary(), "rrpsgd": Canary(), "dp-srm": Canary(), "dp-agd": Canary(),
-    "storm": Canary(),
+    "storm": Canary(), "o2nc-zeroth": Canary(), "o2nc-first": Canary(), "o2nc-multi": Canary(),
     "aclip": Canary(background=1e6),  # the clipped mean flips from −λu to +λu: the 2λ is attained
 }
 

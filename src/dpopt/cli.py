@@ -17,7 +17,7 @@ import dp_accounting as dpa
 import torch
 from dp_accounting import NeighboringRelation
 
-from . import _validate, data, distributed, report
+from . import _validate, data, distributed, mechanisms, report
 from .accounting import ACCOUNTANTS, RELATION_NAMES, calibrate, epsilon_of, solve_noise
 from .algorithms.by_name import NAMES as ALGORITHMS
 from .algorithms.by_name import NON_PRIVATE
@@ -26,7 +26,7 @@ from .mechanisms import NOISES
 from .oracles import make as make_oracle
 from .train import run
 
-MECHANISMS = ("poisson-gaussian", "wor-gaussian", "gaussian")
+MECHANISMS = ("poisson-gaussian", "wor-gaussian", "gaussian", "tree")
 EXPLAINED = ("aclip",)
 MODELS = ("logistic", "nonconvex-logistic", "ridge")
 
@@ -40,8 +40,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _mechanism_event(args: argparse.Namespace, z: float) -> tuple[dpa.DpEvent, NeighboringRelation]:
-    """The composed event of ``--steps`` runs of the named mechanism with multiplier z."""
+    """The composed event of ``--steps`` runs of the named mechanism with multiplier z ("tree": one
+    binary tree over ``--steps`` increments, each record in one increment)."""
     steps = _validate.positive_int("steps", args.steps)
+    if args.mechanism == "tree":
+        return mechanisms.tree_event(z, [steps]), NeighboringRelation.REPLACE_SPECIAL
     if args.mechanism == "gaussian":
         return dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(z), steps), NeighboringRelation.REPLACE_ONE
     if args.mechanism == "poisson-gaussian":

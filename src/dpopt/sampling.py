@@ -121,7 +121,46 @@ class FixedSize:
         return dpa.SampledWithoutReplacementDpEvent(self.n, self.size, event)
 
 
-Sampler = FullBatch | Poisson | FixedSize
+@functools.lru_cache(maxsize=8)
+def _permutation(n: int, seed: int) -> Tensor:
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+
+
+@dataclass(frozen=True)
+class SinglePass:
+    """Records ``[start, start + size)`` of one fixed random order of the n records (a permutation
+    drawn from the public ``seed``, independent of the data): consecutive steps given consecutive
+    slices see disjoint records, so every record is used at most once in the run.
+
+    Replace-special adjacency (one record replaced by a null record, the relation of the tree
+    mechanism in dp_accounting); no amplification: ``wrap`` returns the event unchanged.
+    """
+
+    n: int
+    start: int
+    size: int
+    seed: int = 0
+
+    relation = NeighboringRelation.REPLACE_SPECIAL
+
+    def __post_init__(self) -> None:
+        _validate.positive_int("batch_size", self.size)
+        if self.start < 0 or self.start + self.size > self.n:
+            raise _validate.DpoptError(f"a single pass needs records [{self.start}, {self.start + self.size}) "
+                                       f"but n={self.n}: use fewer steps or smaller batches")
+
+    @property
+    def expected_size(self) -> float:
+        return float(self.size)
+
+    def sample(self, gen: torch.Generator) -> Tensor:
+        return _permutation(self.n, self.seed)[self.start : self.start + self.size]
+
+    def wrap(self, event: dpa.DpEvent) -> dpa.DpEvent:
+        return event
+
+
+Sampler = FullBatch | Poisson | FixedSize | SinglePass
 
 SAMPLINGS = ("poisson", "fixed", "full")
 _KINDS = {"poisson": Poisson, "fixed": FixedSize, "full": FullBatch}

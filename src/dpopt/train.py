@@ -107,7 +107,8 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int = 0, delta: flo
     current iterate),
     ``test_error(θ_t)``, the ledger's ε(δ) so far, data passes Σ|B_t|/n, and the CPU and wall
     time of training so far (sampling, steps and the ledger; not these measurements).
-    ``final`` holds the same at the algorithm's output. With ``checkpoint_path`` the run resumes
+    ``final`` holds the same at the algorithm's output, plus ``algorithm.diagnostics(state)`` where
+    an algorithm reports some (O2NC: how often its clips bit). With ``checkpoint_path`` the run resumes
     from that file if it exists and writes it every ``checkpoint_every`` steps. With
     ``max_epsilon`` it stops before the first step whose planned ε would exceed it.
     """
@@ -181,6 +182,7 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int = 0, delta: flo
     if path is not None:
         save(stop_at)
     theta = algorithm.output(state)
-    return History(records=records, final=measure(theta), theta=theta, delta=delta,
+    diagnostics = algorithm.diagnostics(state) if hasattr(algorithm, "diagnostics") else {}
+    return History(records=records, final=measure(theta) | diagnostics, theta=theta, delta=delta,
                    accountant=ledger.accountant, neighboring_relation=ledger.neighboring_relation,
                    steps_done=stop_at, stopped=None if stop_at == steps else f"max_epsilon={max_epsilon} reached")

@@ -29,6 +29,7 @@ from dpopt._validate import DpoptError
 from dpopt.accounting import Ledger, canonical, epsilon_of
 from dpopt.algorithms._common import Batch
 from dpopt.oracles import NonconvexLogistic
+from dpopt.oracles import zeroth_order as zo
 
 N, DIM, DELTA, SEED = 400, 5, 1e-5, 3
 
@@ -76,6 +77,16 @@ TABLE: dict[str, Case] = {
                                            grad_fraction=0.05, select_fraction=0.05, adapt_every=5), 40,
                   adaptive=True),
 }
+
+
+def o2nc(estimator: str, passes: str) -> Callable[[float, float], Any]:
+    return lambda z, c: dpopt.O2NC(lr=0.5, radius=0.05, window=5, alpha=0.1, period=10, clip0=c, clip=c / 4,
+                                   noise_multiplier=z, estimator=estimator, passes=passes, directions=3,
+                                   batch_size0=40, batch_size=4)
+
+
+TABLE |= {f"o2nc-{estimator}-{passes}": Case(o2nc(estimator, passes), 30)
+          for estimator, passes in (("zeroth", "single"), ("zeroth", "multi"), ("first", "single"))}
 NAMES = list(TABLE)
 PRIVATE = [name for name in NAMES if TABLE[name].private]
 
@@ -298,6 +309,62 @@ def test_dpagd_without_noise_or_clipping_is_normalised_gd_with_exact_line_search
     assert_trajectories_equal(replay(algo, steps).thetas, thetas)
 
 
+def o2nc_reference(algo: Any, steps: int, seed: int = SEED) -> list[torch.Tensor]:
+    """Non-private O2NC (Algorithm 2) by hand: s_t, x_t = x_{t−1} + Δ_t, z_t = x_{t−1} + s_tΔ_t;
+    g_t = batch mean of estimates at z_t (period start) or g_{t−1} + batch mean of (estimate at z_t −
+    estimate at z_{t−1}); Δ_{t+1} = clip(Δ_t − ηg_t, D); output the mean of z over the pre-drawn
+    window. First-order estimates by autograd on ``oracle.loss`` one record and one point at a time.
+    Random draws in the algorithm's order (the window from the sampling generator; per step s_t,
+    the directions or points, and a period's tree seed from the noise generator). Returns
+    x_0 … x_T and the output."""
+    sample_gen, noise_gen = train._generators(seed)
+    pick = int(torch.randint(steps // algo.window, (1,), generator=sample_gen))
+
+    def estimates(point: torch.Tensor, indices: torch.Tensor, count: int) -> torch.Tensor:
+        if algo.estimator == "zeroth":
+            return zo.two_point(oracle(), point, indices, zo.sphere(noise_gen, len(indices), count, DIM), algo.alpha)
+        offsets = zo.ball(noise_gen, len(indices), count, DIM, algo.alpha)
+        rows = []
+        for i, record in enumerate(indices):
+            grads = []
+            for u in offsets[i]:
+                leaf = (point + u).requires_grad_(True)
+                grads.append(torch.autograd.grad(oracle().loss(leaf, record[None]), leaf)[0])
+            rows.append(torch.stack(grads).mean(dim=0))
+        return torch.stack(rows)
+
+    x, delta = torch.zeros(DIM, dtype=torch.float64), torch.zeros(DIM, dtype=torch.float64)
+    xs, window, previous, g = [x], torch.zeros(DIM, dtype=torch.float64), x, x
+    for t in range(steps):
+        indices = algo.sampler(t, N).sample(sample_gen)
+        s = float(torch.rand((), generator=noise_gen, dtype=torch.float64))
+        z, x = x + s * delta, x + delta
+        if t % algo.period == 0:
+            g = estimates(z, indices, algo.directions if algo.estimator == "zeroth" else 1).mean(dim=0)
+            if algo.passes == "single":
+                torch.randint(2**62, (1,), generator=noise_gen)  # the period's tree seed (unused: no noise)
+        else:
+            g = g + (estimates(z, indices, algo.directions) - estimates(previous, indices, algo.directions)).mean(0)
+        step = delta - algo.lr * g
+        delta = step * min(1.0, algo.radius / float(step.norm()))
+        if t // algo.window == pick:
+            window = window + z
+        previous = z
+        xs.append(x)
+    return xs + [window / algo.window]
+
+
+@pytest.mark.parametrize("name", ["o2nc-zeroth-single", "o2nc-zeroth-multi", "o2nc-first-single"])
+def test_o2nc_without_noise_or_clipping_is_o2nc(name):
+    case = TABLE[name]
+    algo = case.make(0.0, INF)
+    want = o2nc_reference(algo, case.steps)
+    manual = replay(algo, case.steps)
+    assert_trajectories_equal(manual.thetas + [algo.output(manual.state)], want)
+    assert manual.state.clipped == 0 and manual.state.records == sum(len(b) for b in manual.batches)
+    assert math.isinf(epsilon_of(algo.planned_event(N, case.steps), DELTA, algo.relation()))
+
+
 def mean_clipping_reference(stages: list[tuple[int, int, float, float]], radius: float,
                             steps: int, seed: int = SEED) -> list[torch.Tensor]:
     """SGD with mean clipping and iterate averaging, by hand with autograd: per stage
@@ -415,6 +482,11 @@ BAD_VALUES["aclip"] = [("lr", 0.0), ("lr", math.nan), ("clip", 0.0), ("clip", -1
                        ("noise_multiplier", INF), ("batch_size", 0), ("batch_size", 1.5), ("radius", 0.0),
                        ("radius", -1.0), ("noise", "discrete")]
 BAD_VALUES["aclip-restarted"] = [("noise_multiplier", -1.0), ("radius", 0.0), ("stages", ()), ("stages", (1, 2))]
+BAD_VALUES["o2nc-zeroth-single"] = [
+    ("lr", 0.0), ("radius", -1.0), ("window", 0), ("alpha", 0.0), ("period", 0), ("clip0", 0.0), ("clip", -1.0),
+    ("noise_multiplier", -1.0), ("noise_multiplier0", 1.0), ("estimator", "second"), ("passes", "two"),
+    ("directions", 0), ("batch_size0", 0), ("batch_size", 1.5), ("order_seed", -1)]
+BAD_VALUES["o2nc-zeroth-multi"] = [("noise_multiplier0", -1.0), ("noise_multiplier", INF)]
 BAD_VALUES["dpsgd-fixed"] = BAD_VALUES["dpsgd-poisson"]
 BAD_VALUES["dpsrm-fixed"] = BAD_VALUES["dpsrm-poisson"]
 BAD_CASES = [(name, field, bad) for name, bads in BAD_VALUES.items() for field, bad in bads]
@@ -449,7 +521,7 @@ def test_dpagd_budget_fractions_must_fit():
 
 def test_the_table_covers_every_exported_algorithm():
     built = {type(case.make(1.0, 1.0)) for case in TABLE.values()}
-    assert built == {dpopt.DPSGD, dpopt.DPSRM, dpopt.Storm, dpopt.DPAGD, dpopt.AClip, dpopt.RestartedAClip}
+    assert built == {dpopt.DPSGD, dpopt.DPSRM, dpopt.Storm, dpopt.DPAGD, dpopt.AClip, dpopt.RestartedAClip, dpopt.O2NC}
     assert {"rrpsgd", "dp_gd"} <= set(TABLE)
     assert TABLE["rrpsgd"].make(1.0, 1.0).output_rule == "uniform"
     assert TABLE["dp_gd"].make(1.0, 1.0).sampling == "full"

@@ -10,7 +10,8 @@ from .aclip import AClip, RestartedAClip, Stage
 from .dp_agd import DPAGD
 from .dp_sgd import DPSGD, dp_gd
 from .dp_srm import DPSRM
+from .o2nc import O2NC
 from .rrpsgd import rrpsgd
 from .storm import Storm
 
-__all__ = ["AClip", "DPAGD", "DPSGD", "DPSRM", "RestartedAClip", "Stage", "Storm", "dp_gd", "rrpsgd"]
+__all__ = ["AClip", "DPAGD", "DPSGD", "DPSRM", "O2NC", "RestartedAClip", "Stage", "Storm", "dp_gd", "rrpsgd"]

@@ -11,26 +11,32 @@ from .aclip import AClip
 from .dp_agd import DPAGD
 from .dp_sgd import DPSGD, dp_gd
 from .dp_srm import DPSRM
+from .o2nc import O2NC
 from .rrpsgd import rrpsgd
 from .storm import Storm
 
-NAMES = ("dp-sgd", "dp-gd", "dp-srm", "rrpsgd", "dp-agd", "aclip", "storm")
+NAMES = ("dp-sgd", "dp-gd", "dp-srm", "rrpsgd", "dp-agd", "aclip", "storm", "o2nc-zeroth", "o2nc-first", "o2nc-multi")
 #: The methods with no privacy (nothing to calibrate).
 NON_PRIVATE = ("storm",)
 
 
 def build(name: str, *, n: int, batch_size: int = 256, lr: float = 0.5, clip: float = 1.0,
           clip_diff: float = 0.01, gamma: float = 0.01, sampling: str = "poisson", obj_clip: float = 1.0,
-          radius: float = math.inf, noise: str = "torch") -> Any:
+          radius: float = math.inf, noise: str = "torch", alpha: float = 0.1, directions: int = 8,
+          window: int = 10, o2nc_radius: float = 0.01) -> Any:
     """Algorithm ``name`` for n records. ``batch_size`` is the expected batch (DP-SRM's and STORM's
     first batch is twice it, capped at n); ``clip`` is C (DP-SGD, DP-SRM's C1, DP-AGD) or λ
     (AClip); ``clip_diff`` and ``gamma`` are DP-SRM's C2 and γ (γ is STORM's momentum);
     ``radius`` is AClip's constraint ball; ``obj_clip`` DP-AGD's clip of per-record losses; ``noise``
-    the noise source of every release (:data:`dpopt.mechanisms.NOISES`; STORM has none)."""
+    the noise source of every release (:data:`dpopt.mechanisms.NOISES`; STORM has none, O2NC only
+    the default). O2NC ("o2nc-zeroth", "o2nc-first": single pass with the tree; "o2nc-multi": every
+    record every step): period Σ = B1 = ``batch_size``, B2 = 1, clips C1 = ``clip`` and C2 =
+    ``clip_diff``, smoothing ``alpha``, m = ``directions``, M = ``window``, D = ``o2nc_radius``
+    (theorem settings: :mod:`dpopt.algorithms.o2nc_params`)."""
     _validate.one_of("algorithm", name, NAMES)
-    if name == "storm":
+    if name == "storm" or name.startswith("o2nc"):
         _validate.one_of("noise", noise, ("torch",))
-    if name in ("dp-sgd", "rrpsgd", "dp-srm", "storm", "aclip"):
+    if name in ("dp-sgd", "rrpsgd", "dp-srm", "storm", "aclip", "o2nc-zeroth", "o2nc-first", "o2nc-multi"):
         _validate.positive_int("batch_size", batch_size, maximum=n, maximum_name="n (training records)")
     first = min(n, 2 * batch_size)
     if name == "dp-sgd":
@@ -46,6 +52,11 @@ def build(name: str, *, n: int, batch_size: int = 256, lr: float = 0.5, clip: fl
         return Storm(lr=lr, momentum=gamma, batch_size0=first, batch_size=batch_size, sampling=sampling)
     if name == "aclip":
         return AClip(lr=lr, clip=clip, noise_multiplier=1.0, batch_size=batch_size, radius=radius, noise=noise)
+    if name.startswith("o2nc"):
+        return O2NC(lr=lr, radius=o2nc_radius, window=window, alpha=alpha, period=batch_size, clip0=clip,
+                    clip=clip_diff, noise_multiplier=1.0, estimator="first" if name == "o2nc-first" else "zeroth",
+                    passes="multi" if name == "o2nc-multi" else "single", directions=directions,
+                    batch_size0=batch_size, batch_size=1)
     return DPAGD(clip=clip, obj_clip=obj_clip, noise_multiplier=1.0, noise=noise)
 
 

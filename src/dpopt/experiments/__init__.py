@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from . import aclip, aclip_cifar10, dp_srm_ijcnn1
+from . import aclip, aclip_cifar10, dp_srm_ijcnn1, o2nc_nonsmooth
 from .reproduce import reproduce  # noqa: E402
 
 EXPERIMENTS = {dp_srm_ijcnn1.NAME: dp_srm_ijcnn1, aclip.SYNTHETIC.NAME: aclip.SYNTHETIC, aclip.REAL.NAME: aclip.REAL,
-               aclip_cifar10.CIFAR.NAME: aclip_cifar10.CIFAR}
+               aclip_cifar10.CIFAR.NAME: aclip_cifar10.CIFAR, o2nc_nonsmooth.NAME: o2nc_nonsmooth}
 
 __all__ = ["EXPERIMENTS", "reproduce"]

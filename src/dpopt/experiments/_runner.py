@@ -48,14 +48,16 @@ class Method:
 @dataclass(frozen=True)
 class Problem:
     """An oracle with its test-error function (``test_error(θ)``) and, optionally, more final
-    metrics of the output θ (``extra_metrics(θ) -> {name: value}``, added to ``History.final``)."""
+    metrics of the output θ (``extra_metrics(θ) -> {name: value}``, added to ``History.final``) and
+    the starting point ``theta0`` (default zeros)."""
 
     oracle: Any
     test_error: Callable[[Any], float]
     extra_metrics: Callable[[Any], dict[str, float]] | None = None
+    theta0: Any = None
 
     def run(self, algorithm: Any, seed: int, settings: dict[str, Any]) -> History:
-        history = run(algorithm, self.oracle, seed=seed, test_error=self.test_error, **settings)
+        history = run(algorithm, self.oracle, seed=seed, test_error=self.test_error, theta0=self.theta0, **settings)
         if self.extra_metrics is not None:
             history.final.update(self.extra_metrics(history.theta))
         return history
@@ -138,8 +140,8 @@ def tune(method: Method, problem: Problem, *, epsilon: float, delta: float, seed
 
 
 def metrics(histories: Sequence[History], names: Sequence[str]) -> dict[str, dict[str, float]]:
-    """Mean (std) over seeds of each final metric in ``names``."""
-    return {name: summarise([h.final[name] for h in histories]) for name in names}
+    """Mean (std) over seeds of each final metric in ``names`` (NaN where a method does not report it)."""
+    return {name: summarise([h.final.get(name, math.nan) for h in histories]) for name in names}
 
 
 def one_sided_p(ours: Sequence[float], theirs: Sequence[float]) -> float:

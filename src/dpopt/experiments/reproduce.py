@@ -176,6 +176,8 @@ def _write(out_dir: Path, payload: dict[str, Any], exp: ModuleType) -> None:
     curves = payload["_curves"]
     report.write_json(out_dir / "results.json", {key: value for key, value in payload.items() if key != "_curves"})
     report.write_text(out_dir / "results.md", _markdown(payload, exp))
+    if hasattr(exp, "figures"):  # a preset's own figures beside the curves
+        exp.figures(out_dir, payload)
     shown = getattr(exp, "CURVES", {"objective": "objective", "gradient norm": "grad_norm"})
     for key in _problem_keys(exp, payload["quick"]):
         for epsilon in exp.EPSILONS:

@@ -1,7 +1,7 @@
 """Oracles: what is measured on the data (per-record gradients, losses); no privacy here."""
 
-from .glm import GLM, LeastSquares, Logistic, NonconvexLogistic, Oracle, Ridge, make
+from .glm import GLM, LeastSquares, Logistic, NonconvexLogistic, Oracle, Ridge, TruncatedAbsolute, make
 from .torch_model import ENGINES, TorchModel, reject_batch_norm
 
 __all__ = ["ENGINES", "GLM", "LeastSquares", "Logistic", "NonconvexLogistic", "Oracle", "Ridge", "TorchModel",
-           "make", "reject_batch_norm"]
+           "TruncatedAbsolute", "make", "reject_batch_norm"]

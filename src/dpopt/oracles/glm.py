@@ -11,7 +11,8 @@ same form. Losses (per record, averaged):
 
 * :class:`Logistic`: log(1 + exp(−y⟨x, θ⟩)), y ∈ {−1, +1};
 * :class:`NonconvexLogistic`: logistic + λ Σ_j θ_j²/(1 + θ_j²) (the DP-SRM experiment);
-* :class:`Ridge`: ½(⟨x, θ⟩ − y)² + (λ/2)‖θ‖²; :class:`LeastSquares` is Ridge with λ = 0.
+* :class:`Ridge`: ½(⟨x, θ⟩ − y)² + (λ/2)‖θ‖²; :class:`LeastSquares` is Ridge with λ = 0;
+* :class:`TruncatedAbsolute`: min(|⟨x, θ⟩ − y|, τ) (nonsmooth, nonconvex; DP-O2NC's experiments).
 """
 
 from __future__ import annotations
@@ -173,6 +174,23 @@ class GLM:
         A, y, _ = self._rows(indices)
         return self._value(product(A, thetas.T), y[:, None])
 
+    def losses_at(self, points: Tensor, indices: Tensor) -> Tensor:
+        """``[B, K]``: the whole loss f_i(θ_ik) = φ(⟨a_i, θ_ik⟩; y_i) + r(θ_ik) of record i at its own
+        K points ``points [B, K, d]`` (the zeroth-order oracle's queries)."""
+        A, y, _ = self._rows(indices)
+        values = self._value(torch.einsum("bd,bkd->bk", A, points), y[:, None])
+        if self._regulariser_gradient(points[0, 0]) is None:  # no regulariser
+            return values
+        return values + torch.vmap(torch.vmap(self.regulariser))(points)
+
+    def gradients_at(self, points: Tensor, indices: Tensor) -> Tensor:
+        """``[B, K, d]``: ∇f_i(θ_ik) of record i at its own K points ``points [B, K, d]``."""
+        A, y, _ = self._rows(indices)
+        grads = self._slope(torch.einsum("bd,bkd->bk", A, points), y[:, None])[:, :, None] * A[:, None, :]
+        if self._regulariser_gradient(points[0, 0]) is None:
+            return grads
+        return grads + torch.vmap(torch.vmap(self._regulariser_gradient))(points)
+
     def loss(self, theta: Tensor, indices: Tensor | None = None) -> Tensor:
         """F(θ) = mean_i φ(⟨a_i, θ⟩; y_i) + r(θ) over ``indices`` (default all records)."""
         A, y, _ = self._rows(indices)
@@ -256,6 +274,26 @@ class LeastSquares(Ridge):
 
     def __init__(self, X: Tensor, y: Tensor) -> None:
         super().__init__(X, y, reg=0.0)
+
+
+class TruncatedAbsolute(GLM):
+    """Robust regression with the truncated absolute loss min(|⟨x, θ⟩ − y|, τ), τ = ``cap``: nonsmooth (kinks at residuals 0 and ±τ), nonconvex, and ‖x_i‖-Lipschitz in θ.
+    φ′(u) = sign(u − y)·1[|u − y| < τ] (the convention at the kinks is immaterial: a null set)."""
+
+    def __init__(self, X: Tensor, y: Tensor, *, cap: float = 1.0) -> None:
+        super().__init__(X, y)
+        self.cap = _validate.positive("cap", cap)
+
+    def _value(self, margin: Tensor, y: Tensor) -> Tensor:
+        return (margin - y).abs().clamp(max=self.cap)
+
+    def _slope(self, margin: Tensor, y: Tensor) -> Tensor:
+        residual = margin - y
+        return residual.sign() * (residual.abs() < self.cap)
+
+    def error(self, theta: Tensor, X: Tensor, y: Tensor) -> float:
+        X = torch.as_tensor(X, dtype=torch.float64)
+        return float((X @ theta - torch.as_tensor(y, dtype=torch.float64)).abs().mean())
 
 
 MODELS = {"logistic": Logistic, "nonconvex-logistic": NonconvexLogistic, "ridge": Ridge}

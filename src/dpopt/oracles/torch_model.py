@@ -244,6 +244,24 @@ class TorchModel:
                                  or [self.X.new_zeros(0, dtype=self.dtype, device=self.device)]) for t in thetas]
         return torch.stack(columns, dim=1).to(thetas.device, thetas.dtype)
 
+    def _one_loss(self, theta: Tensor, xi: Tensor, yi: Tensor) -> Tensor:
+        return self._forward_losses(theta, xi.unsqueeze(0), yi.unsqueeze(0)).sum()
+
+    def losses_at(self, points: Tensor, indices: Tensor) -> Tensor:
+        """``[B, K]``: ℓ_i(θ_ik) of record i at its own K points ``points [B, K, d]``."""
+        at_points = vmap(self._one_loss, in_dims=(0, None, None))
+        with torch.no_grad():
+            parts = [vmap(at_points)(chunk.to(self.device, self.dtype), x, y)
+                     for chunk, (x, y) in zip(points.split(self.microbatch_size), self._chunks(indices))]
+        return torch.cat(parts).to(points.device, points.dtype)
+
+    def gradients_at(self, points: Tensor, indices: Tensor) -> Tensor:
+        """``[B, K, d]``: ∇ℓ_i(θ_ik) of record i at its own K points ``points [B, K, d]``."""
+        at_points = vmap(grad(self._one_loss), in_dims=(0, None, None))
+        parts = [vmap(at_points)(chunk.to(self.device, self.dtype), x, y)
+                 for chunk, (x, y) in zip(points.split(self.microbatch_size), self._chunks(indices))]
+        return torch.cat(parts).to(points.device, points.dtype)
+
     def regulariser(self, theta: Tensor) -> Tensor:
         """r(θ) = 0: a module's loss has no separate data-independent term."""
         return torch.zeros((), dtype=theta.dtype, device=theta.device)

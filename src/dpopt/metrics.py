@@ -1,0 +1,59 @@
+"""Measures of a point's quality beyond F and ‖∇F‖: Goldstein stationarity for nonsmooth losses."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from scipy import optimize
+from torch import Tensor
+
+from . import _validate
+from .oracles import zeroth_order as zo
+
+
+@dataclass(frozen=True)
+class Goldstein:
+    """An upper estimate ``value`` of ‖∂̄_α F(x)‖ from ``points`` gradients drawn with ``seed``."""
+
+    value: float
+    alpha: float
+    points: int
+    seed: int
+
+
+def min_norm_in_hull(vectors: Tensor) -> float:
+    """min ‖Σ_k λ_k v_k‖ over the simplex λ ≥ 0, Σλ = 1 (a QP in λ with Gram matrix Q = V Vᵀ,
+    solved by SLSQP from the uniform weights; the result is the norm of an actual hull point, so
+    solver inexactness can only make it larger)."""
+    V = vectors.detach().double().cpu().numpy()
+    gram = V @ V.T
+    count = len(V)
+    start = np.full(count, 1.0 / count)
+    result = optimize.minimize(lambda w: w @ gram @ w, start, jac=lambda w: 2 * gram @ w, method="SLSQP",
+                               bounds=[(0.0, 1.0)] * count,
+                               constraints=[{"type": "eq", "fun": lambda w: w.sum() - 1.0,
+                                             "jac": lambda w: np.ones_like(w)}],
+                               options={"ftol": 1e-16, "maxiter": 500})
+    weights = np.clip(result.x, 0.0, None)
+    weights = weights / weights.sum() if weights.sum() > 0 else start
+    return float(np.linalg.norm(weights @ V))
+
+
+def goldstein(F: Any, x: Tensor, alpha: float, *, points: int = 64, seed: int = 0) -> Goldstein:
+    """Goldstein stationarity ‖∂̄_α F(x)‖ = min{‖g‖ : g ∈ conv ∪_{‖y−x‖≤α} ∂F(y)}, estimated from
+    above by the minimum-norm point of the convex hull of full-data gradients ∇F at x and at
+    ``points − 1`` points uniform in the α-ball around x (drawn from ``seed``): a hull of a subset
+    of the Goldstein subdifferential, so the estimate is ≥ the true value and decreases as
+    ``points`` grows. ``F``: an oracle (its ``gradient``) or a callable x ↦ ∇F(x)."""
+    _validate.positive("alpha", alpha)
+    _validate.positive_int("points", points)
+    gradient: Callable[[Tensor], Tensor] = getattr(F, "gradient", F)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.as_tensor(x, dtype=torch.float64)
+    offsets = zo.ball(gen, 1, points - 1, x.shape[0], alpha, x.dtype)[0]
+    grads = torch.stack([gradient(x)] + [gradient(x + u) for u in offsets])
+    return Goldstein(min_norm_in_hull(grads), alpha, points, seed)

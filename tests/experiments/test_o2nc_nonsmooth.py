@@ -1,0 +1,60 @@
+"""The o2nc-nonsmooth preset: its problems, the oracle-call counter, and ``--quick`` end to end."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+
+from dpopt.experiments import o2nc_nonsmooth as preset
+from dpopt.experiments.reproduce import reproduce
+
+
+def test_synthetic_family_is_unit_lipschitz_with_unit_margins():
+    X, y, X_test, _ = preset.synthetic(32, 4000)
+    assert X.shape == (4000, 32) and X_test.shape == (preset.N_TEST, 32)
+    assert np.allclose(np.linalg.norm(X, axis=1), 1.0)
+    outliers = np.isclose(np.abs(y), 5.0)
+    assert 0.08 < outliers.mean() < 0.12  # 10 % of labels replaced by ±5 (binomial sd 0.5 %)
+    assert 0.8 < y[~outliers].std() < 1.2  # ⟨x, w*⟩ has unit variance, plus 0.1 noise
+
+
+def test_ijcnn1_problem_is_a_relu_network_from_its_initialisation(shared_data_dir):
+    problem, facts = preset.problem(str(shared_data_dir), "ijcnn1-relu")
+    assert facts["n"] == preset.N_TRAIN and facts["d"] == 22 * 8 + 8 + 8 + 1 == preset._dimension("ijcnn1-relu")
+    assert problem.theta0.shape == (facts["d"],) and float(problem.theta0.abs().sum()) > 0
+    assert 0.0 <= problem.test_error(problem.theta0) <= 1.0
+
+
+def test_counted_oracle_counts_per_record_calls():
+    problem, _ = preset.problem(None, "synthetic-d8-n2000")
+    oracle = problem.oracle
+    points = torch.zeros(3, 5, 8, dtype=torch.float64)
+    oracle.losses_at(points, torch.arange(3))
+    oracle.gradients_at(points[:, :2], torch.arange(3))
+    oracle.per_record(torch.zeros(8, dtype=torch.float64), torch.arange(4))
+    assert oracle.take() == {"function_evals": 15.0, "gradient_evals": 10.0}
+    assert oracle.take() == {"function_evals": 0.0, "gradient_evals": 0.0}
+
+
+def test_quick_reproduction_runs_in_under_a_minute(tmp_path):
+    """Under a minute of this process's CPU time (one worker: every run is in-process; CPU time,
+    not wall time, so that other users of a shared machine do not fail the test)."""
+    started = time.process_time()
+    payload = reproduce("o2nc-nonsmooth", quick=True, out=tmp_path, workers=1)
+    assert time.process_time() - started < 60
+    rows = {row["algorithm"]: row["metrics"] for row in payload["rows"]}
+    assert set(rows) == {preset.OURS, preset.ZHANG, preset.FIRST, "DP-SGD"}
+    for metrics in rows.values():
+        assert 0.99 <= metrics["epsilon"]["mean"] <= 1.0
+        assert math.isfinite(metrics["goldstein"]["mean"]) and metrics["goldstein"]["mean"] >= 0
+    for name in (preset.OURS, preset.ZHANG):
+        assert rows[name]["function_evals"]["mean"] > 0 and rows[name]["gradient_evals"]["mean"] == 0
+    assert rows[preset.FIRST]["gradient_evals"]["mean"] > 0 and rows[preset.FIRST]["function_evals"]["mean"] == 0
+    assert 0 <= rows[preset.OURS]["clip_rate"]["mean"] <= 1 and math.isnan(rows["DP-SGD"]["clip_rate"]["mean"])
+    assert {row["neighboring_relation"] for row in payload["rows"]} == {"replace-special", "add/remove-one"}
+    text = (tmp_path / "results.md").read_text()
+    assert "reports no experiments" in text and "Zhang/ours" in text
+    assert (tmp_path / "goldstein_vs_d.png").stat().st_size > 0

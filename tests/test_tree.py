@@ -1,0 +1,123 @@
+"""The binary-tree mechanism (Algorithm 1): exact prefix sums without noise, the variance of each
+released prefix equal to (number of covering nodes)·σ², the covariance of two prefixes equal to
+(shared nodes)·σ², and its event as dp_accounting accounts it (library and command line)."""
+
+from __future__ import annotations
+
+import json
+
+import dp_accounting as dpa
+import pytest
+import torch
+from dp_accounting import NeighboringRelation
+from dp_accounting.rdp import rdp_privacy_accountant
+from scipy import stats
+
+from dpopt import clipping, mechanisms
+from dpopt.accounting import epsilon_of
+from dpopt.cli import main
+
+SPECIAL = NeighboringRelation.REPLACE_SPECIAL
+
+
+def increment(rows: torch.Tensor, clip: float) -> mechanisms.Bounded:
+    bounded, _ = clipping.clip_sum([clipping.Term(1.0, clipping.Dense(rows), clip)], SPECIAL)
+    return bounded
+
+
+def test_prefix_sums_are_exact_without_noise():
+    gen = torch.Generator().manual_seed(0)
+    rows = [torch.randn(3, 4, generator=gen, dtype=torch.float64) for _ in range(11)]
+    tree = mechanisms.TreeAggregator.start(11, 0.0, 1.0, gen)
+    running = torch.zeros(4, dtype=torch.float64)
+    for batch in rows:
+        bounded = increment(batch, 1.0)
+        tree, released = tree.add(bounded)
+        running += bounded.value
+        assert torch.allclose(released, running, rtol=0, atol=1e-12)
+    assert tree.count == 11
+
+
+def nodes_covering(t: int) -> int:
+    """Algorithm 1's NODE(t): one dyadic node per set bit of t."""
+    return bin(t).count("1")
+
+
+def test_released_prefix_variance_is_covering_nodes_times_sigma_squared():
+    """Zero increments, d = 20,000 coordinates: Σ_k (released_k)² / (cσ²) is χ²_d for c the nodes
+    covering t (two-sided 1e-6 bounds, Bonferroni over the 13 positions); c ± 1 is rejected."""
+    length, dim, z, clip = 13, 20_000, 1.7, 0.6
+    sigma2 = (z * clip) ** 2
+    tree = mechanisms.TreeAggregator.start(length, z, clip, torch.Generator().manual_seed(5))
+    zero = torch.zeros(1, dim, dtype=torch.float64)
+    lo, hi = stats.chi2.ppf([1e-6 / 26, 1 - 1e-6 / 26], dim)
+    released = []
+    for t in range(1, length + 1):
+        tree, noised = tree.add(increment(zero, clip))
+        released.append(noised)
+        assert len(tree.live) == nodes_covering(t) <= t.bit_length()  # O(log Σ) live nodes
+        squares = float(noised.square().sum())
+        count = nodes_covering(t)
+        assert lo <= squares / (count * sigma2) <= hi, t
+        for wrong in (count - 1, count + 1):
+            if wrong > 0:
+                assert not lo <= squares / (wrong * sigma2) <= hi, (t, wrong)
+    # Cov(prefix_s, prefix_t) = (shared nodes)·σ²: 4 = [0,4); 5 = [0,4)+[4,5); 7 = [0,4)+[4,6)+[6,7); 8 = [0,8)
+    for s, t, shared in ((4, 5, 1), (4, 7, 1), (5, 7, 1), (6, 7, 2), (7, 8, 0), (3, 4, 0)):
+        mean_product = float((released[s - 1] * released[t - 1]).mean()) / sigma2
+        std = (nodes_covering(s) * nodes_covering(t) + shared**2) ** 0.5 / dim**0.5
+        assert abs(mean_product - shared) < 5.5 * std, (s, t, mean_product)
+
+
+def test_node_noise_is_regenerated_from_the_seed():
+    zero = torch.zeros(1, 6, dtype=torch.float64)
+    a = mechanisms.TreeAggregator.start(8, 1.0, 1.0, torch.Generator().manual_seed(3))
+    b = mechanisms.TreeAggregator.start(8, 1.0, 1.0, torch.Generator().manual_seed(3))
+    c = mechanisms.TreeAggregator.start(8, 1.0, 1.0, torch.Generator().manual_seed(4))
+    outs = []
+    for _ in range(8):
+        a, x = a.add(increment(zero, 1.0))
+        b, y = b.add(increment(zero, 1.0))
+        c, w = c.add(increment(zero, 1.0))
+        assert torch.equal(x, y) and not torch.equal(x, w)
+        outs.append(x)
+    # prefix 4 = node [0,4); prefix 5 = node [0,4) + node [4,5), regenerated from (seed, ℓ=0, j=4)
+    assert torch.allclose(outs[4] - outs[3], a._node_noise(0, 4, zero[0]), rtol=0, atol=1e-12)
+    assert torch.equal(outs[3], a._node_noise(2, 0, zero[0]))
+
+
+def test_tree_refuses_too_sensitive_or_too_many_increments():
+    tree = mechanisms.TreeAggregator.start(1, 1.0, 0.5, torch.Generator())
+    with pytest.raises(ValueError, match="exceeds the tree's 0.5"):
+        tree.add(increment(torch.ones(1, 2, dtype=torch.float64), 1.0))
+    tree, _ = tree.add(increment(torch.ones(1, 2, dtype=torch.float64), 0.5))
+    with pytest.raises(ValueError, match="length=1 increments; it is full"):
+        tree.add(increment(torch.ones(1, 2, dtype=torch.float64), 0.5))
+    with pytest.raises(ValueError, match="finite sensitivity"):
+        mechanisms.TreeAggregator.start(4, 1.0, float("inf"), torch.Generator())
+
+
+def rdp_epsilon(event: dpa.DpEvent, delta: float) -> float:
+    accountant = rdp_privacy_accountant.RdpAccountant(neighboring_relation=SPECIAL)
+    return accountant.compose(event).get_epsilon(delta)
+
+
+def test_tree_event_is_accounted_by_rdp_and_disjoint_trees_cost_one_tree():
+    one = mechanisms.TreeAggregator.start(16, 2.0, 1.0, torch.Generator()).event
+    assert one == dpa.SingleEpochTreeAggregationDpEvent(2.0, [16])
+    eps = epsilon_of(one, 1e-5, SPECIAL)
+    assert eps == pytest.approx(rdp_epsilon(dpa.SingleEpochTreeAggregationDpEvent(2.0, 16), 1e-5), rel=1e-12)
+    # trees on disjoint records (one pass): the deepest tree's ε, not a composition
+    assert epsilon_of(mechanisms.tree_event(2.0, [16, 16, 16, 5]), 1e-5, SPECIAL) == pytest.approx(eps, rel=1e-12)
+    assert epsilon_of(dpa.SelfComposedDpEvent(one, 4), 1e-5, SPECIAL) > 1.5 * eps
+
+
+def test_cli_accounts_the_tree(capsys: pytest.CaptureFixture[str]):
+    argv = ["account", "--mechanism", "tree", "--noise-multiplier", "3.0", "--steps", "100", "--delta", "1e-6",
+            "--json"]
+    assert main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    want = rdp_epsilon(dpa.SingleEpochTreeAggregationDpEvent(3.0, 100), 1e-6)
+    assert result["epsilon"] == pytest.approx(want, rel=1e-12)
+    assert result["accountant"] == "rdp"
+    assert result["neighboring_relation"] == "replace-special"
