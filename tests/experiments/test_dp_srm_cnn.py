@@ -98,11 +98,12 @@ def test_mnist_methods_use_the_tuned_settings_at_every_epsilon():
 
 
 def test_time_to_target_is_the_first_logged_point_below_the_target():
-    records = [{"test_error": e, "wall_time_s": t, "passes": p}
-               for e, t, p in ((0.1, 1.0, 0.5), (0.031, 2.0, 1.0), (0.03, 3.5, 1.5), (0.02, 5.0, 2.0))]
+    records = [{"test_error": e, "wall_time_s": t, "cpu_time_s": c, "passes": p}
+               for e, t, c, p in ((0.1, 1.0, 0.9, 0.5), (0.031, 2.0, 1.8, 1.0), (0.03, 3.5, 3.0, 1.5),
+                                  (0.02, 5.0, 4.1, 2.0))]
     history = History(records, {}, torch.zeros(1), 1e-5, "pld", "add/remove-one", 4)
     assert dp_srm_cnn.time_to_target(history, target_error=0.03) == {
-        "time_to_target_s": 3.5, "epochs_to_target": 1.5, "reached_target": 1.0}
+        "time_to_target_s": 3.5, "cpu_time_to_target_s": 3.0, "epochs_to_target": 1.5, "reached_target": 1.0}
     missed = dp_srm_cnn.time_to_target(history, target_error=0.01)
     assert math.isnan(missed["time_to_target_s"]) and math.isnan(missed["epochs_to_target"])
     assert missed["reached_target"] == 0.0
