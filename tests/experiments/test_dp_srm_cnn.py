@@ -107,3 +107,28 @@ def test_time_to_target_is_the_first_logged_point_below_the_target():
     missed = dp_srm_cnn.time_to_target(history, target_error=0.01)
     assert math.isnan(missed["time_to_target_s"]) and math.isnan(missed["epochs_to_target"])
     assert missed["reached_target"] == 0.0
+
+
+def test_mnist_report_states_misses_and_times():
+    """The notes put our ε = 7 errors beside the paper's and call a miss a miss."""
+    def row(name: str, error: float, wall: float, cpu: float) -> dict:
+        return {"problem": "mnist-cnn:mnist", "algorithm": name, "epsilon": 7.0, "metrics": {
+            "test_error": {"mean": error}, "time_to_target_s": {"mean": wall}, "cpu_time_to_target_s": {"mean": cpu},
+            "reached_target": {"mean": 1.0 if math.isfinite(wall) else 0.5}}}
+
+    facts = {"mnist-cnn:mnist": {"model": "mnist-cnn", "dim": 26_010, "data": "mnist", "n": 60_000, "n_test": 10_000,
+                                 "epochs": {"7.0": 10}, "target_error": 0.03}}
+    paper = [{"algorithm": "DP-SRM", "metrics": {"test_error": {"mean": 0.0291}}},
+             {"algorithm": "DP-SGD", "metrics": {"test_error": {"mean": 0.0293}}}]
+    payload = {"facts": facts, "paper": paper, "quick": False, "log_points": 20, "seeds": 2,
+               "t_tests": [{"problem": "mnist-cnn:mnist", "epsilon": 7.0, "p_test_error": 0.2}],
+               "rows": [row("DP-SRM", 0.0350, 400.0, 300.0), row("DP-SGD", 0.0300, 200.0, 150.0)]}
+    notes = dp_srm_cnn.MNIST.notes(payload)
+    assert "60,000 training / 10,000 test records" in notes
+    assert "DP-SRM test error 3.50% **misses** the paper's 2.91%" in notes
+    assert "DP-SGD test error 3.00% matches or beats the paper's 2.93%" in notes
+    assert "DP-SRM is **slower**" in notes and "ratio DP-SGD/DP-SRM 0.50 (wall), 0.50 (CPU)" in notes
+    assert "p = 0.2 (**not significant** at 0.05, 2 seeds)" in notes
+    payload["rows"][0] = row("DP-SRM", 0.0350, math.nan, math.nan)
+    assert "**not every seed reached 97 % accuracy** (fraction of seeds: {'DP-SRM': 0.5, 'DP-SGD': 1.0})" in \
+        dp_srm_cnn.MNIST.notes(payload)

@@ -31,9 +31,10 @@ def classifier_problem(model: str, X: np.ndarray, y: np.ndarray, X_test: np.ndar
     oracle = TorchModel(make_model(model, seed=0), cross_entropy, torch.as_tensor(X, dtype=torch.float32),
                         torch.as_tensor(y), microbatch_size=microbatch_size)
     X_test_t, y_test_t = torch.as_tensor(X_test, dtype=torch.float32), torch.as_tensor(y_test)
-    final_objective: Callable[[Any], dict[str, float]] | None = None
-    if not train_metrics:
-        def final_objective(theta: Any) -> dict[str, float]:
-            return {"objective": float(oracle.loss(theta))}
-    return Problem(oracle, lambda theta: oracle.error(theta, X_test_t, y_test_t), extra_metrics=final_objective,
-                   history_metrics=history_metrics, theta0=oracle.flat_params().double(), train_metrics=train_metrics)
+
+    def final_objective(theta: Any) -> dict[str, float]:
+        return {"objective": float(oracle.loss(theta))}
+
+    return Problem(oracle, lambda theta: oracle.error(theta, X_test_t, y_test_t),
+                   extra_metrics=None if train_metrics else final_objective, history_metrics=history_metrics,
+                   theta0=oracle.flat_params().double(), train_metrics=train_metrics)
