@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -96,3 +97,14 @@ def test_max_epsilon_stops_before_the_step_that_would_exceed_it() -> None:
     next_step = epsilon_of(algo.planned_event(oracle.n, history.steps_done + 1), 1e-5, algo.relation())
     assert next_step > 2.0
     assert 0 < history.steps_done < 400
+
+
+def test_without_train_metrics_the_same_run_logs_no_objective() -> None:
+    """``train_metrics=False`` skips F and ‖∇F‖ (NaN) and changes nothing else of the run."""
+    algo, oracle = DPSGD(lr=0.5, clip=1.0, noise_multiplier=1.0, batch_size=30), _problem()
+    full = run(algo, oracle, steps=20, seed=3, log_every=5)
+    bare = run(algo, oracle, steps=20, seed=3, log_every=5, train_metrics=False)
+    assert torch.equal(full.theta, bare.theta)
+    assert all(math.isnan(r["objective"]) and math.isnan(r["grad_norm"]) for r in bare.records + [bare.final])
+    assert [r["epsilon"] for r in bare.records] == [r["epsilon"] for r in full.records]
+    assert all(math.isfinite(r["objective"]) for r in full.records)

@@ -48,8 +48,9 @@ def write_text(path: Path, text: str) -> None:
 
 
 def curves_figure(path: Path, panels: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]], *,
-                  xlabel: str, log_y: bool = True, log_x: bool = False) -> None:
-    """One subplot per panel title; each maps a line label to (x, y); saved atomically as PNG."""
+                  xlabel: str | dict[str, str], log_y: bool = True, log_x: bool = False) -> None:
+    """One subplot per panel title; each maps a line label to (x, y); saved atomically as PNG.
+    ``xlabel``: one label for every panel, or one per panel title."""
     import io
 
     import matplotlib
@@ -62,7 +63,7 @@ def curves_figure(path: Path, panels: dict[str, dict[str, tuple[np.ndarray, np.n
         for label, (x, y) in lines.items():
             ax.plot(x, y, label=label)
         ax.set_title(title)
-        ax.set_xlabel(xlabel)
+        ax.set_xlabel(xlabel if isinstance(xlabel, str) else xlabel[title])
         if log_y:
             ax.set_yscale("log")
         if log_x:

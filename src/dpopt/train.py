@@ -99,7 +99,7 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int = 0, delta: flo
         theta0: Tensor | None = None, accountant: str = "pld",
         test_error: Callable[[Tensor], float] | None = None, log_every: int | None = None,
         checkpoint_path: str | Path | None = None, checkpoint_every: int | None = None,
-        max_epsilon: float | None = None, progress: bool = False) -> History:
+        max_epsilon: float | None = None, progress: bool = False, train_metrics: bool = True) -> History:
     """Train ``algorithm`` on ``oracle`` for ``steps`` steps and return the :class:`History`.
 
     Logged every ``log_every`` steps (default ~50 points) and at the end: F(θ_t), ‖∇F(θ_t)‖
@@ -110,7 +110,9 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int = 0, delta: flo
     ``final`` holds the same at the algorithm's output, plus ``algorithm.diagnostics(state)`` where
     an algorithm reports some (O2NC: how often its clips bit). With ``checkpoint_path`` the run resumes
     from that file if it exists and writes it every ``checkpoint_every`` steps. With
-    ``max_epsilon`` it stops before the first step whose planned ε would exceed it.
+    ``max_epsilon`` it stops before the first step whose planned ε would exceed it. With
+    ``train_metrics=False`` F and ‖∇F‖ are not computed (NaN): on a large data set each costs a
+    full pass, more than many training steps.
     """
     _validate.positive_int("steps", steps)
     _validate.open_unit("delta", delta)
@@ -151,8 +153,8 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int = 0, delta: flo
 
     def measure(theta: Tensor) -> dict[str, float]:
         return {
-            "objective": float(oracle.loss(theta)),
-            "grad_norm": float(oracle.gradient(theta).norm()),
+            "objective": float(oracle.loss(theta)) if train_metrics else math.nan,
+            "grad_norm": float(oracle.gradient(theta).norm()) if train_metrics else math.nan,
             "test_error": test_error(theta) if test_error else math.nan,
             "epsilon": ledger.epsilon(delta),
             "passes": visited / n,

@@ -48,19 +48,31 @@ class Method:
 @dataclass(frozen=True)
 class Problem:
     """An oracle with its test-error function (``test_error(θ)``) and, optionally, more final
-    metrics of the output θ (``extra_metrics(θ) -> {name: value}``, added to ``History.final``) and
-    the starting point ``theta0`` (default zeros)."""
+    metrics of the output θ (``extra_metrics(θ) -> {name: value}``) and of the whole run
+    (``history_metrics(history) -> {name: value}``), both added to ``History.final``.
+    ``theta0``: the starting point (default 0; a network's initial weights); ``train_metrics``:
+    whether the run logs F and ‖∇F‖ (see :func:`dpopt.train.run`)."""
 
     oracle: Any
     test_error: Callable[[Any], float]
     extra_metrics: Callable[[Any], dict[str, float]] | None = None
-    theta0: Any = None
+    history_metrics: Callable[[History], dict[str, float]] | None = None
+    theta0: torch.Tensor | None = None
+    train_metrics: bool = True
 
     def run(self, algorithm: Any, seed: int, settings: dict[str, Any]) -> History:
-        history = run(algorithm, self.oracle, seed=seed, test_error=self.test_error, theta0=self.theta0, **settings)
+        history = run(algorithm, self.oracle, seed=seed, test_error=self.test_error, theta0=self.theta0,
+                      train_metrics=self.train_metrics, **settings)
         if self.extra_metrics is not None:
             history.final.update(self.extra_metrics(history.theta))
+        if self.history_metrics is not None:
+            history.final.update(self.history_metrics(history))
         return history
+
+
+def steps_for_passes(passes: float, n: int, first: int, rest: int) -> int:
+    """Steps whose expected records visited, first + (T−1)·rest, stay within ``passes``·n (at least 1)."""
+    return max(1, 1 + int((passes * n - first) // rest))
 
 
 def run_seeds(method: Method, params: Params, problem: Problem, *, epsilon: float, delta: float,
@@ -151,8 +163,8 @@ def one_sided_p(ours: Sequence[float], theirs: Sequence[float]) -> float:
     return float(stats.ttest_ind(ours, theirs, equal_var=False, alternative="less").pvalue)
 
 
-def mean_curve(histories: Sequence[History], metric: str) -> tuple[np.ndarray, np.ndarray]:
-    """(passes, mean of ``metric``) over seeds at the logged steps."""
-    passes = np.mean([[r["passes"] for r in h.records] for h in histories], axis=0)
+def mean_curve(histories: Sequence[History], metric: str, x: str = "passes") -> tuple[np.ndarray, np.ndarray]:
+    """(mean of ``x``, mean of ``metric``) over seeds at the logged steps."""
+    xs = np.mean([[r[x] for r in h.records] for h in histories], axis=0)
     values = np.mean([[r[metric] for r in h.records] for h in histories], axis=0)
-    return passes, values
+    return xs, values

@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import torch
 
 from ..algorithms import DPSGD, AClip
 from ..data import load
 from ._runner import Method, Params, Problem
+from ._torch import classifier_problem
 from .aclip_paper import cifar_rows
 from .preset import Experiment
 
@@ -33,19 +33,13 @@ def cifar_arrays(data_dir: str | None, records: int | None) -> tuple[np.ndarray,
 
 
 def build_cifar_problem(key: str, data_dir: str | None) -> tuple[Problem, dict[str, Any]]:
-    """ResNet-18 (GroupNorm) on CIFAR-10; key ``resnet18:cifar10-smoke`` uses 8 records."""
-    from ..models import make_model
-    from ..oracles import TorchModel
-
+    """ResNet-18 (GroupNorm) on CIFAR-10 from its initial weights; key ``resnet18:cifar10-smoke``
+    uses 8 records."""
     smoke = key.endswith("-smoke")
-    X, y, X_test, y_test = cifar_arrays(data_dir, SMOKE_RECORDS if smoke else None)
-    model = make_model("resnet18", seed=0)
-    oracle = TorchModel(model, lambda out, target: torch.nn.functional.cross_entropy(out, target.long(),
-                                                                                     reduction="none"),
-                        torch.as_tensor(X, dtype=torch.float32), torch.as_tensor(y), microbatch_size=8 if smoke else 64)
-    X_test_t, y_test_t = torch.as_tensor(X_test, dtype=torch.float32), torch.as_tensor(y_test)
-    facts = {"n": oracle.n, "dim": oracle.dim, "smoke": smoke, "delta": 1e-5}
-    return Problem(oracle, lambda theta: oracle.error(theta, X_test_t, y_test_t)), facts
+    problem = classifier_problem("resnet18", *cifar_arrays(data_dir, SMOKE_RECORDS if smoke else None),
+                                 microbatch_size=8 if smoke else 64)
+    facts = {"n": problem.oracle.n, "dim": problem.oracle.dim, "smoke": smoke, "delta": 1e-5}
+    return problem, facts
 
 
 def build_cifar_methods(key: str, epochs: int, tuned: dict[str, Params], epsilon: float) -> list[Method]:

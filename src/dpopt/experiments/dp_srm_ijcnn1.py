@@ -19,7 +19,7 @@ import torch
 from ..algorithms import DPAGD, DPSRM, Storm, dp_gd, rrpsgd
 from ..data import load
 from ..oracles import NonconvexLogistic
-from ._runner import Method, Params, Problem
+from ._runner import Method, Params, Problem, steps_for_passes
 
 NAME = "dp-srm-ijcnn1"
 DATASET = "ijcnn1"
@@ -45,24 +45,19 @@ PAPER = [
 ]
 
 
-def _steps_for(passes: float, n: int, first: int, rest: int) -> int:
-    """Steps whose records visited, first + (T−1)·rest, stay within ``passes``·n."""
-    return max(1, 1 + int((passes * n - first) // rest))
-
-
 def _dp_srm(epsilon: float) -> Any:
     def build(n: int, p: Params) -> tuple[Any, int]:
         b0 = p["batch_size"] * p["b0_factor"]
         algo = DPSRM(lr=p["lr"], clip=1.0, clip_diff=0.01, gamma=0.01, noise_multiplier0=1.0, noise_multiplier=1.0,
                      batch_size0=b0, batch_size=p["batch_size"])
-        return algo, _steps_for(PASSES["DP-SRM"][epsilon], n, b0, p["batch_size"])
+        return algo, steps_for_passes(PASSES["DP-SRM"][epsilon], n, b0, p["batch_size"])
     return build
 
 
 def _rrpsgd(epsilon: float) -> Any:
     def build(n: int, p: Params) -> tuple[Any, int]:
         algo = rrpsgd(lr=p["lr"], clip=1.0, noise_multiplier=1.0, batch_size=p["batch_size"])
-        return algo, _steps_for(PASSES["RRPSGD"][epsilon], n, p["batch_size"], p["batch_size"])
+        return algo, steps_for_passes(PASSES["RRPSGD"][epsilon], n, p["batch_size"], p["batch_size"])
     return build
 
 
@@ -82,7 +77,7 @@ def _storm(epsilon: float) -> Any:
     def build(n: int, p: Params) -> tuple[Any, int]:
         b0 = p["batch_size"] * 2
         algo = Storm(lr=p["lr"], momentum=0.01, batch_size0=b0, batch_size=p["batch_size"])
-        return algo, _steps_for(PASSES["STORM"], n, b0, p["batch_size"])
+        return algo, steps_for_passes(PASSES["STORM"], n, b0, p["batch_size"])
     return build
 
 

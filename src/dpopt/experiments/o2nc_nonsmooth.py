@@ -147,7 +147,7 @@ def problem(data_dir: str | None, key: str) -> tuple[Problem, dict[str, Any]]:
 
     facts = {"n": base.n, "d": base.dim, "phi": phi, "alpha": ALPHA, "goldstein_points": GOLDSTEIN_POINTS,
              "goldstein_seed": 0}
-    return Problem(oracle, lambda theta: base.error(theta, X_test, y_test), extra, theta0), facts
+    return Problem(oracle, lambda theta: base.error(theta, X_test, y_test), extra, theta0=theta0), facts
 
 
 def methods(epsilon: float, key: str) -> list[Method]:

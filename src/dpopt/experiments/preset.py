@@ -34,13 +34,14 @@ class Experiment:
     make_methods: Callable[[str, int, dict[str, Params], float], list[Method]]
     delta_of: Callable[[str], float]
     describe: Callable[[dict[str, Any]], str]
-    CURVES: dict[str, str] = field(default_factory=lambda: {"training objective": "objective"})
+    CURVES: dict[str, str | tuple[str, str]] = field(default_factory=lambda: {"training objective": "objective"})
     TUNED: dict[str, dict[str, Params]] = field(default_factory=dict)
     TUNING_COST: dict[str, Any] = field(default_factory=dict)
     TUNING_SEEDS: tuple[int, ...] = (1000, 1001, 1002)
     TUNE_EPSILON: float | None = None
     SMOKE_PROBLEMS: tuple[str, ...] | None = None
     LOG_POINTS: int = 40
+    SEEDS: int = 10
 
     def problems(self, quick: bool) -> tuple[str, ...]:
         return self.SMOKE_PROBLEMS if quick and self.SMOKE_PROBLEMS else self.PROBLEMS

@@ -12,7 +12,8 @@ table), ``METRICS``, ``OURS``, ``TUNING_SEEDS``, ``TUNING_COST``, ``problem(data
 ``methods(epsilon, key)`` and ``notes(payload)``; optionally ``PROBLEMS`` (problem keys;
 default one problem, key None), ``COMPARISONS`` ((ours, baseline) name pairs), ``TEST_METRICS``
 (default objective and gradient norm), ``TABLE_METRICS`` and ``PAPER_METRICS`` (the columns of
-results.md), ``LOG_POINTS`` (logged points per run, default 40; logging is measurement only and
+results.md), ``CURVES`` (figure panels: title -> metric, or (metric, x) with x in
+:data:`X_LABELS`; default x: data passes), ``SEEDS`` (default seed count), ``LOG_POINTS`` (logged points per run, default 40; logging is measurement only and
 does not change a run).
 """
 
@@ -37,6 +38,9 @@ def _module(name: str) -> ModuleType:
     return EXPERIMENTS[name]
 
 
+#: Axis labels of the logged quantities curves can be drawn against (``CURVES`` values ``(metric, x)``).
+X_LABELS = {"passes": "data passes (epochs)", "wall_time_s": "training wall time (s)"}
+
 #: ``--quick`` runs 2 seeds of every method for this fraction of its steps (noise calibrated for
 #: the shorter run): a smoke test of the whole pipeline, not numbers to compare with the paper.
 QUICK_STEPS = 0.25
@@ -47,9 +51,11 @@ def reproduce(name: str, *, seeds: int | None = None, quick: bool = False, out: 
               workers: int | None = None) -> dict[str, Any]:
     """Run experiment ``name`` and write its report under ``out`` (default ``results/<name>``).
 
-    Seeds run in ``workers`` processes (default: one per core)."""
+    Seeds run in ``workers`` processes (default: one per core); their number defaults to the
+    preset's ``SEEDS`` (10 if it has none), 2 under ``quick``."""
     exp = _module(name)
-    n_seeds = _validate.positive_int("seeds", seeds if seeds is not None else (2 if quick else 10))
+    n_seeds = _validate.positive_int("seeds", seeds if seeds is not None else
+                                     (2 if quick else getattr(exp, "SEEDS", 10)))
     workers = _validate.positive_int("workers", workers if workers is not None else os.cpu_count() or 1)
     out_dir = Path(out) if out else Path("results") / name
     pool = Pool(workers, _problem_of, name, data_dir) if workers > 1 else None
@@ -73,6 +79,7 @@ def _run_all(exp: ModuleType, data_dir: str | None, n_seeds: int, quick: bool, r
     rows, tuning, curves, facts = [], {}, {}, {}
     chosen: dict[tuple[Any, str], dict[str, Any]] = {}  # with TUNE_EPSILON: one tuning per method
     test_metrics = getattr(exp, "TEST_METRICS", ("objective", "grad_norm"))
+    log_points = 10 if quick else getattr(exp, "LOG_POINTS", 40)
     for key in _problem_keys(exp, quick):
         problem, facts[str(key)] = exp.problem(data_dir, key)
         delta = exp.delta(key) if hasattr(exp, "delta") else exp.DELTA
@@ -85,7 +92,7 @@ def _run_all(exp: ModuleType, data_dir: str | None, n_seeds: int, quick: bool, r
                 if tuned:
                     tuning[f"{'' if key is None else f'{key} '}{method.name} ε={epsilon if method.private else None}"] = tuned
                 histories = run_seeds(method, params, problem, epsilon=epsilon, delta=delta, seeds=range(n_seeds),
-                                      log_points=10 if quick else getattr(exp, "LOG_POINTS", 40),
+                                      log_points=log_points,
                                       step_fraction=QUICK_STEPS if quick else 1.0,
                                       pool=pool, key=key)
                 rows.append({"problem": key, "algorithm": method.name, "epsilon": epsilon if method.private else None,
@@ -108,7 +115,7 @@ def _run_all(exp: ModuleType, data_dir: str | None, n_seeds: int, quick: bool, r
         "experiment": exp.NAME, "rows": rows,
         "paper": [_paper_row(row, exp.delta(row["problem"]) if hasattr(exp, "delta") else exp.DELTA)
                   for row in exp.PAPER],
-        "seeds": n_seeds, "quick": quick, "facts": facts, "t_tests": tests,
+        "seeds": n_seeds, "quick": quick, "log_points": log_points, "facts": facts, "t_tests": tests,
         "grids": {m.name: m.grid for m in exp.methods(exp.EPSILONS[0], _problem_keys(exp, quick)[0])},
         "tuning": tuning or exp.TUNING_COST, "wall_time_s": time.perf_counter() - started, "_curves": curves,
     }
@@ -178,16 +185,20 @@ def _write(out_dir: Path, payload: dict[str, Any], exp: ModuleType) -> None:
     report.write_text(out_dir / "results.md", _markdown(payload, exp))
     if hasattr(exp, "figures"):  # a preset's own figures beside the curves
         exp.figures(out_dir, payload)
-    shown = getattr(exp, "CURVES", {"objective": "objective", "gradient norm": "grad_norm"})
+    shown = {title: (spec, "passes") if isinstance(spec, str) else spec  # a metric, or (metric, x axis)
+             for title, spec in getattr(exp, "CURVES", {"objective": "objective", "gradient norm": "grad_norm"}).items()}
     for key in _problem_keys(exp, payload["quick"]):
         for epsilon in exp.EPSILONS:
             panels: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {title: {} for title in shown}
             for (problem, method, eps), histories in curves.items():
                 if problem == key and eps in (epsilon, None):
-                    for title, metric in shown.items():
-                        panels[title][method] = mean_curve(histories, metric)
+                    for title, (metric, x) in shown.items():
+                        panels[title][method] = mean_curve(histories, metric, x)
+            if not any(panels.values()):
+                continue  # no method runs at this ε on this problem
             name = f"curves_eps{epsilon}.png" if key is None else f"curves_{key.replace(':', '-')}_eps{epsilon}.png"
-            report.curves_figure(out_dir / name, panels, xlabel="data passes (epochs)", log_x=True)
+            report.curves_figure(out_dir / name, panels, log_x=True,
+                                 xlabel={title: X_LABELS[x] for title, (_, x) in shown.items()})
 
 
 def _markdown(payload: dict[str, Any], exp: ModuleType) -> str:

@@ -1,0 +1,40 @@
+"""An image classifier as a reproduction :class:`Problem`: a network of :mod:`dpopt.models` with
+per-record cross-entropy on flat rows, its test error, and its initial weights as θ0."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..train import History
+from ._runner import Problem
+
+
+def cross_entropy(out: Tensor, target: Tensor) -> Tensor:
+    """ℓ_i = −log softmax(out_i)[y_i], one value per record (integer labels stored as floats)."""
+    return torch.nn.functional.cross_entropy(out, target.long(), reduction="none")
+
+
+def classifier_problem(model: str, X: np.ndarray, y: np.ndarray, X_test: np.ndarray, y_test: np.ndarray, *,
+                       microbatch_size: int, train_metrics: bool = True,
+                       history_metrics: Callable[[History], dict[str, float]] | None = None) -> Problem:
+    """``make_model(model, seed=0)`` on float32 rows ``X``; θ0 = its initial weights (the same for
+    every run: seeds vary batches and noise). With ``train_metrics=False`` the logged points skip
+    F and ‖∇F‖ (each a full pass over X) and F is measured once, at the output."""
+    from ..models import make_model
+    from ..oracles import TorchModel
+
+    oracle = TorchModel(make_model(model, seed=0), cross_entropy, torch.as_tensor(X, dtype=torch.float32),
+                        torch.as_tensor(y), microbatch_size=microbatch_size)
+    X_test_t, y_test_t = torch.as_tensor(X_test, dtype=torch.float32), torch.as_tensor(y_test)
+
+    def final_objective(theta: Any) -> dict[str, float]:
+        return {"objective": float(oracle.loss(theta))}
+
+    return Problem(oracle, lambda theta: oracle.error(theta, X_test_t, y_test_t),
+                   extra_metrics=None if train_metrics else final_objective, history_metrics=history_metrics,
+                   theta0=oracle.flat_params().double(), train_metrics=train_metrics)
