@@ -7,10 +7,11 @@ that :func:`dpopt.accounting.calibrate` scales.
 """
 
 from .aclip import AClip, RestartedAClip, Stage
+from .diff2 import DIFF2, DIFF2BVR
 from .dp_agd import DPAGD
 from .dp_sgd import DPSGD, dp_gd
 from .dp_srm import DPSRM
 from .rrpsgd import rrpsgd
 from .storm import Storm
 
-__all__ = ["AClip", "DPAGD", "DPSGD", "DPSRM", "RestartedAClip", "Stage", "Storm", "dp_gd", "rrpsgd"]
+__all__ = ["AClip", "DIFF2", "DIFF2BVR", "DPAGD", "DPSGD", "DPSRM", "RestartedAClip", "Stage", "Storm", "dp_gd", "rrpsgd"]

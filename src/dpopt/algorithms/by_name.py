@@ -6,26 +6,31 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .. import _validate
+from .. import _validate, sampling
 from .aclip import AClip
+from .diff2 import DIFF2, DIFF2BVR
 from .dp_agd import DPAGD
 from .dp_sgd import DPSGD, dp_gd
 from .dp_srm import DPSRM
 from .rrpsgd import rrpsgd
 from .storm import Storm
 
-NAMES = ("dp-sgd", "dp-gd", "dp-srm", "rrpsgd", "dp-agd", "aclip", "storm")
+NAMES = ("dp-sgd", "dp-gd", "dp-srm", "rrpsgd", "dp-agd", "aclip", "storm", "diff2-gd", "diff2-bvr")
 #: The methods with no privacy (nothing to calibrate).
 NON_PRIVATE = ("storm",)
 
 
 def build(name: str, *, n: int, batch_size: int = 256, lr: float = 0.5, clip: float = 1.0,
           clip_diff: float = 0.01, gamma: float = 0.01, sampling: str = "poisson", obj_clip: float = 1.0,
-          radius: float = math.inf) -> Any:
+          radius: float = math.inf, clients: int = 10, restart: int = 20, local_steps: int = 2,
+          backend: Any = None) -> Any:
     """Algorithm ``name`` for n records. ``batch_size`` is the expected batch (DP-SRM's and STORM's
     first batch is twice it, capped at n); ``clip`` is C (DP-SGD, DP-SRM's C1, DP-AGD) or λ
     (AClip); ``clip_diff`` and ``gamma`` are DP-SRM's C2 and γ (γ is STORM's momentum);
-    ``radius`` is AClip's constraint ball; ``obj_clip`` DP-AGD's clip of per-record losses."""
+    ``radius`` is AClip's constraint ball; ``obj_clip`` DP-AGD's clip of per-record losses.
+    DIFF2 (``diff2-gd``, ``diff2-bvr``): ``clip`` and ``clip_diff`` are C1 and C2 (C3 = C2 for
+    the local steps), ``restart`` is T, ``clients`` is P (an i.i.d. equal split, seed 0),
+    ``local_steps`` and ``batch_size`` are BVR's K and b, ``backend`` a distributed backend."""
     _validate.one_of("algorithm", name, NAMES)
     if name in ("dp-sgd", "rrpsgd", "dp-srm", "storm", "aclip"):
         _validate.positive_int("batch_size", batch_size, maximum=n, maximum_name="n (training records)")
@@ -43,6 +48,15 @@ def build(name: str, *, n: int, batch_size: int = 256, lr: float = 0.5, clip: fl
         return Storm(lr=lr, momentum=gamma, batch_size0=first, batch_size=batch_size, sampling=sampling)
     if name == "aclip":
         return AClip(lr=lr, clip=clip, noise_multiplier=1.0, batch_size=batch_size, radius=radius)
+    if name in ("diff2-gd", "diff2-bvr"):
+        split = sampling.Clients(n, clients)
+        extra = {} if backend is None else {"backend": backend}
+        common = dict(lr=lr, clip=clip, clip_diff=clip_diff, restart=restart, noise_multiplier1=1.0,
+                      noise_multiplier2=1.0, clients=split, **extra)
+        if name == "diff2-gd":
+            return DIFF2(**common)
+        return DIFF2BVR(**common, local_steps=local_steps, local_batch=min(batch_size, split.size),
+                        clip_local=clip_diff, noise_multiplier3=1.0)
     return DPAGD(clip=clip, obj_clip=obj_clip, noise_multiplier=1.0)
 
 
