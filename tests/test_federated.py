@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 import multiprocessing
 import os
 import time
@@ -144,3 +145,35 @@ def test_a_dead_client_stops_the_server_with_a_clear_error_and_the_checkpoint_re
     whole = dpopt.run(diff2(Local()), glm(), steps=STEPS, seed=SEED, log_every=1)
     assert torch.allclose(resumed.theta, whole.theta, rtol=1e-6, atol=0)
     assert resumed.final["epsilon"] == whole.final["epsilon"]
+
+
+# ------------------------------------------------------------------------------ the command line
+
+RUN = ["run", "--algorithm", "diff2-gd", "--dataset", "california_housing", "--model", "mlp", "--epsilon", "3",
+       "--steps", "6", "--restart", "3", "--clip-diff", "3", "--json"]
+
+
+def test_cli_torch_backend_gives_the_local_run(tmp_path, capfd, shared_data_dir):
+    from dpopt.cli import main
+
+    common = [*RUN, "--data-dir", str(shared_data_dir)]
+    assert main([*common, "--out", str(tmp_path / "local")]) == 0
+    local = json.loads(capfd.readouterr().out)
+    assert main([*common, "--backend", "torch", "--nproc", "2", "--out", str(tmp_path / "torch")]) == 0
+    torch_run = json.loads(capfd.readouterr().out.strip().splitlines()[-1])
+    assert torch_run["final"]["epsilon"] == local["final"]["epsilon"] <= 3
+    assert torch_run["final"]["objective"] == pytest.approx(local["final"]["objective"], rel=1e-9)
+    thetas = [torch.tensor(json.loads((tmp_path / which / "history.json").read_text())["theta"])
+              for which in ("local", "torch")]
+    assert float((thetas[1] - thetas[0]).norm() / thetas[0].norm()) <= 1e-6
+
+
+def test_cli_torch_backend_errors_are_one_line(tmp_path, capsys):
+    from dpopt.cli import main
+
+    assert main([*RUN, "--backend", "torch", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == "dpopt: error: nproc=1 must be >= 2 with backend='torch' (rank 0 is the server)\n"
+    assert main([*RUN[:2], "dp-sgd", *RUN[3:], "--backend", "torch", "--nproc", "2", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith("dpopt: error: backend='torch' runs the federated algorithms")
+    assert main([*RUN, "--backend", "mpi", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == "dpopt: error: backend='mpi' must be one of: local, torch\n"

@@ -72,8 +72,10 @@ import torch
 from torch import nn
 
 from . import _validate
+from .oracles import TorchModel
 
-__all__ = ["ACTIVATIONS", "MODELS", "BasicBlock", "cnn5", "cnn6", "make_model", "mlp", "mnist_cnn", "resnet18"]
+__all__ = ["ACTIVATIONS", "MODELS", "BasicBlock", "cnn5", "cnn6", "cross_entropy", "make_model", "mlp", "mlp_oracle",
+           "mnist_cnn", "resnet18", "squared_loss"]
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "softplus": nn.Softplus}
 
@@ -200,6 +202,27 @@ def mlp(inputs: int, *, hidden: int = 10, outputs: int = 1, activation: str = "s
             for param in (layer.weight, layer.bias):
                 param.copy_(torch.rand(param.shape, generator=gen, dtype=param.dtype) * 2 * bound - bound)
     return model
+
+
+def squared_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-record squared loss (f(x) − y)²."""
+    return (out - y) ** 2
+
+
+def cross_entropy(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-record cross-entropy of logits ``out [B, k]`` and class indices ``y``."""
+    return nn.functional.cross_entropy(out, y.long(), reduction="none")
+
+
+def mlp_oracle(X: torch.Tensor, y: torch.Tensor, *, classes: int | None = None, seed: int = 0) -> TorchModel:
+    """The DIFF2 paper's problem on ``(X, y)``: :func:`mlp` with squared loss on a regression
+    target (``classes=None``) or cross-entropy over ``classes`` classes, as a ghost-engine
+    :class:`~dpopt.oracles.TorchModel` computing all records in one chunk (the network is tiny:
+    one chunk is the fastest, and full-batch rounds see every record)."""
+    X, y = torch.as_tensor(X, dtype=torch.float64), torch.as_tensor(y, dtype=torch.float64)
+    model = mlp(X.shape[1], outputs=1 if classes is None else classes, seed=seed)
+    loss = squared_loss if classes is None else cross_entropy
+    return TorchModel(model, loss, X, y, engine="ghost", microbatch_size=max(1, len(X)))
 
 
 def make_model(name: str, *, activation: str | None = None, seed: int | None = None) -> nn.Module:

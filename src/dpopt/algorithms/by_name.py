@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .. import _validate, sampling
+from .. import _validate
+from ..sampling import Clients
 from .aclip import AClip
 from .diff2 import DIFF2, DIFF2BVR
 from .dp_agd import DPAGD
@@ -49,7 +50,7 @@ def build(name: str, *, n: int, batch_size: int = 256, lr: float = 0.5, clip: fl
     if name == "aclip":
         return AClip(lr=lr, clip=clip, noise_multiplier=1.0, batch_size=batch_size, radius=radius)
     if name in ("diff2-gd", "diff2-bvr"):
-        split = sampling.Clients(n, clients)
+        split = Clients(n, clients)
         extra = {} if backend is None else {"backend": backend}
         common = dict(lr=lr, clip=clip, clip_diff=clip_diff, restart=restart, noise_multiplier1=1.0,
                       noise_multiplier2=1.0, clients=split, **extra)
