@@ -158,7 +158,10 @@ def _gaussian_pld(runs: Sequence[tuple[dpa.DpEvent, int]], relation: Neighboring
     PLDAccountant builds it, but reusing each sampled-Gaussian step's PLD across calls (a ledger
     is asked for ε at every logged step); None if any event is of another kind."""
     total = privacy_loss_distribution.identity(grid)
+    merged: dict[dpa.DpEvent, int] = {}  # composition commutes: each distinct atom is composed once
     for atom, count in runs:
+        merged[atom] = merged.get(atom, 0) + count
+    for atom, count in merged.items():
         if isinstance(atom, dpa.GaussianDpEvent):
             part = privacy_loss_distribution.from_gaussian_mechanism(
                 standard_deviation=atom.noise_multiplier / math.sqrt(count), value_discretization_interval=grid,

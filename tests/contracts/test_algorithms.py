@@ -424,7 +424,7 @@ BAD_VALUES["aclip"] = [("lr", 0.0), ("lr", math.nan), ("clip", 0.0), ("clip", -1
 BAD_VALUES["aclip-restarted"] = [("noise_multiplier", -1.0), ("radius", 0.0), ("stages", ()), ("stages", (1, 2))]
 BAD_VALUES["diff2-gd"] = [("lr", 0.0), ("clip", 0.0), ("clip_diff", -1.0), ("restart", 0), ("restart", 2.5),
                           ("noise_multiplier1", -1.0), ("noise_multiplier2", INF), ("clients", 4),
-                          ("output_rule", "best")]
+                          ("output_rule", "best"), ("noise_ratios", (1.0,)), ("noise_ratios", (1.0, 0.0))]
 BAD_VALUES["diff2-bvr"] = [("local_steps", 0), ("local_batch", 0), ("local_batch", 101), ("clip_local", 0.0),
                            ("noise_multiplier3", -1.0)]
 BAD_VALUES["dpsgd-fixed"] = BAD_VALUES["dpsgd-poisson"]
@@ -528,3 +528,15 @@ def test_diff2_bvr_ledger_holds_the_most_exposed_client():
     assert sum(count for event, count in runs if event == local) == 3 * 2
     assert sum(count for event, count in runs if event == dpa.GaussianDpEvent(1.0)) == 10
     assert algo.relation() == dpa.NeighboringRelation.REPLACE_ONE
+
+
+def test_diff2_paper_ratios_give_the_restart_rounds_one_over_u_of_the_budget():
+    """Gaussian RDP adds α·k/(2z²) per round kind: ⌈R/T⌉/z1² = (R − ⌈R/T⌉)/((u − 1)·z2²)."""
+    from dpopt.algorithms.diff2 import paper_ratios
+
+    z1, z2 = paper_ratios(2000, 20, u=1.25)
+    assert z1 == pytest.approx(math.sqrt(0.25 * 100 / 1900), rel=1e-15) and z2 == 1.0
+    assert (100 / z1**2) / (1900 / z2**2) == pytest.approx(1 / 0.25, rel=1e-12)
+    assert paper_ratios(2000, 1) == (1.0, 1.0)
+    with pytest.raises(DpoptError, match=re.escape("u=1.0 must be > 1")):
+        paper_ratios(10, 2, u=1.0)

@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import dp_accounting as dpa
 import torch
@@ -62,7 +62,9 @@ class DIFF2:
     """DIFF2-GD. Keyword-only hyper-parameters: step size ``lr`` (η), ``clip`` (C1),
     ``clip_diff`` (C2, scaled each round by ‖x_{r−1} − x_{r−2}‖), ``restart`` (T),
     ``noise_multiplier1``/``noise_multiplier2`` (z1, z2: noise std / sensitivity of the round's
-    clipped sum), ``clients`` (the partition), ``output_rule`` ("uniform" or "last") and
+    clipped sum), ``clients`` (the partition), ``output_rule`` ("uniform" or "last"),
+    ``noise_ratios`` (z1 : z2, fixed while :func:`~dpopt.accounting.calibrate` scales them
+    jointly; :func:`paper_ratios` gives the paper's split) and
     ``backend`` (where clients and server run; not a hyper-parameter: it does not change the
     trajectory, so it is left out of the repr and of checkpoint fingerprints)."""
 
@@ -74,10 +76,10 @@ class DIFF2:
     noise_multiplier2: float
     clients: sampling.Clients
     output_rule: str = "uniform"
+    noise_ratios: tuple[float, ...] = (1.0, 1.0)
     backend: Any = dataclasses.field(default_factory=Local, repr=False, compare=False)
 
-    NOISE_FIELDS: tuple[str, ...] = ("noise_multiplier1", "noise_multiplier2")
-    noise_ratios: tuple[float, ...] = (1.0, 1.0)
+    NOISE_FIELDS: ClassVar[tuple[str, ...]] = ("noise_multiplier1", "noise_multiplier2")
 
     def __post_init__(self) -> None:
         _validate.positive("lr", self.lr)
@@ -89,6 +91,11 @@ class DIFF2:
         if not isinstance(self.clients, sampling.Clients):
             raise _validate.DpoptError(f"clients={self.clients!r} must be a dpopt.sampling.Clients partition")
         _validate.one_of("output_rule", self.output_rule, OUTPUT_RULES)
+        if len(self.noise_ratios) != len(self.NOISE_FIELDS):
+            raise _validate.DpoptError(f"noise_ratios={self.noise_ratios!r} must have one entry per field "
+                                       f"{self.NOISE_FIELDS}")
+        for ratio in self.noise_ratios:
+            _validate.positive("noise_ratios", ratio)
 
     def relation(self) -> dpa.NeighboringRelation:
         return self.clients.relation
@@ -158,6 +165,20 @@ class DIFF2:
         return dpa.ComposedDpEvent([self.event(t) for t in range(steps)])
 
 
+def paper_ratios(rounds: int, restart: int, u: float = 1.25) -> tuple[float, float]:
+    """z1 : z2 of the paper's Proposition 4.1 (σ1² ∝ u⌈R/T⌉, σ2² ∝ u/(u−1)·(R − ⌈R/T⌉)):
+    z1/z2 = √((u − 1)⌈R/T⌉ / (R − ⌈R/T⌉)), i.e. the restart rounds get 1/u of the RDP budget
+    (the paper's experiments: u = 1.25). (1, 1) when every round restarts (T = 1)."""
+    _validate.positive_int("rounds", rounds)
+    _validate.positive_int("restart", restart)
+    if not u > 1:
+        raise _validate.DpoptError(f"u={u!r} must be > 1")
+    restarts = -(-rounds // restart)
+    if restarts == rounds:
+        return (1.0, 1.0)
+    return (math.sqrt((u - 1) * restarts / (rounds - restarts)), 1.0)
+
+
 def _scaled_clip(clip: float, move: Tensor) -> float:
     """C·‖x_{k−1} − x_{k−2}‖ (∞ stays ∞ even for a zero move: the non-private method)."""
     return math.inf if math.isinf(clip) else clip * float(move.norm())
@@ -191,9 +212,9 @@ class DIFF2BVR(DIFF2):
     local_batch: int = 1
     clip_local: float = 1.0
     noise_multiplier3: float = 1.0
-
-    NOISE_FIELDS: tuple[str, ...] = ("noise_multiplier1", "noise_multiplier2", "noise_multiplier3")
     noise_ratios: tuple[float, ...] = (1.0, 1.0, 1.0)
+
+    NOISE_FIELDS: ClassVar[tuple[str, ...]] = ("noise_multiplier1", "noise_multiplier2", "noise_multiplier3")
 
     def __post_init__(self) -> None:
         super().__post_init__()
