@@ -91,11 +91,11 @@ class DIFF2:
         if not isinstance(self.clients, sampling.Clients):
             raise _validate.DpoptError(f"clients={self.clients!r} must be a dpopt.sampling.Clients partition")
         _validate.one_of("output_rule", self.output_rule, OUTPUT_RULES)
-        if len(self.noise_ratios) != len(self.NOISE_FIELDS):
-            raise _validate.DpoptError(f"noise_ratios={self.noise_ratios!r} must have one entry per field "
-                                       f"{self.NOISE_FIELDS}")
-        for ratio in self.noise_ratios:
-            _validate.positive("noise_ratios", ratio)
+        ratios = self.noise_ratios
+        if len(ratios) != len(self.NOISE_FIELDS) or not all(isinstance(r, float | int) and 0 < r < math.inf
+                                                             for r in ratios):
+            raise _validate.DpoptError(f"noise_ratios={ratios!r} must be {len(self.NOISE_FIELDS)} finite numbers > 0, "
+                                       f"one per field {self.NOISE_FIELDS}")
 
     def relation(self) -> dpa.NeighboringRelation:
         return self.clients.relation
