@@ -43,19 +43,23 @@ class Method:
     #: Multiplies the calibrated noise multipliers. 1 for every private method; < 1 only for a
     #: comparison row labelled NOT PRIVATE (its ledger then reports the larger ε it really spent).
     noise_scale: float = 1.0
+    #: How ``grid`` is searched: :func:`tune`'s signature; None is :func:`tune` itself.
+    tuner: Callable[..., dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
 class Problem:
     """An oracle with its test-error function (``test_error(θ)``) and, optionally, more final
-    metrics of the output θ (``extra_metrics(θ) -> {name: value}``, added to ``History.final``)."""
+    metrics of the output θ (``extra_metrics(θ) -> {name: value}``, added to ``History.final``)
+    and the starting point θ0 (default 0)."""
 
     oracle: Any
     test_error: Callable[[Any], float]
     extra_metrics: Callable[[Any], dict[str, float]] | None = None
+    theta0: Any = None
 
     def run(self, algorithm: Any, seed: int, settings: dict[str, Any]) -> History:
-        history = run(algorithm, self.oracle, seed=seed, test_error=self.test_error, **settings)
+        history = run(algorithm, self.oracle, seed=seed, test_error=self.test_error, theta0=self.theta0, **settings)
         if self.extra_metrics is not None:
             history.final.update(self.extra_metrics(history.theta))
         return history
