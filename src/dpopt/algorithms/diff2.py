@@ -180,8 +180,12 @@ def paper_ratios(rounds: int, restart: int, u: float = 1.25) -> tuple[float, flo
 
 
 def _scaled_clip(clip: float, move: Tensor) -> float:
-    """C·‖x_{k−1} − x_{k−2}‖ (∞ stays ∞ even for a zero move: the non-private method)."""
-    return math.inf if math.isinf(clip) else clip * float(move.norm())
+    """C·‖x_{k−1} − x_{k−2}‖ (∞ stays ∞ even for a zero move: the non-private method). A move that
+    is not finite (the iterates diverged) gives 0: nothing more is released about the data."""
+    if math.isinf(clip):
+        return math.inf
+    norm = float(move.norm())
+    return clip * norm if math.isfinite(norm) else 0.0
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,8 @@ def patience_run(algorithm: Any, problem: Problem, steps: int, seed: int, *, che
 
 def patience_tune(method: Method, problem: Problem, *, epsilon: float, delta: float, seeds: Sequence[int],
                   progress: bool = False, pool: Any = None, key: Any = None,
-                  step_sizes: Sequence[float] = STEP_SIZES) -> dict[str, Any]:
+                  step_sizes: Sequence[float] = STEP_SIZES, check_every: int = 20, patience: int = 5,
+                  factor: float = 1.05) -> dict[str, Any]:
     """The paper's search over ``method.grid`` × ``step_sizes`` (one run per trial, on
     ``seeds[0]``), with :func:`dpopt.experiments._runner.tune`'s signature (``pool`` unused: the
     trials are sequential by nature). Returns the choice (grid point and ``lr``), every point's
@@ -82,7 +83,8 @@ def patience_tune(method: Method, problem: Problem, *, epsilon: float, delta: fl
             algorithm = calibrate(algorithm, epsilon=epsilon, delta=delta, n=n, steps=steps)
         score: dict[str, Any] = {"params": point, "objective": math.inf, "lr": None, "abandoned": []}
         for lr in step_sizes:
-            loss, ledger, ran = patience_run(dataclasses.replace(algorithm, lr=lr), problem, steps, seeds[0])
+            loss, ledger, ran = patience_run(dataclasses.replace(algorithm, lr=lr), problem, steps, seeds[0],
+                                             check_every=check_every, patience=patience, factor=factor)
             ledgers.append(ledger)
             rounds += ran
             if math.isfinite(loss):
