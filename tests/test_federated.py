@@ -15,7 +15,6 @@ import json
 import multiprocessing
 import os
 import time
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +28,10 @@ from dpopt.accounting import Ledger
 from dpopt.algorithms._common import Batch
 from dpopt.distributed import HOST, Local, TorchDistributed, launch
 from dpopt.sampling import Clients
+from test_distributed import glm  # the same n = 400, d = 5 data (tests/ is on sys.path)
 
-N, DIM, SEED, STEPS, CLIENTS = 400, 5, 3, 12, 5  # P = 5: ranks host 5 or 3 + 2 clients
+N, DIM, SEED, STEPS, CLIENTS = 400, 5, 3, 12, 5  # glm()'s n and d; P = 5: ranks host 5, or 3 + 2 clients
 TIMEOUT = 5  # seconds
-
-
-@cache
-def glm() -> dpopt.oracles.NonconvexLogistic:
-    gen = torch.Generator().manual_seed(0)
-    X = torch.randn(N, DIM, generator=gen, dtype=torch.float64)
-    w = torch.randn(DIM, generator=gen, dtype=torch.float64)
-    y = torch.where(X @ w + 0.5 * torch.randn(N, generator=gen, dtype=torch.float64) >= 0, 1.0, -1.0)
-    return dpopt.oracles.NonconvexLogistic(X, y, reg=0.1)
 
 
 def diff2(backend: Any, z: float = 1.0) -> dpopt.DIFF2:

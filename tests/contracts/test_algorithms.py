@@ -492,7 +492,8 @@ def test_diff2_with_restart_one_is_dp_gd_exactly():
 
 
 def test_diff2_noise_is_z_times_two_c_over_m_p():
-    """Restart round: θ⁺(z1) − θ⁺(0) = −η·z1·2C1·ξ/(mP); later rounds: −η·z2·2·C2‖x_{r−1} − x_{r−2}‖·ξ/(mP)
+    """Restart round: θ⁺(z1) − θ⁺(0) = −η·z1·2C1·ξ/(mP); later rounds:
+    −η·z2·2·C2‖x_{r−1} − x_{r−2}‖·ξ/(mP)
     (the difference of the estimators, everything else being equal), ξ the noise generator's normals."""
     algo = dataclasses.replace(TABLE["diff2-gd"].make(1.0, 0.3), noise_multiplier1=1.7, noise_multiplier2=0.9)
     clean = dataclasses.replace(algo, noise_multiplier1=0.0, noise_multiplier2=0.0)

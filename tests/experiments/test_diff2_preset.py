@@ -8,7 +8,6 @@ import math
 import time
 
 import dp_accounting as dpa
-import pytest
 import torch
 
 from dpopt.accounting import calibrate, epsilon_of
