@@ -65,7 +65,7 @@ def test_seed_is_reproducible_and_leaves_the_global_generator_alone():
 def test_unknown_names_are_refused():
     with pytest.raises(DpoptError, match=r"^model='resnet' must be one of: mnist-cnn, cnn5, cnn6, resnet18$"):
         make_model("resnet")
-    with pytest.raises(DpoptError, match=r"^activation='gelu' must be one of: tanh, relu$"):
+    with pytest.raises(DpoptError, match=r"^activation='gelu' must be one of: tanh, relu, softplus$"):
         make_model("cnn5", activation="gelu")
 
 

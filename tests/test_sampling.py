@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import dp_accounting as dpa
 import pytest
@@ -186,3 +187,35 @@ def test_run_with_batch_size_above_n_raises():
 def test_bad_sampler_arguments(make, message):
     with pytest.raises(DpoptError, match=message):
         make()
+
+
+def test_clients_iid_split_is_an_equal_partition_fixed_by_the_seed():
+    clients = sampling.Clients(103, 10, seed=4)
+    shards = clients.shards
+    assert clients.size == 10 and clients.expected_size == 100.0 and len(shards) == 10
+    used = torch.cat(shards)
+    assert len(used.unique()) == 100 and all(len(shard) == 10 for shard in shards)
+    assert torch.equal(clients.sample(torch.Generator()), used)
+    assert all(torch.equal(a, b) for a, b in zip(shards, sampling.Clients(103, 10, seed=4).shards))
+    assert not torch.equal(used, sampling.Clients(103, 10, seed=5).records(range(10)))
+    assert clients.relation == dpa.NeighboringRelation.REPLACE_ONE
+    assert clients.wrap(dpa.GaussianDpEvent(1.0)) == dpa.GaussianDpEvent(1.0)
+
+
+def test_clients_label_split_gives_each_client_one_label_when_labels_are_balanced():
+    labels = torch.arange(100) % 5  # 20 records of each of 5 labels; 10 clients of 10
+    clients = sampling.Clients(100, 10, split="label", labels=labels)
+    for shard in clients.shards:
+        assert len(labels[shard].unique()) == 1
+    iid = sampling.Clients(100, 10, labels=labels)
+    assert max(len(labels[shard].unique()) for shard in iid.shards) > 1
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"n": 5, "count": 6}, "clients=6 must be >= 1 and <= n=5"),
+    ({"n": 5, "count": 2, "split": "dirichlet"}, "split='dirichlet' must be one of: iid, label"),
+    ({"n": 5, "count": 2, "split": "label"}, "split='label' needs labels of length n=5"),
+])
+def test_clients_refuse_bad_arguments(kwargs, message):
+    with pytest.raises(DpoptError, match=re.escape(message)):
+        sampling.Clients(**kwargs)

@@ -23,12 +23,15 @@ from .algorithms.by_name import NAMES as ALGORITHMS
 from .algorithms.by_name import NON_PRIVATE
 from .algorithms.by_name import build as build_algorithm
 from .mechanisms import NOISES
+from .data.tabular import prepared
+from .models import mlp_oracle
 from .oracles import make as make_oracle
 from .train import run
 
 MECHANISMS = ("poisson-gaussian", "wor-gaussian", "gaussian", "tree")
 EXPLAINED = ("aclip",)
-MODELS = ("logistic", "nonconvex-logistic", "ridge")
+MODELS = ("logistic", "nonconvex-logistic", "ridge", "mlp")
+FEDERATED = ("diff2-gd", "diff2-bvr")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -114,6 +117,12 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     rank 0's summary (None on the other ranks, which write and print nothing)."""
     nproc = _validate.positive_int("nproc", args.nproc)
     _shared_noise(max(nproc, distributed.world_size()), args.noise)
+    _validate.one_of("backend", args.backend, ("local", "torch"))
+    if args.backend == "torch" and args.algorithm not in FEDERATED:
+        raise _validate.DpoptError(f"backend='torch' runs the federated algorithms ({', '.join(FEDERATED)}); "
+                                   f"algorithm={args.algorithm!r} is data-parallel with --nproc alone")
+    if args.backend == "torch" and nproc == 1 and distributed.world_size() == 1:
+        raise _validate.DpoptError("nproc=1 must be >= 2 with backend='torch' (rank 0 is the server)")
     if nproc > 1 and distributed.world_size() == 1:
         return distributed.launch(_run, nproc, args)[0]
     created = distributed.init_from_env()
@@ -139,26 +148,38 @@ def _train(args: argparse.Namespace) -> dict[str, Any] | None:
     delta = _validate.open_unit("delta", args.delta)
     steps = _validate.positive_int("steps", args.steps)
     dataset = data.load(args.dataset, args.data_dir)
-    needed = "regression" if args.model == "ridge" else "binary"
-    if dataset.task != needed:
+    needed = {"ridge": ("regression",), "mlp": ("regression", "multiclass")}.get(args.model, ("binary",))
+    if dataset.task not in needed:
         raise _validate.DpoptError(f"dataset={args.dataset!r} is a {dataset.task} task; model={args.model!r} "
-                                   f"needs a {needed} data set")
-    oracle = make_oracle(args.model, torch.as_tensor(dataset.X_train), torch.as_tensor(dataset.y_train), reg=args.reg)
+                                   f"needs a {' or '.join(needed)} data set")
+    X_test, y_test = torch.as_tensor(dataset.X_test), torch.as_tensor(dataset.y_test)
+    if args.model == "mlp":  # the DIFF2 paper's network and preparation
+        dataset = prepared(dataset)
+        classes = int(max(dataset.y_train.max(), dataset.y_test.max())) + 1 if dataset.task == "multiclass" else None
+        oracle = mlp_oracle(dataset.X_train, dataset.y_train, classes=classes)
+        tester = mlp_oracle(dataset.X_test, dataset.y_test, classes=classes)
+        test_error = tester.loss if classes is None else (lambda theta: oracle.error(theta, tester.X, tester.y))
+    else:
+        oracle = make_oracle(args.model, torch.as_tensor(dataset.X_train), torch.as_tensor(dataset.y_train),
+                             reg=args.reg)
+        test_error = (lambda theta: oracle.error(theta, X_test, y_test))
     processes, lead = distributed.world_size(), distributed.rank() == 0
-    if processes > 1:
+    if processes > 1 and args.backend == "local":
         oracle = distributed.Sharded(oracle)
     algorithm = build_algorithm(args.algorithm, n=oracle.n, batch_size=args.batch_size, lr=args.lr, clip=args.clip,
                                 clip_diff=args.clip_diff, gamma=args.gamma, sampling=args.sampling,
-                                obj_clip=args.obj_clip, noise=args.noise)
+                                obj_clip=args.obj_clip, noise=args.noise, clients=args.clients, restart=args.restart,
+                                local_steps=args.local_steps, backend=distributed.backend(args.backend))
     if args.algorithm not in NON_PRIVATE:
         ratios = (_validate.positive("noise_ratio", args.noise_ratio), 1.0) if args.algorithm == "dp-srm" else None
         algorithm = calibrate(algorithm, epsilon=epsilon, delta=delta, n=oracle.n, steps=steps,
                               accountant=args.accountant, ratios=ratios)
     out = Path(args.out or f"results/run-{args.algorithm}-{args.dataset}")
-    X_test, y_test = torch.as_tensor(dataset.X_test), torch.as_tensor(dataset.y_test)
     with distributed.resumable(out / "checkpoint.pt") as checkpoint_path:  # rank 0 alone writes out/
+        theta0 = oracle.flat_params() if args.model == "mlp" else None  # the network's initialisation
         history = run(algorithm, oracle, steps=steps, seed=args.seed, delta=delta, accountant=args.accountant,
-                      test_error=(lambda theta: oracle.error(theta, X_test, y_test)) if lead else None,
+                      theta0=theta0,
+                      test_error=(lambda theta: float(test_error(theta))) if lead else None,
                       checkpoint_path=checkpoint_path, checkpoint_every=args.checkpoint_every if lead else None,
                       max_epsilon=args.max_epsilon, progress=lead and not args.json and sys.stderr.isatty())
     if not lead:
@@ -251,7 +272,12 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--sampling", choices=("poisson", "fixed"), default="poisson")
     sub.add_argument("--lr", type=float, default=0.5)
     sub.add_argument("--clip", type=float, default=1.0)
-    sub.add_argument("--clip-diff", type=float, default=0.01, help="DP-SRM's C2")
+    sub.add_argument("--clip-diff", type=float, default=0.01, help="DP-SRM's and DIFF2's C2")
+    sub.add_argument("--clients", type=int, default=10, help="DIFF2's P (an i.i.d. equal split)")
+    sub.add_argument("--restart", type=int, default=20, help="DIFF2's restart interval T")
+    sub.add_argument("--local-steps", type=int, default=2, help="DIFF2-BVR-L-SGD's K")
+    sub.add_argument("--backend", default="local", help="local, or torch: DIFF2's clients on ranks 1..K-1 of "
+                     "--nproc K processes (or torchrun's), the server on rank 0")
     sub.add_argument("--gamma", type=float, default=0.01, help="DP-SRM/STORM momentum γ")
     sub.add_argument("--noise-ratio", type=float, default=1.0, help="DP-SRM's σ0/σ, fixed while calibrating")
     sub.add_argument("--obj-clip", type=float, default=1.0, help="DP-AGD's clip of per-record losses")

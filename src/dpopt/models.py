@@ -72,10 +72,12 @@ import torch
 from torch import nn
 
 from . import _validate
+from .oracles import TorchModel
 
-__all__ = ["ACTIVATIONS", "MODELS", "BasicBlock", "cnn5", "cnn6", "make_model", "mnist_cnn", "resnet18"]
+__all__ = ["ACTIVATIONS", "MODELS", "BasicBlock", "cnn5", "cnn6", "cross_entropy", "make_model", "mlp", "mlp_oracle",
+           "mnist_cnn", "resnet18", "squared_loss"]
 
-ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
+ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "softplus": nn.Softplus}
 
 
 def mnist_cnn(*, activation: str = "tanh") -> nn.Sequential:
@@ -172,6 +174,55 @@ MODELS: dict[str, Callable[..., nn.Sequential]] = {
     "cnn6": cnn6,
     "resnet18": resnet18,
 }
+
+
+def mlp(inputs: int, *, hidden: int = 10, outputs: int = 1, activation: str = "softplus",
+        seed: int = 0) -> nn.Sequential:
+    """The DIFF2 paper's network (Murata & Suzuki 2023, §6): one hidden layer of ``hidden``
+    softplus units, in float64. ``outputs=1`` gives one value per record (``[B]``: squared loss
+    on a regression target); ``outputs=k`` gives ``[B, k]`` logits (cross-entropy).
+
+    Initialisation: every weight and bias of a layer with w_in inputs is drawn from
+    U[−1/√w_in, 1/√w_in] (generator seeded with ``seed``). The paper's text reads
+    "U[−√w_in, √w_in]"; taken literally that scale grows with the width (±16.7 for
+    BlogFeedback's 280 inputs, pre-activations of order 10²) and saturates the network, so we
+    read it as the usual 1/√w_in (PyTorch's own ``nn.Linear`` default range).
+    """
+    _validate.positive_int("inputs", inputs)
+    _validate.positive_int("hidden", hidden)
+    _validate.positive_int("outputs", outputs)
+    layers: list[nn.Module] = [nn.Linear(inputs, hidden), _activation(activation)(), nn.Linear(hidden, outputs)]
+    if outputs == 1:
+        layers.append(nn.Flatten(0))
+    model = nn.Sequential(*layers).double()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in (model[0], model[2]):
+            bound = 1 / layer.in_features ** 0.5
+            for param in (layer.weight, layer.bias):
+                param.copy_(torch.rand(param.shape, generator=gen, dtype=param.dtype) * 2 * bound - bound)
+    return model
+
+
+def squared_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-record squared loss (f(x) − y)²."""
+    return (out - y) ** 2
+
+
+def cross_entropy(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-record cross-entropy of logits ``out [B, k]`` and class indices ``y``."""
+    return nn.functional.cross_entropy(out, y.long(), reduction="none")
+
+
+def mlp_oracle(X: torch.Tensor, y: torch.Tensor, *, classes: int | None = None, seed: int = 0) -> TorchModel:
+    """The DIFF2 paper's problem on ``(X, y)``: :func:`mlp` with squared loss on a regression
+    target (``classes=None``) or cross-entropy over ``classes`` classes, as a ghost-engine
+    :class:`~dpopt.oracles.TorchModel` computing all records in one chunk (the network is tiny:
+    one chunk is the fastest, and full-batch rounds see every record)."""
+    X, y = torch.as_tensor(X, dtype=torch.float64), torch.as_tensor(y, dtype=torch.float64)
+    model = mlp(X.shape[1], outputs=1 if classes is None else classes, seed=seed)
+    loss = squared_loss if classes is None else cross_entropy
+    return TorchModel(model, loss, X, y, engine="ghost", microbatch_size=max(1, len(X)))
 
 
 def make_model(name: str, *, activation: str | None = None, seed: int | None = None) -> nn.Module:

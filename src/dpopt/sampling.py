@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import dp_accounting as dpa
 import torch
@@ -156,11 +157,73 @@ class SinglePass:
     def sample(self, gen: torch.Generator) -> Tensor:
         return _permutation(self.n, self.seed)[self.start : self.start + self.size]
 
+
+@dataclass(frozen=True)
+class Clients:
+    """A data set split into ``count`` clients' shards of equal size m = ⌊n / count⌋ (the
+    n mod count left-over records belong to no client and are never used), and the sampler of
+    a round in which every client uses its whole shard.
+
+    ``split="iid"``: a uniformly random permutation of the records cut into consecutive shards
+    (the paper's i.i.d. equal split). ``split="label"``: records sorted by ``labels`` (ties in
+    random order) and cut into consecutive shards, so each client sees one or two labels (the
+    usual label-skewed split). The permutation comes from ``seed`` only: it is public and
+    data-independent for "iid"; for "label" it depends on the labels, which is the clients'
+    own arrangement of their data, not a release.
+
+    Privacy is per client data set D_p, record-level, under replace-one adjacency (each client's
+    m is public). A round's sum of clipped vectors over all used records has sensitivity 2C with
+    respect to any D_p (a record lives in exactly one shard); dividing by the public m·count
+    gives (1/P) Σ_p ClippedMean(D_p), whose sensitivity is 2C/(n_min·P) with n_min = m. No
+    amplification (``wrap`` is the identity).
+    """
+
+    n: int
+    count: int
+    split: str = "iid"
+    seed: int = 0
+    labels: Tensor | None = field(default=None, repr=False, compare=False)
+
+    relation = NeighboringRelation.REPLACE_ONE
+    SPLITS = ("iid", "label")
+
+    def __post_init__(self) -> None:
+        _validate.positive_int("clients", self.count, maximum=self.n, maximum_name="n")
+        _validate.one_of("split", self.split, self.SPLITS)
+        if self.split == "label" and (self.labels is None or len(self.labels) != self.n):
+            raise _validate.DpoptError(f"split='label' needs labels of length n={self.n}")
+
+    @property
+    def size(self) -> int:
+        """n_min = m: every client's number of records."""
+        return self.n // self.count
+
+    @property
+    def expected_size(self) -> float:
+        return float(self.size * self.count)
+
+    @functools.cached_property
+    def shards(self) -> tuple[Tensor, ...]:
+        """Client p's record indices, sorted, for p = 0 … count − 1."""
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed))
+        if self.split == "label":
+            order = order[torch.argsort(torch.as_tensor(self.labels)[order], stable=True)]
+        used = order[: self.size * self.count].reshape(self.count, self.size)
+        return tuple(row.sort().values for row in used)
+
+    def records(self, clients: Sequence[int]) -> Tensor:
+        """The indices of the records of ``clients`` (in client order)."""
+        parts = [self.shards[p] for p in clients]
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+
+    def sample(self, gen: torch.Generator) -> Tensor:
+        return self.records(range(self.count))
+
     def wrap(self, event: dpa.DpEvent) -> dpa.DpEvent:
         return event
 
 
-Sampler = FullBatch | Poisson | FixedSize | SinglePass
+Sampler = FullBatch | Poisson | FixedSize | SinglePass | Clients
 
 SAMPLINGS = ("poisson", "fixed", "full")
 _KINDS = {"poisson": Poisson, "fixed": FixedSize, "full": FullBatch}

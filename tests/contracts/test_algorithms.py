@@ -55,6 +55,7 @@ class Case:
 
 
 INF = math.inf
+CLIENTS = dpopt.sampling.Clients(N, 4)  # P = 4 clients of m = 100 records
 TABLE: dict[str, Case] = {
     "dpsgd-poisson": Case(lambda z, c: dpopt.DPSGD(lr=0.5, clip=c, noise_multiplier=z, batch_size=40), 30),
     "dpsgd-fixed": Case(lambda z, c: dpopt.DPSGD(lr=0.5, clip=c, noise_multiplier=z, batch_size=40,
@@ -76,6 +77,11 @@ TABLE: dict[str, Case] = {
     "dpagd": Case(lambda z, c: dpopt.DPAGD(noise_multiplier=z, clip=c, obj_clip=2.0 if c < INF else INF,
                                            grad_fraction=0.05, select_fraction=0.05, adapt_every=5), 40,
                   adaptive=True),
+    "diff2-gd": Case(lambda z, c: dpopt.DIFF2(lr=0.5, clip=c, clip_diff=2 * c, restart=5, noise_multiplier1=z,
+                                              noise_multiplier2=z, clients=CLIENTS), 20),
+    "diff2-bvr": Case(lambda z, c: dpopt.DIFF2BVR(lr=0.5, clip=c, clip_diff=2 * c, restart=5, noise_multiplier1=z,
+                                                  noise_multiplier2=z, clients=CLIENTS, local_steps=3, local_batch=20,
+                                                  clip_local=2 * c, noise_multiplier3=z), 20),
 }
 
 
@@ -139,7 +145,8 @@ def test_double_entry(name):
     planned_epsilon = epsilon_of(planned, DELTA, relation)
     if not case.adaptive:
         assert manual.ledger.event() == canonical(planned)
-        assert manual.ledger.steps == case.steps == accounting.count_steps(planned)
+        assert manual.ledger.steps == accounting.count_steps(planned)
+        assert manual.ledger.steps == case.steps or name == "diff2-bvr"  # BVR: + its local steps
     else:
         # A privacy filter: never above the plan, and the whole budget once exhausted.
         assert manual.state.exhausted
@@ -487,6 +494,11 @@ BAD_VALUES["o2nc-zeroth-single"] = [
     ("noise_multiplier", -1.0), ("noise_multiplier0", 1.0), ("estimator", "second"), ("passes", "two"),
     ("directions", 0), ("batch_size0", 0), ("batch_size", 1.5), ("order_seed", -1)]
 BAD_VALUES["o2nc-zeroth-multi"] = [("noise_multiplier0", -1.0), ("noise_multiplier", INF)]
+BAD_VALUES["diff2-gd"] = [("lr", 0.0), ("clip", 0.0), ("clip_diff", -1.0), ("restart", 0), ("restart", 2.5),
+                          ("noise_multiplier1", -1.0), ("noise_multiplier2", INF), ("clients", 4),
+                          ("output_rule", "best"), ("noise_ratios", (1.0,)), ("noise_ratios", (1.0, 0.0))]
+BAD_VALUES["diff2-bvr"] = [("local_steps", 0), ("local_batch", 0), ("local_batch", 101), ("clip_local", 0.0),
+                           ("noise_multiplier3", -1.0)]
 BAD_VALUES["dpsgd-fixed"] = BAD_VALUES["dpsgd-poisson"]
 BAD_VALUES["dpsrm-fixed"] = BAD_VALUES["dpsrm-poisson"]
 BAD_CASES = [(name, field, bad) for name, bads in BAD_VALUES.items() for field, bad in bads]
@@ -521,7 +533,83 @@ def test_dpagd_budget_fractions_must_fit():
 
 def test_the_table_covers_every_exported_algorithm():
     built = {type(case.make(1.0, 1.0)) for case in TABLE.values()}
-    assert built == {dpopt.DPSGD, dpopt.DPSRM, dpopt.Storm, dpopt.DPAGD, dpopt.AClip, dpopt.RestartedAClip, dpopt.O2NC}
+    assert built == {dpopt.DPSGD, dpopt.DPSRM, dpopt.Storm, dpopt.DPAGD, dpopt.AClip, dpopt.RestartedAClip, dpopt.O2NC,
+                     dpopt.DIFF2, dpopt.DIFF2BVR}
     assert {"rrpsgd", "dp_gd"} <= set(TABLE)
     assert TABLE["rrpsgd"].make(1.0, 1.0).output_rule == "uniform"
     assert TABLE["dp_gd"].make(1.0, 1.0).sampling == "full"
+
+
+# ------------------------------------------------------------------------------------- DIFF2
+
+
+def test_diff2_without_noise_or_clipping_is_gd():
+    """ṽ_r = ∇F(x_{r−1}) − ∇F(x_{r−2}) + ṽ_{r−1} telescopes to ∇F(x_{r−1}): plain GD."""
+    algo = TABLE["diff2-gd"].make(0.0, INF)
+    want, _ = sgd_reference(0.5, N, "full", 20)
+    assert_trajectories_equal(replay(algo, 20).thetas, want)
+
+
+def test_diff2_with_restart_one_is_dp_gd_exactly():
+    """T = 1: every round is a restart, ṽ_r = (clipped sum + N(0, (z·2C)²))/n: DP-GD's step,
+    the same noise draws and the same ledger (n = mP here)."""
+    diff2 = dataclasses.replace(TABLE["diff2-gd"].make(1.3, 0.2), restart=1, output_rule="last")
+    dp_gd = dpopt.dp_gd(lr=0.5, clip=0.2, noise_multiplier=1.3)
+    got, want = replay(diff2, 20), replay(dp_gd, 20)
+    for a, b in zip(got.thetas, want.thetas):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-14)
+    noiseless = replay(dataclasses.replace(dp_gd, noise_multiplier=0.0), 20)
+    assert float((got.thetas[-1] - noiseless.thetas[-1]).norm()) > 1e-3  # the noise mattered
+    assert got.ledger.event() == want.ledger.event()
+
+
+def test_diff2_noise_is_z_times_two_c_over_m_p():
+    """Restart round: θ⁺(z1) − θ⁺(0) = −η·z1·2C1·ξ/(mP); later rounds:
+    −η·z2·2·C2‖x_{r−1} − x_{r−2}‖·ξ/(mP)
+    (the difference of the estimators, everything else being equal), ξ the noise generator's normals."""
+    algo = dataclasses.replace(TABLE["diff2-gd"].make(1.0, 0.3), noise_multiplier1=1.7, noise_multiplier2=0.9)
+    clean = dataclasses.replace(algo, noise_multiplier1=0.0, noise_multiplier2=0.0)
+    sampler = algo.sampler(0, N)
+    state = clean.init(torch.full((DIM,), 0.2, dtype=torch.float64), 5, torch.Generator().manual_seed(0))
+    for t, (z, sensitivity) in enumerate([(1.7, 2 * 0.3), (0.9, None)]):
+        if sensitivity is None:
+            sensitivity = 2 * algo.clip_diff * float((state.theta - state.prev).norm())
+        batch = Batch(t, sampler.sample(torch.Generator()), sampler)
+        noisy, event = algo.step(state, batch, oracle(), torch.Generator().manual_seed(8 + t))
+        state, _ = clean.step(state, batch, oracle(), torch.Generator().manual_seed(8 + t))
+        xi = torch.randn(DIM, generator=torch.Generator().manual_seed(8 + t), dtype=torch.float64)
+        want = -0.5 * z * sensitivity * xi / (CLIENTS.size * CLIENTS.count)
+        assert torch.allclose(noisy.theta - state.theta, want, rtol=1e-10, atol=1e-15)
+        assert event == dpa.GaussianDpEvent(z)
+
+
+def test_diff2_bvr_with_one_local_step_is_diff2_gd():
+    bvr = dataclasses.replace(TABLE["diff2-bvr"].make(1.0, 0.5), local_steps=1)
+    gd = TABLE["diff2-gd"].make(1.0, 0.5)
+    got, want = replay(bvr, 20), replay(gd, 20)
+    for a, b in zip(got.thetas, want.thetas):
+        assert torch.equal(a, b)
+    assert got.ledger.event() == want.ledger.event()
+
+
+def test_diff2_bvr_ledger_holds_the_most_exposed_client():
+    """P = 4, R = 10, K = 3: client p runs the local routine in rounds r ≡ p (mod 4); the most any
+    client has run after r rounds is ⌈r/4⌉, so ⌈10/4⌉ = 3 routines of K − 1 = 2 sampled Gaussians."""
+    algo = TABLE["diff2-bvr"].make(1.0, 0.5)
+    runs = accounting.run_length([replay(algo, 10).ledger.event()])
+    local = dpa.SampledWithoutReplacementDpEvent(100, 20, dpa.GaussianDpEvent(1.0))
+    assert sum(count for event, count in runs if event == local) == 3 * 2
+    assert sum(count for event, count in runs if event == dpa.GaussianDpEvent(1.0)) == 10
+    assert algo.relation() == dpa.NeighboringRelation.REPLACE_ONE
+
+
+def test_diff2_paper_ratios_give_the_restart_rounds_one_over_u_of_the_budget():
+    """Gaussian RDP adds α·k/(2z²) per round kind: ⌈R/T⌉/z1² = (R − ⌈R/T⌉)/((u − 1)·z2²)."""
+    from dpopt.algorithms.diff2 import paper_ratios
+
+    z1, z2 = paper_ratios(2000, 20, u=1.25)
+    assert z1 == pytest.approx(math.sqrt(0.25 * 100 / 1900), rel=1e-15) and z2 == 1.0
+    assert (100 / z1**2) / (1900 / z2**2) == pytest.approx(1 / 0.25, rel=1e-12)
+    assert paper_ratios(2000, 1) == (1.0, 1.0)
+    with pytest.raises(DpoptError, match=re.escape("u=1.0 must be > 1")):
+        paper_ratios(10, 2, u=1.0)

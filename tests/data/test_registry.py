@@ -80,7 +80,8 @@ def test_load_returns_independent_copies(tmp_path):
 
 
 def test_info_names_and_default_dir(monkeypatch, tmp_path, ijcnn1):
-    assert names() == ("adult", "cifar10", "diabetes", "ijcnn1", "mnist")
+    assert names() == ("adult", "blogfeedback", "california_housing", "cifar10", "diabetes", "gas_turbine", "ijcnn1",
+                       "kddcup99", "mnist")
     meta = info("ijcnn1")
     assert (meta["n_train"], meta["n_test"], meta["dim"]) == (ijcnn1.n, 91_701, ijcnn1.dim)
     assert meta["files"][0]["sha256"].startswith("b38a4198ce14")
@@ -101,7 +102,8 @@ def test_load_uses_dpopt_data_env(monkeypatch, shared_data_dir, ijcnn1):
 
 @pytest.mark.parametrize("call", [load, info, fetch])
 def test_unknown_dataset_lists_allowed_names(call):
-    with pytest.raises(DataError, match=r"^dataset='foo' must be one of: adult, cifar10, diabetes, ijcnn1, mnist$"):
+    with pytest.raises(DataError, match=r"^dataset='foo' must be one of: adult, blogfeedback, california_housing, "
+                       r"cifar10, diabetes, gas_turbine, ijcnn1, kddcup99, mnist$"):
         call("foo")
 
 

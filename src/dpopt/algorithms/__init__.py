@@ -7,6 +7,7 @@ that :func:`dpopt.accounting.calibrate` scales.
 """
 
 from .aclip import AClip, RestartedAClip, Stage
+from .diff2 import DIFF2, DIFF2BVR
 from .dp_agd import DPAGD
 from .dp_sgd import DPSGD, dp_gd
 from .dp_srm import DPSRM
@@ -14,4 +15,5 @@ from .o2nc import O2NC
 from .rrpsgd import rrpsgd
 from .storm import Storm
 
-__all__ = ["AClip", "DPAGD", "DPSGD", "DPSRM", "O2NC", "RestartedAClip", "Stage", "Storm", "dp_gd", "rrpsgd"]
+__all__ = ["AClip", "DIFF2", "DIFF2BVR", "DPAGD", "DPSGD", "DPSRM", "O2NC", "RestartedAClip", "Stage", "Storm", "dp_gd",
+           "rrpsgd"]

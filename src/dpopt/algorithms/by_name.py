@@ -7,7 +7,9 @@ import math
 from typing import Any
 
 from .. import _validate
+from ..sampling import Clients
 from .aclip import AClip
+from .diff2 import DIFF2, DIFF2BVR
 from .dp_agd import DPAGD
 from .dp_sgd import DPSGD, dp_gd
 from .dp_srm import DPSRM
@@ -15,7 +17,8 @@ from .o2nc import O2NC
 from .rrpsgd import rrpsgd
 from .storm import Storm
 
-NAMES = ("dp-sgd", "dp-gd", "dp-srm", "rrpsgd", "dp-agd", "aclip", "storm", "o2nc-zeroth", "o2nc-first", "o2nc-multi")
+NAMES = ("dp-sgd", "dp-gd", "dp-srm", "rrpsgd", "dp-agd", "aclip", "storm", "o2nc-zeroth", "o2nc-first", "o2nc-multi",
+         "diff2-gd", "diff2-bvr")
 #: The methods with no privacy (nothing to calibrate).
 NON_PRIVATE = ("storm",)
 
@@ -23,18 +26,22 @@ NON_PRIVATE = ("storm",)
 def build(name: str, *, n: int, batch_size: int = 256, lr: float = 0.5, clip: float = 1.0,
           clip_diff: float = 0.01, gamma: float = 0.01, sampling: str = "poisson", obj_clip: float = 1.0,
           radius: float = math.inf, noise: str = "torch", alpha: float = 0.1, directions: int = 8,
-          window: int = 10, o2nc_radius: float = 0.01) -> Any:
+          window: int = 10, o2nc_radius: float = 0.01, clients: int = 10, restart: int = 20, local_steps: int = 2,
+          backend: Any = None) -> Any:
     """Algorithm ``name`` for n records. ``batch_size`` is the expected batch (DP-SRM's and STORM's
     first batch is twice it, capped at n); ``clip`` is C (DP-SGD, DP-SRM's C1, DP-AGD) or λ
     (AClip); ``clip_diff`` and ``gamma`` are DP-SRM's C2 and γ (γ is STORM's momentum);
     ``radius`` is AClip's constraint ball; ``obj_clip`` DP-AGD's clip of per-record losses; ``noise``
-    the noise source of every release (:data:`dpopt.mechanisms.NOISES`; STORM has none, O2NC only
-    the default). O2NC ("o2nc-zeroth", "o2nc-first": single pass with the tree; "o2nc-multi": every
-    record every step): period Σ = B1 = ``batch_size``, B2 = 1, clips C1 = ``clip`` and C2 =
-    ``clip_diff``, smoothing ``alpha``, m = ``directions``, M = ``window``, D = ``o2nc_radius``
-    (theorem settings: :mod:`dpopt.algorithms.o2nc_params`)."""
+    the noise source of every release (:data:`dpopt.mechanisms.NOISES`; STORM has none, O2NC and
+    DIFF2 only the default). O2NC ("o2nc-zeroth", "o2nc-first": single pass with the tree;
+    "o2nc-multi": every record every step): period Σ = B1 = ``batch_size``, B2 = 1, clips C1 =
+    ``clip`` and C2 = ``clip_diff``, smoothing ``alpha``, m = ``directions``, M = ``window``, D =
+    ``o2nc_radius`` (theorem settings: :mod:`dpopt.algorithms.o2nc_params`). DIFF2 (``diff2-gd``,
+    ``diff2-bvr``): ``clip`` and ``clip_diff`` are C1 and C2 (C3 = C2 for the local steps),
+    ``restart`` is T, ``clients`` is P (an i.i.d. equal split, seed 0), ``local_steps`` and
+    ``batch_size`` are BVR's K and b, ``backend`` a distributed backend."""
     _validate.one_of("algorithm", name, NAMES)
-    if name == "storm" or name.startswith("o2nc"):
+    if name == "storm" or name.startswith(("o2nc", "diff2")):
         _validate.one_of("noise", noise, ("torch",))
     if name in ("dp-sgd", "rrpsgd", "dp-srm", "storm", "aclip", "o2nc-zeroth", "o2nc-first", "o2nc-multi"):
         _validate.positive_int("batch_size", batch_size, maximum=n, maximum_name="n (training records)")
@@ -57,6 +64,15 @@ def build(name: str, *, n: int, batch_size: int = 256, lr: float = 0.5, clip: fl
                     clip=clip_diff, noise_multiplier=1.0, estimator="first" if name == "o2nc-first" else "zeroth",
                     passes="multi" if name == "o2nc-multi" else "single", directions=directions,
                     batch_size0=batch_size, batch_size=1)
+    if name in ("diff2-gd", "diff2-bvr"):
+        split = Clients(n, clients)
+        extra = {} if backend is None else {"backend": backend}
+        common = dict(lr=lr, clip=clip, clip_diff=clip_diff, restart=restart, noise_multiplier1=1.0,
+                      noise_multiplier2=1.0, clients=split, **extra)
+        if name == "diff2-gd":
+            return DIFF2(**common)
+        return DIFF2BVR(**common, local_steps=local_steps, local_batch=min(batch_size, split.size),
+                        clip_local=clip_diff, noise_multiplier3=1.0)
     return DPAGD(clip=clip, obj_clip=obj_clip, noise_multiplier=1.0, noise=noise)
 
 

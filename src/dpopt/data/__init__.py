@@ -2,7 +2,7 @@
 
 >>> from dpopt import data
 >>> data.names()
-('adult', 'cifar10', 'diabetes', 'ijcnn1', 'mnist')
+('adult', 'blogfeedback', 'california_housing', 'cifar10', 'diabetes', 'gas_turbine', 'ijcnn1', 'kddcup99', 'mnist')
 >>> ds = data.load("adult")          # bundled with the package: works offline
 >>> ds.X_train.shape, ds.X_test.shape
 ((32561, 123), (16281, 123))

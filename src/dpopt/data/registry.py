@@ -32,6 +32,7 @@ import platformdirs
 from dpopt._validate import DpoptError, one_of
 from dpopt.data.cifar import read_cifar10
 from dpopt.data.idx import read_idx
+from dpopt.data import tabular
 from dpopt.data.libsvm import DataError, read_libsvm
 
 __all__ = ["DataError", "Dataset", "RemoteFile", "default_data_dir", "fetch", "info", "load",
@@ -338,6 +339,72 @@ _SPECS = (
         n_train=50_000,
         n_test=10_000,
         dim=3072,
+    ),
+    _Spec(
+        name="california_housing",
+        task="regression",
+        files=(RemoteFile("cal_housing.data.xz",
+                          "ccfafab957dc5ff54007c5ac1704c39e88cb75316ddbffc510849dbc71504182", None),),
+        parse=tabular.california_housing,
+        description="California Housing (Pace & Barry 1997, StatLib cal_housing.data): 8 raw features, target "
+                    "median house value; random 80/20 split (seed 0)",
+        licence="StatLib (Pace & Barry 1997) states no licence",
+        source="StatLib cal_housing.data via github.com/lapets/course-data-science@de59926, xz-compressed",
+        bundled=False,
+        n_train=16_512,
+        n_test=4_128,
+        dim=8,
+    ),
+    _Spec(
+        name="gas_turbine",
+        task="regression",
+        files=tuple(RemoteFile(f"gt_{year}.csv.xz", digest, None) for year, digest in (
+            (2011, "d15f7181ca41039588b3879988c51a86626fbfa6a1310c0963ed3567a9dd28e8"),
+            (2012, "3b1c06b2f018f89ef3645ebafed844a1b667c0fde4a93b245d95ccd784b1f474"),
+            (2013, "377c21b18f8cf8878de73090e4b578db9a5a3a25c1a5ce7cff06ae9aae689d63"),
+            (2014, "3d8ea744332b84d0fcd531b634e564d6fae214c941a69c94c375c932366ba82a"),
+            (2015, "3a32ba15827305fce9cf76f85b0bd3291b60441d23547287e113a6990d80c937"))),
+        parse=tabular.gas_turbine,
+        description="Gas Turbine CO and NOx Emission (UCI 551), 2011-2015: 9 features (AT, AP, AH, AFDP, GTEP, "
+                    "TIT, TAT, TEY, CDP), target CO, NOx removed; random 80/20 split (seed 0)",
+        licence="UCI Gas Turbine CO and NOx Emission is CC BY 4.0 (Kaya, Tüfekci & Uzun 2019)",
+        source="gt_2011..2015.csv (header removed) via github.com/StudentDaNewb/SP-Assignment-5@6dff099, "
+               "xz-compressed",
+        bundled=False,
+        n_train=29_386,
+        n_test=7_347,
+        dim=9,
+    ),
+    _Spec(
+        name="blogfeedback",
+        task="regression",
+        files=(RemoteFile("BlogFeedback.zip",
+                          "d802b5ad26e333ba0f8ad5ceb878f5b4a26ec19797a0284612f7795a601ce0b8", None),),
+        parse=tabular.blogfeedback,
+        description="BlogFeedback (UCI, Buza 2014): train and the 60 test files stacked, 280 features, target "
+                    "comments in the next 24 h; random 80/20 split (seed 0)",
+        licence="UCI BlogFeedback is CC BY 4.0 (Buza 2014)",
+        source="BlogFeedback.zip via github.com/Akshaya0909/enigma@b722038",
+        bundled=False,
+        n_train=48_016,
+        n_test=12_005,
+        dim=280,
+    ),
+    _Spec(
+        name="kddcup99",
+        task="multiclass",
+        files=(RemoteFile("kddcup.data_10_percent.gz",
+                          "8045aca0d84e70e622d1148d7df782496f6333bf6eb979a1b0837c42a9fd9561",
+                          "http://kdd.ics.uci.edu/databases/kddcup99/kddcup.data_10_percent.gz"),),
+        parse=tabular.kddcup99,
+        description="KDD Cup 1999, 10 % subset: 38 numeric attributes + one-hot protocol_type, service, flag "
+                    "(118 features); labels the 23 classes in sorted order; random 80/20 split (seed 0)",
+        licence="UCI KDD Cup 1999 is CC BY 4.0",
+        source="kddcup.data_10_percent.gz (sha256 = scikit-learn's) via github.com/Kapetis/ST2@65faff4",
+        bundled=False,
+        n_train=395_216,
+        n_test=98_805,
+        dim=118,
     ),
 )
 _REGISTRY = {spec.name: spec for spec in _SPECS}

@@ -43,6 +43,8 @@ class Method:
     #: Multiplies the calibrated noise multipliers. 1 for every private method; < 1 only for a
     #: comparison row labelled NOT PRIVATE (its ledger then reports the larger ε it really spent).
     noise_scale: float = 1.0
+    #: How ``grid`` is searched: :func:`tune`'s signature; None is :func:`tune` itself.
+    tuner: Callable[..., dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)

@@ -148,7 +148,7 @@ def _params(method: Method, epsilon: float | None, retune: bool, problem: Any, e
     at = getattr(exp, "TUNE_EPSILON", None)
     if at is not None and (key, method.name) in chosen:
         return chosen[(key, method.name)], None
-    result = tune(method, problem, epsilon=at or epsilon or exp.EPSILONS[0], delta=delta, seeds=exp.TUNING_SEEDS,
+    result = (method.tuner or tune)(method, problem, epsilon=at or epsilon or exp.EPSILONS[0], delta=delta, seeds=exp.TUNING_SEEDS,
                   progress=progress, pool=pool, key=key)
     chosen[(key, method.name)] = result["chosen"]
     return result["chosen"], result

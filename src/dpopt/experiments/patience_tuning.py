@@ -1,0 +1,104 @@
+"""The DIFF2 paper's tuning procedure (Murata & Suzuki 2023, appendix A), reusable by any preset,
+with the privacy it costs.
+
+For every point of a method's grid (e.g. C1, C2, T), step sizes η are tried from large to small
+(0.5^i, i = 0 … 9). A run's training loss is checked every ``check_every`` rounds; the run is
+abandoned when the loss is not finite, or when the patience count reaches ``patience``: the
+count goes up by one at a check whose loss exceeds ``factor`` × the best loss of this run so
+far and is reset to 0 at a check that improves on it. The first η whose run completes is kept
+for the point; the point with the lowest final training loss wins.
+
+**Privacy.** Every run, abandoned or not, looks at the private data; the paper does not account
+for it. Here each run's ledger is kept and the cost of the whole tuning is reported as the ε of
+the plain composition of every run's spent events (an upper bound; the selection of the best run
+is post-processing of them). dp_accounting's ``RepeatAndSelectDpEvent`` (Papernot & Steinke
+2022) would be tighter, but it needs the number of runs to be random (Poisson or truncated
+negative binomial); this deterministic search does not qualify, so it is not used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import dp_accounting as dpa
+import torch
+from tqdm import tqdm
+
+from .. import train
+from ..accounting import Ledger, calibrate, epsilon_of
+from ._runner import Method, Problem, grid_points
+
+#: η = 0.5^i, i = 0 … 9, from large to small.
+STEP_SIZES = tuple(0.5**i for i in range(10))
+
+
+def patience_run(algorithm: Any, problem: Problem, steps: int, seed: int, *, check_every: int = 20,
+                 patience: int = 5, factor: float = 1.05) -> tuple[float, Ledger, int]:
+    """One tuning run (``dpopt.run``'s loop, by :func:`dpopt.train.step`) with the abandon rule.
+
+    Returns (final training loss, or NaN if abandoned; the run's ledger; rounds run)."""
+    oracle = problem.oracle
+    sample_gen, noise_gen = train._generators(seed)
+    theta0 = torch.zeros(oracle.dim, dtype=torch.float64) if problem.theta0 is None else problem.theta0.double()
+    state = algorithm.init(theta0, steps, sample_gen)
+    ledger = Ledger(algorithm.relation())
+    best, strikes, loss = math.inf, 0, math.nan
+    for t in range(steps):
+        state, _ = train.step(algorithm, oracle, state, t, ledger, sample_gen, noise_gen)
+        if (t + 1) % check_every and t + 1 < steps:
+            continue
+        loss = float(oracle.loss(state.theta))
+        if not math.isfinite(loss):
+            return math.nan, ledger, t + 1
+        if loss > factor * best:
+            strikes += 1
+            if strikes >= patience:
+                return math.nan, ledger, t + 1
+        elif loss < best:
+            strikes = 0
+        best = min(best, loss)
+    return loss, ledger, steps
+
+
+def patience_tune(method: Method, problem: Problem, *, epsilon: float, delta: float, seeds: Sequence[int],
+                  progress: bool = False, pool: Any = None, key: Any = None,
+                  step_sizes: Sequence[float] = STEP_SIZES, check_every: int = 20, patience: int = 5,
+                  factor: float = 1.05) -> dict[str, Any]:
+    """The paper's search over ``method.grid`` × ``step_sizes`` (one run per trial, on
+    ``seeds[0]``), with :func:`dpopt.experiments._runner.tune`'s signature (``pool`` unused: the
+    trials are sequential by nature). Returns the choice (grid point and ``lr``), every point's
+    score and the cost: runs, rounds, wall seconds, and ``epsilon_composed``, the ε(δ) of all the
+    runs' events composed (0 for a non-private method)."""
+    start = time.perf_counter()
+    scores, ledgers, rounds = [], [], 0
+    n = problem.oracle.n
+    for point in tqdm(grid_points(method.grid), desc=f"tune {method.name} ε={epsilon}", disable=not progress,
+                      leave=False):
+        algorithm, steps = method.build(n, {**point, "lr": step_sizes[0]})
+        if method.private:  # η does not change the noise: one calibration per point
+            algorithm = calibrate(algorithm, epsilon=epsilon, delta=delta, n=n, steps=steps)
+        score: dict[str, Any] = {"params": point, "objective": math.inf, "lr": None, "abandoned": []}
+        for lr in step_sizes:
+            loss, ledger, ran = patience_run(dataclasses.replace(algorithm, lr=lr), problem, steps, seeds[0],
+                                             check_every=check_every, patience=patience, factor=factor)
+            ledgers.append(ledger)
+            rounds += ran
+            if math.isfinite(loss):
+                score.update(objective=loss, lr=lr)
+                break
+            score["abandoned"].append(lr)
+        scores.append(score)
+    best = min(scores, key=lambda s: s["objective"])
+    return {"chosen": {**best["params"], "lr": best["lr"]}, "scores": scores,
+            "cost": {"runs": len(ledgers), "rounds": rounds, "wall_time_s": time.perf_counter() - start,
+                     "epsilon_composed": composed_epsilon(ledgers, delta) if method.private else 0.0}}
+
+
+def composed_epsilon(ledgers: Sequence[Ledger], delta: float) -> float:
+    """ε(δ) of every ledger's events composed (all under the first ledger's relation)."""
+    event = dpa.ComposedDpEvent([ledger.event() for ledger in ledgers])
+    return epsilon_of(event, delta, ledgers[0].relation, ledgers[0].requested_accountant)
