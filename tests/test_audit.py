@@ -19,8 +19,10 @@ from typing import Any
 import dp_accounting as dpa
 import numpy as np
 import pytest
+import torch
 
-from dpopt import accounting, audit
+from dpopt import accounting, audit, clipping, mechanisms
+from dpopt.algorithms import DIFF2
 from dpopt._validate import DpoptError
 from dpopt.algorithms.by_name import NAMES, NON_PRIVATE, build
 from dpopt.cli import main
@@ -122,6 +124,7 @@ class Case:
     steps: int
     n: int
     batch: int
+    twin: Callable[[Any], Any] = honest  # the honest version the mutant is compared with
 
 
 def calibrated(case: Case) -> Any:
@@ -138,13 +141,44 @@ def run_audit(case: Case, runs: int = RUNS) -> audit.AuditResult:
                        delta=DELTA, seed=11)
 
 
+@dataclass(frozen=True)
+class NoiseOnEveryClient(DIFF2):
+    """The distributed-noise bug in DIFF2: instead of the server adding N(0, (zΔ)²) once to the sum
+    of the clients' clipped vectors, every client adds its "share" N(0, (zΔ/P)²) to its own clipped
+    sum (the standard deviation split P ways instead of the variance), and the server adds none. The
+    released sum then carries noise of standard deviation zΔ/√P while the ledger claims zΔ."""
+
+    def estimate(self, state: Any, t: int, oracle: Any, gen: torch.Generator) -> torch.Tensor:
+        assert self.restarts(t), "the mutant is audited on restart rounds only"
+        z = self.noise_multiplier1
+        total = torch.zeros_like(state.theta)
+        for client in range(self.clients.count):
+            rows = oracle.per_record(state.theta, self.clients.records([client]))
+            clipped, _ = clipping.clip_sum([clipping.Term(1.0, rows, self.clip)], self.relation())
+            total += mechanisms.gaussian(clipped, z / self.clients.count, gen)[0]
+        return total / self.clients.expected_size
+
+
+def last_iterate(algo: Any) -> Any:
+    """DIFF2 releasing its last iterate (its default, a uniformly random round, would mostly hide
+    a one-round audit's release)."""
+    return dataclasses.replace(algo, output_rule="last")
+
+
+def noise_on_every_client(algo: Any) -> Mutant:
+    last = last_iterate(algo)
+    return Mutant(NoiseOnEveryClient(**{f.name: getattr(last, f.name) for f in dataclasses.fields(last)}),
+                  algo.planned_event)
+
+
 #: Each deliberate bug, on a configuration where the audit has power (rate-1 Poisson "batches" for
-#: the noise bugs: no sampling randomness to hide behind). DIFF2's "noise added on every client"
-#: mutant is one more entry once DIFF2 lands: Case("diff2", <runs the per-client noise>, ...).
+#: the noise bugs: no sampling randomness to hide behind; DIFF2: one round, 10 clients of 5 records).
 MUTANTS: dict[str, Case] = {
     "dp-sgd noise/2": Case("dp-sgd", half_noise, steps=1, n=9, batch=10),
     "aclip sensitivity λ": Case("aclip", half_noise, steps=1, n=9, batch=10),
     "dp-sgd poisson rate of 10n": Case("dp-sgd", accounted_on_ten_times_the_data, steps=1, n=9, batch=10),
+    "diff2 noise on every client": Case("diff2-gd", noise_on_every_client, steps=1, n=49, batch=10,
+                                        twin=last_iterate),
 }
 
 
@@ -154,7 +188,7 @@ def test_every_mutant_is_flagged_and_its_honest_version_is_not(key):
     broken = run_audit(case)
     assert broken.claimed_epsilon == pytest.approx(TARGET, rel=0.01)
     assert broken.flagged, broken
-    fixed = run_audit(dataclasses.replace(case, mutate=honest))
+    fixed = run_audit(dataclasses.replace(case, mutate=case.twin))
     assert not fixed.flagged, fixed
 
 

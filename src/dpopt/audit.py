@@ -63,6 +63,7 @@ class Canary:
 CANARIES: dict[str, Canary] = {
     "dp-sgd": Canary(), "dp-gd": Canary(), "rrpsgd": Canary(), "dp-srm": Canary(), "dp-agd": Canary(),
     "storm": Canary(), "o2nc-zeroth": Canary(), "o2nc-first": Canary(), "o2nc-multi": Canary(),
+    "diff2-gd": Canary(), "diff2-bvr": Canary(),
     "aclip": Canary(background=1e6),  # the clipped mean flips from −λu to +λu: the 2λ is attained
 }
 
