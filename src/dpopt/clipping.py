@@ -45,7 +45,8 @@ class Dense:
         """Row norms, in float64. Lower-precision rows are summed in float64 (in column chunks, to
         bound memory): a float32 sum over millions of entries can come out ~1e-3 too small, which
         would let a clipped row exceed C. float64 rows are scaled by their largest entry so that
-        finite rows never overflow."""
+        the sum of squares never overflows; a finite row whose norm itself exceeds float64's
+        range (≳ 1.8e308) gets norm ∞ and is treated as non-finite (zeroed and counted)."""
         if self.rows.dtype != torch.float64:
             squares = sum(chunk.double().square().sum(dim=1) for chunk in self.rows.split(_NORM_CHUNK, dim=1))
             return torch.as_tensor(squares, dtype=torch.float64).reshape(len(self.rows)).sqrt()  # kept in float64
