@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dpopt
-from dpopt import clipping, mechanisms
+from dpopt import clipping, mechanisms, sampling
 from dpopt.accounting import epsilon_of
 from dpopt.algorithms._common import Batch
 from dpopt.algorithms.by_name import NAMES, NON_PRIVATE
@@ -49,6 +49,9 @@ class Table:
     def gradient_sum(self, theta: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         return self.rows[indices].sum(dim=0)
 
+    def gradients_at(self, points: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        return self.rows[indices][:, None, :].expand(-1, points.shape[1], -1)
+
 
 @dataclass(frozen=True)
 class Released:
@@ -58,6 +61,7 @@ class Released:
     value: Callable[[Any, Any, Any, float], torch.Tensor]   # (algo, state, new state, b) -> release
     per_record: float                            # each record's contribution is at most this
     aggregate: bool = False                      # the release is clip(mean): bounded by λ in total
+    whole: bool = False                          # the algorithm picks its own records: all N of them
 
 
 def sum_of_step(algo, state, new, b):
@@ -75,12 +79,31 @@ CASES: dict[str, Released] = {
                        lambda algo, state, new, b: new.momentum * b, C),
     "aclip": Released(lambda z: dpopt.AClip(lr=0.5, clip=C, noise_multiplier=z, batch_size=4),
                       lambda algo, state, new, b: (state.theta - new.theta) / algo.lr, C, aggregate=True),
+    # DIFF2: the server's estimate in a restart round (BVR's local steps release through the same
+    # clip_sum and Gaussian; their event is checked in tests/contracts); 2 clients of 4 records.
+    "diff2-gd": Released(lambda z: dpopt.DIFF2(lr=0.5, clip=C, clip_diff=0.2, restart=2, noise_multiplier1=z,
+                                               noise_multiplier2=z, clients=sampling.Clients(N, 2)),
+                         lambda algo, state, new, b: new.estimate * b, C, whole=True),
+    "diff2-bvr": Released(lambda z: dpopt.DIFF2BVR(lr=0.5, clip=C, clip_diff=0.2, restart=2, noise_multiplier1=z,
+                                                   noise_multiplier2=z, clients=sampling.Clients(N, 2), local_steps=1,
+                                                   local_batch=2, clip_local=0.2, noise_multiplier3=z),
+                          lambda algo, state, new, b: new.estimate * b, C, whole=True),
+    # O2NC with the first-order oracle: the period start's increment (clip C1 = C) of the single
+    # pass over all N records, released by the tree, and of the multi-pass Gaussian release.
+    "o2nc-first": Released(lambda z: dpopt.O2NC(lr=0.5, radius=1.0, window=1, alpha=0.1, period=2, clip0=C, clip=0.2,
+                                                noise_multiplier=z, estimator="first", batch_size0=N),
+                           lambda algo, state, new, b: new.released * b, C, whole=True),
+    "o2nc-multi": Released(lambda z: dpopt.O2NC(lr=0.5, radius=1.0, window=1, alpha=0.1, period=2, clip0=C, clip=0.2,
+                                                noise_multiplier=z, estimator="first", passes="multi"),
+                           lambda algo, state, new, b: new.released * b, C),
 }
 
 
 def test_the_cases_cover_every_gradient_releasing_algorithm():
-    """DP-AGD (full batch, zCDP filter) has its own clipping tests in tests/algorithms/test_dp_agd.py."""
-    assert set(NAMES) - set(NON_PRIVATE) - {"dp-agd"} <= set(CASES)
+    """DP-AGD (full batch, zCDP filter) has its own clipping tests in tests/algorithms/test_dp_agd.py;
+    zeroth-order O2NC's per-record vectors are two-point estimates from function values (a table
+    of gradients cannot stand for them), clipped and released by the code o2nc-first runs here."""
+    assert set(NAMES) - set(NON_PRIVATE) - {"dp-agd", "o2nc-zeroth"} <= set(CASES)
 
 
 def one_step(case: Released, rows: torch.Tensor, indices: torch.Tensor, z: float = 0.0,
@@ -102,6 +125,7 @@ def tables(draw):
 @given(rows=tables(), replacement=st.lists(entries, min_size=DIM, max_size=DIM), size=st.integers(0, N))
 def test_release_is_finite_bounded_and_moves_by_at_most_the_sensitivity(name, rows, replacement, size):
     case = CASES[name]
+    size = N if case.whole else size
     indices = torch.arange(size)
     release, _ = one_step(case, rows, indices)
     assert release.isfinite().all()  # non-finite records are never summed
@@ -114,7 +138,9 @@ def test_release_is_finite_bounded_and_moves_by_at_most_the_sensitivity(name, ro
     relation = case.make(0.0).relation()
     other = rows.clone()
     other[size - 1] = torch.tensor(replacement, dtype=torch.float64)
-    neighbour = indices if relation == NeighboringRelation.REPLACE_ONE else indices[:-1]
+    if relation == NeighboringRelation.REPLACE_SPECIAL:  # the record replaced by the null record
+        other[size - 1] = 0.0
+    neighbour = indices[:-1] if relation == NeighboringRelation.ADD_OR_REMOVE_ONE else indices
     moved, _ = one_step(case, other, neighbour)
     sensitivity = 2 * case.per_record if case.aggregate or relation == NeighboringRelation.REPLACE_ONE \
         else case.per_record
