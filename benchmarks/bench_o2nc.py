@@ -23,11 +23,11 @@ TITLE = "DP-O2NC: zeroth-order oracle throughput; first- vs zeroth-order wall ti
 TARGET = 50.0
 
 
-def _glm(d: int) -> Any:
+def _glm(d: int, n: int = 2000) -> Any:
     from dpopt.experiments.o2nc_nonsmooth import synthetic
     from dpopt.oracles import TruncatedAbsolute
 
-    X, y, _, _ = synthetic(d, 2000)
+    X, y, _, _ = synthetic(d, n)
     return TruncatedAbsolute(torch.as_tensor(X), torch.as_tensor(y), cap=2.0)
 
 
@@ -62,8 +62,8 @@ def _first_vs_zeroth(quick: bool) -> list[dict[str, Any]]:
     from dpopt.algorithms import o2nc_params
     from dpopt.metrics import goldstein
 
-    oracle = _glm(32)
     n = 1000 if quick else 4000
+    oracle = _glm(32, n)  # the single pass needs n records
     rows = []
     for estimator in ("first", "zeroth"):
         algo, steps = o2nc_params.single_pass(n=n, d=32, epsilon=1.0, delta=1e-5, alpha=0.05, lipschitz=1.0, phi=2.0,

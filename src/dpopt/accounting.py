@@ -144,10 +144,7 @@ def _epsilon(event: dpa.DpEvent, delta: float, relation: NeighboringRelation, ac
         if exact is not None:
             return exact
     if kind == "pld" and grid is None:
-        eps = epsilon_of(event, delta, relation, kind, COARSE_DISCRETIZATION)
-        if not math.isfinite(eps) or eps == 0:
-            return eps
-        grid = pld_discretization(eps, count_steps(event))
+        grid = ledger_grid(event, delta, relation)
         return epsilon_of(event, delta, relation, kind, grid)
     if kind == "pld":
         pld = _gaussian_pld(run_length([event]), relation, grid or COARSE_DISCRETIZATION)
@@ -156,6 +153,15 @@ def _epsilon(event: dpa.DpEvent, delta: float, relation: NeighboringRelation, ac
     acc = _accountant(kind, relation, grid or COARSE_DISCRETIZATION)
     acc.compose(event)
     return float(acc.get_epsilon(delta))
+
+
+def ledger_grid(event: dpa.DpEvent, delta: float, relation: NeighboringRelation) -> float:
+    """The PLD grid :func:`epsilon_of` uses for ``event`` by default: the coarse grid's ε sets it
+    (:func:`pld_discretization`); the coarse grid itself where that ε is 0 or infinite."""
+    eps = epsilon_of(event, delta, relation, "pld", COARSE_DISCRETIZATION)
+    if not math.isfinite(eps) or eps == 0:
+        return COARSE_DISCRETIZATION
+    return pld_discretization(eps, count_steps(event))
 
 
 def _composed_gaussian_epsilon(runs: Sequence[tuple[dpa.DpEvent, int]], delta: float) -> float | None:
@@ -356,11 +362,11 @@ def solve_noise(event_of: Callable[[float], dpa.DpEvent], *, epsilon: float, del
                 tolerance: float = 0.005) -> tuple[float, float]:
     """The smallest noise scale s (to ``tolerance``) with ε(event_of(s)) ≤ ``epsilon``.
 
-    ε is decreasing in s. Two stages: on the coarse PLD grid (fast everywhere, and an upper
-    bound, so its answer is a little too large), then, where ε is small against √T, with
-    :func:`epsilon_of` exactly as the ledger computes it (on the grid it fits to ε and T),
-    starting there; the answer is checked that same way and nudged up until it passes. Achieved ε ≤ ``epsilon`` and
-    ≥ (1 − 2·tolerance)·``epsilon``. Returns ``(s, achieved ε)``.
+    ε is decreasing in s. The search starts at the Gaussian-DP (central limit) approximation's
+    answer (:func:`_gdp_start`) and runs on the PLD grid the ledger picks near the answer
+    (:func:`ledger_grid`), so every evaluation is one the ledger would make; the answer is then
+    checked with :func:`epsilon_of` exactly as the ledger computes it and nudged up until it
+    passes. Achieved ε ≤ ``epsilon`` and ≥ (1 − 2·tolerance)·``epsilon``. Returns ``(s, achieved ε)``.
     """
     _validate.positive("epsilon", epsilon)
     _validate.open_unit("delta", delta)
@@ -373,14 +379,16 @@ def solve_noise(event_of: Callable[[float], dpa.DpEvent], *, epsilon: float, del
             return math.log(eps / epsilon) if eps > 0 else -math.inf
         return gap
 
-    start = _gdp_start(event_of, epsilon, delta)
+    scale = _gdp_start(event_of, epsilon, delta)
     if kind == "rdp":
-        scale = _root(gap_on(None), start, accept)
-    else:
-        scale = _root(gap_on(COARSE_DISCRETIZATION), start, accept)
-        coarse = epsilon_of(event_of(scale), delta, relation, kind, COARSE_DISCRETIZATION)
-        grid = pld_discretization(coarse, count_steps(event_of(scale)))
-        if grid < COARSE_DISCRETIZATION:  # refine on the grid the ledger picks at this scale
+        scale = _root(gap_on(None), scale, accept)
+    else:  # on the grid the ledger picks near the answer (it changes by half decades, rarely twice)
+        grid = None
+        for _ in range(3):
+            wanted = ledger_grid(event_of(scale), delta, relation)
+            if wanted == grid:
+                break
+            grid = wanted
             scale = _root(gap_on(grid), scale, accept)
     achieved = epsilon_of(event_of(scale), delta, relation, kind)
     while achieved > epsilon:
