@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+#: Share of the machine's CPU other processes may use before a report flags its timings.
+QUIET = 0.10
 #: OpenMP wait policy for measuring processes (see :func:`in_child`).
 WAIT_POLICY = "PASSIVE"
 RESULT_MARK = "@@dpopt benchmark result@@ "
@@ -93,6 +95,15 @@ def mb(value: float) -> str:
 def summary(rows: list[dict[str, float]], key: str = "seconds") -> dict[str, float]:
     values = [row[key] for row in rows]
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def load_sentence(others: float, busy_advice: str) -> str:
+    """How busy the machine was while measuring (``others`` from :func:`other_processes_share`), as
+    a report's sentence; above :data:`QUIET` it flags the timings and ends with ``busy_advice``."""
+    if math.isnan(others):
+        return "How busy the machine was is unknown (no /proc/stat)."
+    flag = "." if others < QUIET else f": **the machine was busy, so these timings are inflated and noisy**; {busy_advice}."
+    return f"Other processes used {others:.0%} of the machine's CPU time meanwhile (/proc/stat){flag}"
 
 
 def other_processes_share(measure: Callable[[], object]) -> tuple[object, float]:

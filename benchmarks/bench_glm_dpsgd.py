@@ -34,7 +34,6 @@ Opacus' ``make_private`` derives its sampling rate from the loader as ``1/len(lo
 from __future__ import annotations
 
 import itertools
-import math
 import statistics
 import sys
 import time
@@ -45,7 +44,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from _timing import data_dir, in_child, interleaved, mb, other_processes_share, report_from_child, summary
+from _timing import (data_dir, in_child, interleaved, load_sentence, mb, other_processes_share, report_from_child,
+                     summary)
 
 TITLE = "One DP-SGD epoch, logistic regression on ijcnn1: dpopt vs Opacus"
 TARGET = 20.0
@@ -56,11 +56,8 @@ NOISE = 1.0
 LR = 0.5
 DELTA = 1e-5
 SEED = 0
-#: Share of the machine's CPU other processes may use before the numbers are flagged.
-QUIET = 0.10
 EPS_ONLY = "(component) dpopt final ε only"
-CONTENDED = (": **the machine was busy, so these timings are inflated and noisy**; small-tensor "
-             "torch ops with 2 intra-op threads suffer most, rerun on a quiet machine")
+BUSY_ADVICE = "small-tensor torch ops with 2 intra-op threads suffer most, rerun on a quiet machine"
 
 
 def load_ijcnn1(folder: Path) -> tuple[np.ndarray, np.ndarray, str]:
@@ -236,9 +233,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         "",
         f"{len(results['dpopt epoch'])} interleaved rounds (each contender once per round, after one "
         f"warm-up each; {measure_seconds:.0f} s of measurement), in a child process with {policy}. "
-        + ("How busy the machine was is unknown (no /proc/stat)." if math.isnan(others) else
-           f"Other processes used {others:.0%} of the machine's CPU time meanwhile (/proc/stat)"
-           f"{'' if others < QUIET else CONTENDED}."),
+        + load_sentence(others, BUSY_ADVICE),
         "",
         "| contender | median s/epoch | min | max | Opacus fp32 / this (medians) | loss after epoch "
         "| mean batch | ε(δ) | peak RSS rise |",

@@ -71,7 +71,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _timing import data_dir, in_child, interleaved, mb, other_processes_share, report_from_child, status_mb, summary
+from _timing import (data_dir, in_child, interleaved, load_sentence, mb, other_processes_share, report_from_child,
+                     status_mb, summary)
 
 TITLE = "MNIST CNN step, batch 256: dpopt DP-SGD / DP-SRM vs plain PyTorch and Opacus"
 THREADS = 2
@@ -83,8 +84,6 @@ STEPS_PER_ROUND = 5
 TARGET_DPSGD = 1.5
 TARGET_OPACUS = 1.9
 TARGET_DPSRM = 2.5
-#: Share of the machine's CPU other processes may use before the numbers are flagged.
-QUIET = 0.10
 
 PLAIN = "non-private SGD (PyTorch)"
 PLAIN_CL = "non-private SGD (PyTorch, channels_last)"
@@ -275,10 +274,7 @@ def report(data: dict[str, Any], how: str) -> dict[str, Any]:
         return f"{min(ratios):.2f}×–{max(ratios):.2f}×"
 
     rounds = len(results[PLAIN])
-    busy = ("How busy the machine was is unknown (no /proc/stat)." if math.isnan(others) else
-            f"Other processes used {others:.0%} of the machine's CPU time meanwhile (/proc/stat)"
-            + ("." if others < QUIET else ": **the machine was busy, so these timings are inflated and noisy**; "
-               "the ratios, measured side by side, are the meaningful numbers."))
+    busy = load_sentence(others, "the ratios, measured side by side, are the meaningful numbers")
     md = [
         f"MNIST train (n = {data['n']:,}, loaded in {data['load_seconds']:.1f} s), `make_model(\"mnist-cnn\", "
         f"seed=0)`, float32, cross-entropy, {data['threads']} threads, C = {CLIP:g}, z = {NOISE:g}, lr = {LR:g}. "

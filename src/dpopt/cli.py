@@ -18,7 +18,7 @@ import torch
 from dp_accounting import NeighboringRelation
 
 from . import _validate, data, distributed, mechanisms, report
-from .accounting import ACCOUNTANTS, RELATION_NAMES, calibrate, epsilon_of, solve_noise
+from .accounting import ACCOUNTANTS, RELATION_NAMES, accountant_for, calibrate, epsilon_of, solve_noise
 from .algorithms.by_name import NAMES as ALGORITHMS
 from .algorithms.by_name import NON_PRIVATE
 from .algorithms.by_name import build as build_algorithm
@@ -79,8 +79,6 @@ def _account(args: argparse.Namespace) -> dict[str, Any]:
     z = _validate.positive("noise_multiplier", args.noise_multiplier)
     delta = _validate.open_unit("delta", args.delta)
     event, relation = _mechanism_event(args, z)
-    from .accounting import accountant_for
-
     return {"epsilon": epsilon_of(event, delta, relation, args.accountant), "delta": delta,
             "accountant": accountant_for(event, relation, args.accountant),
             "neighboring_relation": RELATION_NAMES[relation], "mechanism": args.mechanism,
@@ -105,8 +103,6 @@ def _calibrate(args: argparse.Namespace) -> dict[str, Any]:
     relation = _mechanism_event(args, 1.0)[1]
     z, achieved = solve_noise(lambda s: _mechanism_event(args, s)[0], epsilon=target, delta=delta,
                               relation=relation, accountant=args.accountant)
-    from .accounting import accountant_for
-
     return {"noise_multiplier": z, "epsilon": achieved, "target_epsilon": target, "delta": delta,
             "accountant": accountant_for(_mechanism_event(args, z)[0], relation, args.accountant),
             "neighboring_relation": RELATION_NAMES[relation], "mechanism": args.mechanism, "steps": args.steps}
