@@ -108,3 +108,18 @@ def test_without_train_metrics_the_same_run_logs_no_objective() -> None:
     assert all(math.isnan(r["objective"]) and math.isnan(r["grad_norm"]) for r in bare.records + [bare.final])
     assert [r["epsilon"] for r in bare.records] == [r["epsilon"] for r in full.records]
     assert all(math.isfinite(r["objective"]) for r in full.records)
+
+
+def test_log_metrics_are_measured_at_every_log_point_and_the_output_without_changing_the_run() -> None:
+    algo, oracle = DPSGD(lr=0.5, clip=1.0, noise_multiplier=1.0, batch_size=30), _problem()
+    seen = []
+
+    def norm(theta: torch.Tensor) -> dict[str, float]:
+        seen.append(theta.clone())
+        return {"theta_norm": float(theta.norm())}
+
+    plain = run(algo, oracle, steps=20, seed=3, log_every=5)
+    logged = run(algo, oracle, steps=20, seed=3, log_every=5, log_metrics=norm)
+    assert torch.equal(plain.theta, logged.theta) and len(seen) == 4 + 1  # steps 5, 10, 15, 20 and the output
+    assert [r["theta_norm"] for r in logged.records] == [float(t.norm()) for t in seen[:4]]
+    assert logged.final["theta_norm"] == float(plain.theta.norm())

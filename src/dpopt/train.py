@@ -99,7 +99,8 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int = 0, delta: flo
         theta0: Tensor | None = None, accountant: str = "pld",
         test_error: Callable[[Tensor], float] | None = None, log_every: int | None = None,
         checkpoint_path: str | Path | None = None, checkpoint_every: int | None = None,
-        max_epsilon: float | None = None, progress: bool = False, train_metrics: bool = True) -> History:
+        max_epsilon: float | None = None, progress: bool = False, train_metrics: bool = True,
+        log_metrics: Callable[[Tensor], dict[str, float]] | None = None) -> History:
     """Train ``algorithm`` on ``oracle`` for ``steps`` steps and return the :class:`History`.
 
     Logged every ``log_every`` steps (default ~50 points) and at the end: F(θ_t), ‖∇F(θ_t)‖
@@ -112,7 +113,9 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int = 0, delta: flo
     from that file if it exists and writes it every ``checkpoint_every`` steps. With
     ``max_epsilon`` it stops before the first step whose planned ε would exceed it. With
     ``train_metrics=False`` F and ‖∇F‖ are not computed (NaN): on a large data set each costs a
-    full pass, more than many training steps.
+    full pass, more than many training steps. ``log_metrics(θ) -> {name: value}`` adds more
+    measurements at every log point and at the output (measurement only: it must not touch the
+    generators).
     """
     _validate.positive_int("steps", steps)
     _validate.open_unit("delta", delta)
@@ -160,7 +163,7 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int = 0, delta: flo
             "passes": visited / n,
             "cpu_time_s": cpu_spent,
             "wall_time_s": wall_spent,
-        }
+        } | (log_metrics(theta) if log_metrics else {})
 
     def save(t: int) -> None:
         checkpoint.save(path, {

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 import time
+from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import torch
 
 from dpopt.experiments import o2nc_nonsmooth as preset
@@ -58,3 +60,32 @@ def test_quick_reproduction_runs_in_under_a_minute(tmp_path):
     text = (tmp_path / "results.md").read_text()
     assert "reports no experiments" in text and "Zhang/ours" in text
     assert (tmp_path / "goldstein_vs_d.png").stat().st_size > 0
+
+
+def _history(goldstein: list[float], calls: list[float]) -> SimpleNamespace:
+    return SimpleNamespace(records=[{"goldstein": g, "oracle_calls": c} for g, c in zip(goldstein, calls)])
+
+
+def test_calls_to_reach_the_threshold_are_read_off_the_logged_curve():
+    curves = [_history([0.5, 0.3, 0.2], [10, 20, 30]), _history([0.5, 0.45, 0.4], [10, 20, 30])]
+    got = preset.calls_to_reach(curves, 0.3, start=0.6)
+    assert got[0] == 20 and math.isnan(got[1])  # the second seed never gets to 0.3
+    assert preset.calls_to_reach(curves, 0.3, start=0.25) == [0.0, 0.0]  # θ0 is already there
+    payload = {"_curves": {("p", name, 1.0): curves for name in (*preset.O2NC_METHODS, "DP-SGD")}}
+    payload["_curves"][("p", "DP-SGD", 1.0)] = [_history([0.9], [1]), _history([0.7], [1])]
+    assert preset.threshold(payload, "p") == pytest.approx(0.8)  # DP-SGD's mean last value is the worst
+
+
+def test_slope_of_a_power_law_is_its_exponent():
+    dims = np.array([8.0, 32.0, 128.0, 512.0])
+    assert preset.slope(dims, 3 * dims**-0.5) == pytest.approx(-0.5)
+
+
+def test_the_o2nc_methods_share_one_grid_of_constants_and_build_from_it():
+    methods = {m.name: m for m in preset.methods(1.0, "synthetic-d32")}
+    for name in preset.O2NC_METHODS:
+        assert methods[name].grid == preset.CONSTANTS_GRID and methods[name].tuned[1.0] == preset.TUNED[name]
+    small, _ = methods[preset.OURS].build(4000, {"c_D": 1.0, "c": 1.0})
+    large, _ = methods[preset.OURS].build(4000, {"c_D": 4.0, "c": 0.1})
+    # D = c_D·(theorem's D at its own T; a larger D shortens Σ, so T moves a little), and c scales the clips' concentration term
+    assert 3.5 * small.radius < large.radius < 4.5 * small.radius and large.clip0 < small.clip0

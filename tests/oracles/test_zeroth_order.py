@@ -79,3 +79,21 @@ def test_estimator_is_unbiased():
     want = float(a[0] @ x) * a[0]
     bound = 5 * math.sqrt(3) * float(a.norm()) * (abs(float(a[0] @ x)) + 0.05 * float(a.norm())) / math.sqrt(m)
     assert (got - want).abs().max() < bound
+
+
+def test_glm_fast_path_equals_losses_at_the_formed_points():
+    """``losses_along`` (margins ⟨a, x⟩ ± α⟨a, y⟩) = ``losses_at`` on the points x ± αy, with and
+    without a regulariser, and ``two_point`` on an oracle without the fast path agrees."""
+    X, y = data()
+    gen = torch.Generator().manual_seed(6)
+    x, directions, indices = torch.randn(6, generator=gen, dtype=torch.float64), zo.sphere(gen, 4, 5, 6), torch.arange(4)
+    for oracle in (TruncatedAbsolute(X, y, cap=1.5), NonconvexLogistic(X, torch.where(y > 0, 1.0, -1.0).double(), reg=0.3)):
+        points = torch.cat([x + 0.1 * directions, x - 0.1 * directions], dim=1)
+        assert torch.allclose(oracle.losses_along(x, directions, 0.1, indices), oracle.losses_at(points, indices),
+                              rtol=1e-13, atol=1e-13)
+
+    class PointsOnly:  # the same oracle seen without its fast path
+        losses_at = TruncatedAbsolute(X, y, cap=1.5).losses_at
+
+    fast = zo.two_point(TruncatedAbsolute(X, y, cap=1.5), x, indices, directions, 0.1)
+    assert torch.allclose(zo.two_point(PointsOnly(), x, indices, directions, 0.1), fast, rtol=1e-12, atol=1e-12)

@@ -53,7 +53,8 @@ class Problem:
     metrics of the output θ (``extra_metrics(θ) -> {name: value}``) and of the whole run
     (``history_metrics(history) -> {name: value}``), both added to ``History.final``.
     ``theta0``: the starting point (default 0; a network's initial weights); ``train_metrics``:
-    whether the run logs F and ‖∇F‖ (see :func:`dpopt.train.run`)."""
+    whether the run logs F and ‖∇F‖; ``log_metrics(θ) -> {name: value}``: more measurements at
+    every log point and at the output (see :func:`dpopt.train.run`)."""
 
     oracle: Any
     test_error: Callable[[Any], float]
@@ -61,10 +62,11 @@ class Problem:
     history_metrics: Callable[[History], dict[str, float]] | None = None
     theta0: torch.Tensor | None = None
     train_metrics: bool = True
+    log_metrics: Callable[[Any], dict[str, float]] | None = None
 
     def run(self, algorithm: Any, seed: int, settings: dict[str, Any]) -> History:
         history = run(algorithm, self.oracle, seed=seed, test_error=self.test_error, theta0=self.theta0,
-                      train_metrics=self.train_metrics, **settings)
+                      train_metrics=self.train_metrics, log_metrics=self.log_metrics, **settings)
         if self.extra_metrics is not None:
             history.final.update(self.extra_metrics(history.theta))
         if self.history_metrics is not None:

@@ -183,6 +183,18 @@ class GLM:
             return values
         return values + torch.vmap(torch.vmap(self.regulariser))(points)
 
+    def losses_along(self, x: Tensor, directions: Tensor, alpha: float, indices: Tensor) -> Tensor:
+        """``[B, 2m]``: f_i(x + α y_ij) for j < m, then f_i(x − α y_ij), for record ``indices[i]``
+        and its directions ``directions [B, m, d]`` — :meth:`losses_at` of the points x ± α y_ij
+        without forming them: the margins are ⟨a_i, x⟩ ± α ⟨a_i, y_ij⟩ (the regulariser, which
+        needs the points, falls back to :meth:`losses_at`)."""
+        if self._regulariser_gradient(x) is not None:
+            return self.losses_at(torch.cat([x + alpha * directions, x - alpha * directions], dim=1), indices)
+        A, y, _ = self._rows(indices)
+        along = torch.einsum("bd,bmd->bm", A, directions).mul_(alpha)
+        centre = (A @ x)[:, None]
+        return self._value(torch.cat([centre + along, centre - along], dim=1), y[:, None])
+
     def gradients_at(self, points: Tensor, indices: Tensor) -> Tensor:
         """``[B, K, d]``: ∇f_i(θ_ik) of record i at its own K points ``points [B, K, d]``."""
         A, y, _ = self._rows(indices)
