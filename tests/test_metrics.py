@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -37,3 +38,18 @@ def test_min_norm_point_of_a_segment():
     and (0, 2) it is (1, 1): √2."""
     assert min_norm_in_hull(torch.tensor([[1.0, 1.0], [1.0, -1.0]])) == pytest.approx(1.0, abs=1e-6)
     assert min_norm_in_hull(torch.tensor([[2.0, 0.0], [0.0, 2.0]])) == pytest.approx(2**0.5, abs=1e-6)
+
+
+def test_min_norm_point_matches_a_direct_qp_on_random_hulls():
+    """Against SLSQP on the simplex (which can only err upwards): never larger, and equal within 1e-6."""
+    from scipy import optimize
+
+    gen = torch.Generator().manual_seed(0)
+    for shift in (0.0, 0.5, 2.0):  # hulls containing 0 or not
+        V = torch.randn(12, 5, generator=gen, dtype=torch.float64) + shift
+        G = (V @ V.T).numpy()
+        qp = optimize.minimize(lambda w: w @ G @ w, np.full(12, 1 / 12), jac=lambda w: 2 * G @ w, method="SLSQP",
+                               bounds=[(0, 1)] * 12, constraints=[{"type": "eq", "fun": lambda w: w.sum() - 1}],
+                               options={"ftol": 1e-16, "maxiter": 500})
+        assert min_norm_in_hull(V) <= float(np.sqrt(max(qp.fun, 0.0))) + 1e-6
+        assert min_norm_in_hull(V) == pytest.approx(float(np.sqrt(max(qp.fun, 0.0))), abs=1e-6)

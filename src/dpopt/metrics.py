@@ -26,20 +26,18 @@ class Goldstein:
 
 
 def min_norm_in_hull(vectors: Tensor) -> float:
-    """min ‖Σ_k λ_k v_k‖ over the simplex λ ≥ 0, Σλ = 1 (a QP in λ with Gram matrix Q = V Vᵀ,
-    solved by SLSQP from the uniform weights; the result is the norm of an actual hull point, so
-    solver inexactness can only make it larger)."""
+    """min ‖Σ_k λ_k v_k‖ over the simplex λ ≥ 0, Σλ = 1, exactly, by one non-negative least
+    squares problem: μ* = argmin_{μ ≥ 0} ‖Vᵀμ‖² + (1ᵀμ − 1)². For μ on the ray 1ᵀμ = s the first
+    term is at least s²r² (r the minimum norm), with equality at s·λ*, so the optimum has
+    s = 1/(1 + r²) > 0 and λ* = μ*/1ᵀμ* (Lawson–Hanson active set, ``scipy.optimize.nnls``). The
+    result is the norm of an actual hull point."""
     V = vectors.detach().double().cpu().numpy()
-    gram = V @ V.T
     count = len(V)
-    start = np.full(count, 1.0 / count)
-    result = optimize.minimize(lambda w: w @ gram @ w, start, jac=lambda w: 2 * gram @ w, method="SLSQP",
-                               bounds=[(0.0, 1.0)] * count,
-                               constraints=[{"type": "eq", "fun": lambda w: w.sum() - 1.0,
-                                             "jac": lambda w: np.ones_like(w)}],
-                               options={"ftol": 1e-16, "maxiter": 500})
-    weights = np.clip(result.x, 0.0, None)
-    weights = weights / weights.sum() if weights.sum() > 0 else start
+    A = np.vstack([V.T, np.ones((1, count))])
+    b = np.zeros(A.shape[0])
+    b[-1] = 1.0
+    mu, _ = optimize.nnls(A, b)
+    weights = mu / mu.sum() if mu.sum() > 0 else np.full(count, 1.0 / count)
     return float(np.linalg.norm(weights @ V))
 
 
