@@ -87,5 +87,6 @@ def test_the_o2nc_methods_share_one_grid_of_constants_and_build_from_it():
         assert methods[name].grid == preset.CONSTANTS_GRID and methods[name].tuned[1.0] == preset.TUNED[name]
     small, _ = methods[preset.OURS].build(4000, {"c_D": 1.0, "c": 1.0})
     large, _ = methods[preset.OURS].build(4000, {"c_D": 4.0, "c": 0.1})
-    # D = c_D·(theorem's D at its own T; a larger D shortens Σ, so T moves a little), and c scales the clips' concentration term
+    # D = c_D·(the theorem's D at its own T; a larger D shortens Σ, so T moves a little);
+    # c scales the clips' concentration term
     assert 3.5 * small.radius < large.radius < 4.5 * small.radius and large.clip0 < small.clip0

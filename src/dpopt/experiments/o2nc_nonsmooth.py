@@ -292,20 +292,22 @@ def _reach_lines(payload: dict[str, Any], keys: list[str]) -> list[str]:
     table = []
     for key in keys:
         start = payload["facts"][key]["goldstein_start"]
-        for label, tau in (("worst last", threshold(payload, key)), (f"{REACH_FRACTION:g} × θ0", REACH_FRACTION * start)):
+        thresholds = (("worst last", threshold(payload, key)), (f"{REACH_FRACTION:g} × θ0", REACH_FRACTION * start))
+        for label, tau in thresholds:
             row: dict[str, Any] = {"problem": key, "Goldstein at θ0": start, "τ": f"{tau:.4g} ({label})"}
             for name in (*O2NC_METHODS, "DP-SGD"):
                 calls = np.array(calls_to_reach(_histories(payload, key, name), tau, start))
                 hit = calls[np.isfinite(calls)]
-                row[name] = (f"{hit.mean():.3g} ({hit.std(ddof=1) if len(hit) > 1 else 0.0:.2g}), {len(hit)}/{len(calls)}"
-                             if len(hit) else f"not reached, 0/{len(calls)}")
+                spread = hit.std(ddof=1) if len(hit) > 1 else 0.0
+                row[name] = (f"{hit.mean():.3g} ({spread:.2g}), {len(hit)}/{len(calls)}" if len(hit)
+                             else f"not reached, 0/{len(calls)}")
             table.append(row)
     return ["(c) Per-record oracle calls (function evaluations for zeroth order, gradient evaluations for first "
             "order and DP-SGD) until a logged iterate first has Goldstein stationarity ≤ τ, mean (std) over the "
             "seeds that reached it, and how many did (0 calls: θ0 is already there). Two common thresholds: "
             "\"worst last\", the worst of the four methods' mean stationarity at their last iterate (every method "
-            f"reaches it on average by its end), and {REACH_FRACTION:g} × the stationarity at θ0 (real progress, which "
-            "the first may not ask for: it lies above θ0's value when no method improves on θ0). Iterates are "
+            f"reaches it on average by its end), and {REACH_FRACTION:g} × the stationarity at θ0 (real progress, "
+            "which the first may not ask for: it lies above θ0's value when no method improves on θ0). Iterates are "
             f"measured at {payload['log_points']} log points per run, so a count is at most one log interval late:",
             "", report.markdown_table(table, list(table[0]) if table else []), ""]
 
