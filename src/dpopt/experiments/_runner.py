@@ -141,8 +141,7 @@ def _worker_init(make_problem: Callable[..., Problem], args: tuple[Any, ...]) ->
 def _worker_run(job: tuple[Any, Any, dict[str, Any], int]) -> History:
     key, algorithm, settings, seed = job
     problems = _WORKER["problems"]
-    if key not in problems:
-        problems.clear()  # one problem at a time: the driver runs them one after another
+    if key not in problems:  # kept: the driver queues the runs of every problem at once
         problems[key] = _WORKER["make"](*_WORKER["args"], key)
     return problems[key].run(algorithm, seed, settings)
 

@@ -80,13 +80,13 @@ def _run_all(exp: ModuleType, data_dir: str | None, n_seeds: int, quick: bool, r
     chosen: dict[tuple[Any, str], dict[str, Any]] = {}  # with TUNE_EPSILON: one tuning per method
     test_metrics = getattr(exp, "TEST_METRICS", ("objective", "grad_norm"))
     log_points = 10 if quick else getattr(exp, "LOG_POINTS", 40)
+    started_runs = []  # every run is queued before any is awaited: the workers stay busy to the end
     for key in _problem_keys(exp, quick):
         problem, facts[str(key)] = exp.problem(data_dir, key)
         delta = exp.delta(key) if hasattr(exp, "delta") else exp.DELTA
-        started_runs = []  # every run of this problem is queued before any is awaited: they share the workers
         for epsilon in exp.EPSILONS:
             for method in exp.methods(epsilon, key):
-                if not method.private and any(name == method.name for name, _, _, _ in started_runs):
+                if not method.private and any(run[:2] == (key, method.name) for run in started_runs):
                     continue  # a non-private reference does not depend on ε: run it once
                 params, tuned = _params(method, epsilon if method.private else None, retune, problem, exp, progress,
                                         pool, key, delta, chosen)
@@ -94,18 +94,18 @@ def _run_all(exp: ModuleType, data_dir: str | None, n_seeds: int, quick: bool, r
                     tuning[f"{'' if key is None else f'{key} '}{method.name} ε={epsilon if method.private else None}"] = tuned
                 wait = start_seeds(method, params, problem, epsilon=epsilon, delta=delta, seeds=range(n_seeds),
                                    log_points=log_points, step_fraction=QUICK_STEPS if quick else 1.0, pool=pool, key=key)
-                started_runs.append((method.name, epsilon if method.private else None, params, wait))
-        for name, epsilon, params, wait in started_runs:
-            histories = wait()
-            rows.append({"problem": key, "algorithm": name, "epsilon": epsilon, "seeds": len(histories),
-                         "delta": delta, "params": params, "metrics": metrics(histories, exp.METRICS),
-                         "accountant": histories[0].accountant,
-                         "neighboring_relation": histories[0].neighboring_relation,
-                         "_final": {m: [h.final[m] for h in histories] for m in test_metrics}})
-            curves[(key, name, epsilon)] = histories
-            if progress:
-                print(f"  {key or ''} {name:>8} ε={epsilon}: objective "
-                      f"{rows[-1]['metrics']['objective']['mean']:.5f}", flush=True)
+                started_runs.append((key, method.name, epsilon if method.private else None, delta, params, wait))
+    for key, name, epsilon, delta, params, wait in started_runs:
+        histories = wait()
+        rows.append({"problem": key, "algorithm": name, "epsilon": epsilon, "seeds": len(histories),
+                     "delta": delta, "params": params, "metrics": metrics(histories, exp.METRICS),
+                     "accountant": histories[0].accountant,
+                     "neighboring_relation": histories[0].neighboring_relation,
+                     "_final": {m: [h.final[m] for h in histories] for m in test_metrics}})
+        curves[(key, name, epsilon)] = histories
+        if progress:
+            print(f"  {key or ''} {name:>8} ε={epsilon}: objective "
+                  f"{rows[-1]['metrics']['objective']['mean']:.5f}", flush=True)
     tests = _t_tests(rows, _comparisons(exp, rows), test_metrics)
     for row in rows:
         del row["_final"]
