@@ -90,7 +90,8 @@ TUNED: dict[str, dict[str, Params]] = {
 TUNING_COST: dict[str, Any] = {
     "california_housing GD ε=None": {"runs": 3, "rounds": 2040, "wall_time_s": 34, "epsilon_composed": 0.0},
     "california_housing DP-GD ε=3.0": {"runs": 13, "rounds": 11400, "wall_time_s": 172, "epsilon_composed": 8.27},
-    "california_housing DIFF2-GD ε=3.0": {"runs": 170, "rounds": 76980, "wall_time_s": 1385, "epsilon_composed": 29.23},
+    "california_housing DIFF2-GD ε=3.0": {"runs": 170, "rounds": 76980, "wall_time_s": 1385,
+                                          "epsilon_composed": 29.23},
     "gas_turbine GD ε=None": {"runs": 3, "rounds": 2040, "wall_time_s": 66, "epsilon_composed": 0.0},
     "gas_turbine DP-GD ε=3.0": {"runs": 16, "rounds": 14420, "wall_time_s": 351, "epsilon_composed": 9.55},
     "gas_turbine DIFF2-GD ε=3.0": {"runs": 186, "rounds": 86980, "wall_time_s": 2778, "epsilon_composed": 31.65},

@@ -562,7 +562,8 @@ class _Pair:
 
 def _difference(left: _Layer | _Block, right: _Layer | _Block) -> _Layer | _Pair:
     """The layer of ``∇ℓ_i(θ) − ∇ℓ_i(θ′)``. Where both points saw the same input (a first layer,
-    whose input is the data) it is one layer, exactly: ``Σ_t g_t a_tᵀ − g′_t a_tᵀ = Σ_t (g_t − g′_t) a_tᵀ``
+    whose input is the data) it is one layer, exactly:
+    ``Σ_t g_t a_tᵀ − g′_t a_tᵀ = Σ_t (g_t − g′_t) a_tᵀ``
     (norms and sums then cost what one point's do, with no cancellation); otherwise the pair."""
     if isinstance(left, _Layer) and isinstance(right, _Layer) and _same_memory(left.a, right.a):
         _share_input_norms(left, right)

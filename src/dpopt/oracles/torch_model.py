@@ -107,8 +107,9 @@ class TorchModel:
     ``module``: any ``nn.Module`` without BatchNorm; ``loss_fn(output, target) -> [B]``;
     ``X [n, ...]``, ``y [n, ...]`` tensors (floating-point X is cast to the module's dtype chunk
     by chunk; they are not to be modified after: the oracle reuses the records and the
-    per-record results of its recent calls); ``engine``: "ghost" (default) or "vmap"; ``microbatch_size``: records per chunk
-    of every per-record or full-data computation (memory, not results). The default, 512, keeps
+    per-record results of its recent calls); ``engine``: "ghost" (default) or "vmap";
+    ``microbatch_size``: records per chunk of every per-record or full-data computation
+    (memory, not results). The default, 512, keeps
     a Poisson batch of expected size 256 (256 ± 16) in one chunk: each extra chunk is one more
     forward/backward with its fixed cost (~10 % of a step of the MNIST CNN).
     """
@@ -176,7 +177,7 @@ class TorchModel:
                                                           self.y.split(self.microbatch_size))]
         indices = torch.as_tensor(indices).to(self.X.device)
         last_indices, last_chunks = self._gathered
-        if last_indices is not None and last_indices.shape == indices.shape and torch.equal(last_indices, indices):
+        if last_indices is not None and torch.equal(last_indices, indices):
             return last_chunks
         chunks = [self._on_device(self.X[part], self.y[part])
                   for part in (indices.split(self.microbatch_size) if len(indices) else ())]
@@ -210,7 +211,7 @@ class TorchModel:
         point = self._theta(theta)
         indices = torch.as_tensor(indices)
         for old_point, old_indices, rows in self._recent:
-            if old_indices.shape == indices.shape and torch.equal(old_point, point) and torch.equal(old_indices, indices):
+            if torch.equal(old_indices, indices) and torch.equal(old_point, point):
                 return rows
         rows = self._per_record(point, indices, theta)
         if self._recent and isinstance(rows, ghost.GhostRows) and torch.equal(self._recent[0][1], indices):
