@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import time
 
 import dp_accounting as dpa
 import torch
@@ -19,13 +18,13 @@ from dpopt.oracles import LeastSquares
 from dpopt.sampling import Clients
 
 
-def test_quick_regression_preset_finishes_within_a_minute(tmp_path, shared_data_dir):
-    start = time.perf_counter()
+def test_quick_regression_preset_runs_every_method_at_its_privacy_target(tmp_path, shared_data_dir):
     payload = reproduce("diff2-regression", quick=True, out=tmp_path, data_dir=str(shared_data_dir), workers=1)
-    assert time.perf_counter() - start < 60
     written = json.loads((tmp_path / "results.json").read_text())
     assert {(row["algorithm"], row["epsilon"]) for row in written["rows"]} == {
         ("GD", None), *((name, eps) for name in ("DP-GD", "DIFF2-GD") for eps in (3.0, 5.0))}
+    # GD (no noise, full batch, last iterate) does not depend on the seed: one run; the others one per seed
+    assert {row["algorithm"]: row["seeds"] for row in written["rows"]} == {"GD": 1, "DP-GD": 2, "DIFF2-GD": 2}
     for row in written["rows"]:
         spent = row["metrics"]["epsilon"]["mean"]
         assert math.isinf(spent) if row["epsilon"] is None else 0.99 * row["epsilon"] <= spent <= row["epsilon"]

@@ -158,7 +158,7 @@ def test_rows_reused_by_the_sum_equal_the_backward_products():
     used = ghost_oracle.per_record(theta, idx)
     used.norms()
     assert any("rows" in layer.__dict__ for layer in used.chunks[0])  # the direct-form layers kept them
-    fresh = ghost_oracle.per_record(theta, idx)
+    fresh = oracles(single_position_model)["ghost"].per_record(theta, idx)  # another oracle: nothing reused
     assert not any("rows" in layer.__dict__ for layer in fresh.chunks[0])
     assert close(used.weighted_sum(weights), fresh.weighted_sum(weights), 1e-12)
 

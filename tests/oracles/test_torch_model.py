@@ -138,6 +138,38 @@ def test_loss_and_gradient_match_autograd_on_the_mean_loss(engine):
     assert torch.allclose(rows.weighted_sum(torch.full((N,), 1 / N, dtype=F64)), want, rtol=1e-10, atol=1e-14)
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_recent_per_record_results_are_reused_only_for_the_same_point_and_records(engine):
+    o = oracle(engine, microbatch_size=20)
+    theta = o.flat_params()
+    later = theta + 0.01
+    records = torch.tensor([3, 1, 4, 15, 9, 26, 5, 35, 8, 47, 7])
+    first = o.per_record(theta, records)
+    assert o.per_record(theta.clone(), records.clone()) is first  # equal values, not the same tensors
+    assert o.per_record(later, records) is not first
+    assert o.per_record(theta, records) is first  # the last two results are kept (a difference's two points)
+    assert o.per_record(theta, records[:-1]) is not first
+    o.per_record(later + 0.01, records)
+    fresh = o.per_record(theta, records)  # pushed out by two other points: computed again, the same values
+    assert fresh is not first and torch.equal(fresh.norms(), first.norms())
+
+
+def test_a_difference_of_a_first_layer_on_the_same_records_is_one_layer_and_exact():
+    """The first layer's input is the data, the same tensor at both points: its difference is the
+    one layer (a, g − g′); it matches the per-record autograd loop at both points."""
+    ghost, vmap = oracle("ghost"), oracle("vmap")
+    theta = ghost.flat_params()
+    other = theta + 1e-3 * torch.randn(ghost.dim, generator=torch.Generator().manual_seed(3), dtype=F64)
+    records = torch.arange(0, N, 2)
+    difference = ghost.per_record(theta, records) - ghost.per_record(other, records)
+    first = difference.chunks[0][0]
+    assert type(first).__name__ == "_Layer" and type(difference.chunks[0][-1]).__name__ == "_Pair"
+    want = vmap.per_record(theta, records).rows - vmap.per_record(other, records).rows
+    assert torch.allclose(difference.norms(), want.norm(dim=1), rtol=1e-10)
+    weights = torch.linspace(-1, 1, len(records), dtype=F64)
+    assert torch.allclose(difference.weighted_sum(weights), weights @ want, rtol=1e-10, atol=1e-14)
+
+
 def test_per_record_loss_and_error():
     o = oracle()
     theta = o.flat_params()

@@ -13,7 +13,7 @@ import math
 import multiprocessing
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +45,9 @@ class Method:
     noise_scale: float = 1.0
     #: How ``grid`` is searched: :func:`tune`'s signature; None is :func:`tune` itself.
     tuner: Callable[..., dict[str, Any]] | None = None
+    #: Whether a run does not depend on its seed (no noise, no sampling, a deterministic output
+    #: rule): then only the first seed is run, and the report says so.
+    deterministic: bool = False
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,18 @@ def run_seeds(method: Method, params: Params, problem: Problem, *, epsilon: floa
               seeds: Sequence[int], log_points: int = 40, step_fraction: float = 1.0,
               pool: Pool | None = None, key: Any = None) -> list[History]:
     """Calibrate (private methods) once, then run ``method`` once per seed (in ``pool`` if given),
-    for ``step_fraction`` of its steps (calibrated for that shorter run)."""
+    for ``step_fraction`` of its steps (calibrated for that shorter run); a deterministic method
+    on the first seed only."""
+    return start_seeds(method, params, problem, epsilon=epsilon, delta=delta, seeds=seeds, log_points=log_points,
+                       step_fraction=step_fraction, pool=pool, key=key)()
+
+
+def start_seeds(method: Method, params: Params, problem: Problem, *, epsilon: float, delta: float,
+                seeds: Sequence[int], log_points: int = 40, step_fraction: float = 1.0,
+                pool: Pool | None = None, key: Any = None) -> Callable[[], list[History]]:
+    """:func:`run_seeds` without waiting: the runs are queued in ``pool`` (so that the runs of
+    several methods share the workers) and the returned function waits for their histories.
+    Without a pool they run now."""
     algorithm, steps = method.build(problem.oracle.n, params)
     steps = max(1, round(steps * step_fraction))
     if method.private:
@@ -92,9 +106,12 @@ def run_seeds(method: Method, params: Params, problem: Problem, *, epsilon: floa
             algorithm = dataclasses.replace(algorithm, **{
                 name: getattr(algorithm, name) * method.noise_scale for name in algorithm.NOISE_FIELDS})
     settings = {"steps": steps, "delta": delta, "log_every": max(1, steps // log_points)}
+    seeds = list(seeds)[:1] if method.deterministic else list(seeds)
     if pool is not None:
-        return pool.map(algorithm, settings, seeds, key)
-    return [problem.run(algorithm, seed, settings) for seed in seeds]
+        futures = pool.submit(algorithm, settings, seeds, key)
+        return lambda: [future.result() for future in futures]
+    histories = [problem.run(algorithm, seed, settings) for seed in seeds]
+    return lambda: histories
 
 
 class Pool:
@@ -107,8 +124,9 @@ class Pool:
         self._executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init,
                                              initargs=(make_problem, args))
 
-    def map(self, algorithm: Any, settings: dict[str, Any], seeds: Sequence[int], key: Any = None) -> list[History]:
-        return list(self._executor.map(_worker_run, [(key, algorithm, settings, seed) for seed in seeds]))
+    def submit(self, algorithm: Any, settings: dict[str, Any], seeds: Sequence[int], key: Any = None) -> list[Future]:
+        """Queue one run per seed; their futures give the histories."""
+        return [self._executor.submit(_worker_run, (key, algorithm, settings, seed)) for seed in seeds]
 
     def close(self) -> None:
         self._executor.shutdown()
@@ -125,8 +143,7 @@ def _worker_init(make_problem: Callable[..., Problem], args: tuple[Any, ...]) ->
 def _worker_run(job: tuple[Any, Any, dict[str, Any], int]) -> History:
     key, algorithm, settings, seed = job
     problems = _WORKER["problems"]
-    if key not in problems:
-        problems.clear()  # one problem at a time: the driver runs them one after another
+    if key not in problems:  # kept: the driver queues the runs of every problem at once
         problems[key] = _WORKER["make"](*_WORKER["args"], key)
     return problems[key].run(algorithm, seed, settings)
 

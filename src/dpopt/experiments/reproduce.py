@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from .. import _validate, report
-from ._runner import Method, Pool, Problem, mean_curve, metrics, one_sided_p, run_seeds, tune
+from ._runner import Method, Pool, Problem, mean_curve, metrics, one_sided_p, start_seeds, tune
 
 
 def _module(name: str) -> ModuleType:
@@ -80,30 +80,32 @@ def _run_all(exp: ModuleType, data_dir: str | None, n_seeds: int, quick: bool, r
     chosen: dict[tuple[Any, str], dict[str, Any]] = {}  # with TUNE_EPSILON: one tuning per method
     test_metrics = getattr(exp, "TEST_METRICS", ("objective", "grad_norm"))
     log_points = 10 if quick else getattr(exp, "LOG_POINTS", 40)
+    started_runs = []  # every run is queued before any is awaited: the workers stay busy to the end
     for key in _problem_keys(exp, quick):
         problem, facts[str(key)] = exp.problem(data_dir, key)
         delta = exp.delta(key) if hasattr(exp, "delta") else exp.DELTA
         for epsilon in exp.EPSILONS:
             for method in exp.methods(epsilon, key):
-                if not method.private and any(row["algorithm"] == method.name and row["problem"] == key for row in rows):
+                if not method.private and any(run[:2] == (key, method.name) for run in started_runs):
                     continue  # a non-private reference does not depend on ε: run it once
                 params, tuned = _params(method, epsilon if method.private else None, retune, problem, exp, progress,
                                         pool, key, delta, chosen)
                 if tuned:
                     tuning[f"{'' if key is None else f'{key} '}{method.name} ε={epsilon if method.private else None}"] = tuned
-                histories = run_seeds(method, params, problem, epsilon=epsilon, delta=delta, seeds=range(n_seeds),
-                                      log_points=log_points,
-                                      step_fraction=QUICK_STEPS if quick else 1.0,
-                                      pool=pool, key=key)
-                rows.append({"problem": key, "algorithm": method.name, "epsilon": epsilon if method.private else None,
-                             "delta": delta, "params": params, "metrics": metrics(histories, exp.METRICS),
-                             "accountant": histories[0].accountant,
-                             "neighboring_relation": histories[0].neighboring_relation,
-                             "_final": {m: [h.final[m] for h in histories] for m in test_metrics}})
-                curves[(key, method.name, rows[-1]["epsilon"])] = histories
-                if progress:
-                    print(f"  {key or ''} {method.name:>8} ε={epsilon}: objective "
-                          f"{rows[-1]['metrics']['objective']['mean']:.5f}", flush=True)
+                wait = start_seeds(method, params, problem, epsilon=epsilon, delta=delta, seeds=range(n_seeds),
+                                   log_points=log_points, step_fraction=QUICK_STEPS if quick else 1.0, pool=pool, key=key)
+                started_runs.append((key, method.name, epsilon if method.private else None, delta, params, wait))
+    for key, name, epsilon, delta, params, wait in started_runs:
+        histories = wait()
+        rows.append({"problem": key, "algorithm": name, "epsilon": epsilon, "seeds": len(histories),
+                     "delta": delta, "params": params, "metrics": metrics(histories, exp.METRICS),
+                     "accountant": histories[0].accountant,
+                     "neighboring_relation": histories[0].neighboring_relation,
+                     "_final": {m: [h.final[m] for h in histories] for m in test_metrics}})
+        curves[(key, name, epsilon)] = histories
+        if progress:
+            print(f"  {key or ''} {name:>8} ε={epsilon}: objective "
+                  f"{rows[-1]['metrics']['objective']['mean']:.5f}", flush=True)
     tests = _t_tests(rows, _comparisons(exp, rows), test_metrics)
     for row in rows:
         del row["_final"]
@@ -214,7 +216,7 @@ def _markdown(payload: dict[str, Any], exp: ModuleType) -> str:
     for row in payload["rows"]:
         paper = paper_by_key.get((row.get("problem"), row["algorithm"], row["epsilon"]), {})
         table_rows.append({**{c: row.get(c) for c in head}, "epsilon": row["epsilon"] or "non-private",
-                           **{shown[c]: row["metrics"][c] for c in table_metrics},
+                           "seeds": row["seeds"], **{shown[c]: row["metrics"][c] for c in table_metrics},
                            **{f"paper {c}": _paper_cell(paper.get(c)) for c in paper_metrics}})
     first = payload["rows"][0]
     lines = [
@@ -223,7 +225,8 @@ def _markdown(payload: dict[str, Any], exp: ModuleType) -> str:
         f"adjacency: {first['neighboring_relation']} (private rows). Wall time {payload['wall_time_s']:.0f} s."
         + (f" **Quick mode: {QUICK_STEPS:.0%} of every method's steps; not comparable with the paper.**"
            if payload["quick"] else ""), "",
-        report.markdown_table(table_rows, head + list(shown.values()) + [f"paper {c}" for c in paper_metrics]), "",
+        report.markdown_table(table_rows, head + ["seeds"] + list(shown.values()) + [f"paper {c}" for c in paper_metrics]),
+        "", "`seeds`: runs behind the row (1 for a method whose runs do not depend on the seed).", "",
         "## One-sided Welch t-tests (ours < baseline), p-values", "",
         report.markdown_table(payload["t_tests"], (["problem"] if keyed else []) + ["epsilon", "ours", "baseline"]
                               + [f"p_{m}" for m in test_metrics]), "",

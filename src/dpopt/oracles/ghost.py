@@ -34,7 +34,9 @@ differential privacy", arXiv:2205.10683, §4, the "mixed ghost norm"):
   the book-keeping sums at that point). Either way the
   norm avoids the cancellation of ``‖A‖² + ‖A′‖² − 2⟨A, A′⟩``, which loses every digit when
   θ′ ≈ θ (every stacked term is already of the size of the difference); the weighted sum is the
-  book-keeping sum at θ minus the one at θ′.
+  book-keeping sum at θ minus the one at θ′. A layer that saw the same input at both points (a
+  first layer, whose input is the data, when the oracle reuses the records' chunk) has
+  a′ = a: its difference is the one layer ``(a, g − g′)``, which costs what one point does.
 
 Where the Gram form itself cancels (the terms ``g_t a_tᵀ`` of one record nearly sum to zero:
 its worst-case rounding error 2ε·(Σ_t ‖a_t‖‖g_t‖)² could exceed 2e−4 of the result), those
@@ -449,6 +451,11 @@ class _Layer:
         """``Σ_t g_t`` per record: the bias gradient rows ``[B, q]``."""
         return g.reshape(g.shape[0], -1, g.shape[-1]).sum(1) if self.stage.kind == "linear" else g.sum((2, 3))
 
+    @cached_property
+    def input_sq_norms(self) -> Tensor:
+        """``‖a_i‖²`` of each record's input (a Linear layer at one position)."""
+        return _sq_rows(self.a.reshape(self.a.shape[0], -1))
+
     def direct_difference(self) -> bool:
         """Whether the difference with another point takes the direct form (rows at both points)."""
         groups, T, p, q = self.shape()
@@ -460,7 +467,7 @@ class _Layer:
             return _sq_rows(self.rows)
         if T == 1 and other is None:  # one position: ‖g aᵀ‖² = ‖a‖²‖g‖² (per conv group, on the patch)
             if self.stage.kind == "linear":
-                return _sq_rows(self.a.reshape(B, -1)) * _sq_rows(self.g.reshape(B, -1))
+                return self.input_sq_norms * _sq_rows(self.g.reshape(B, -1))
             A, G = self.matrices()
             return (A.square().sum((1, 2)) * G.square().sum((1, 2))).view(B, groups).sum(1)
         gram = use_gram(T, p, q) if other is None else use_gram_difference(T, p, q, self.stage.kind == "conv")
@@ -538,6 +545,62 @@ class _Block:
             total[layout.place(name)] += v @ g.flatten(1)
 
 
+@dataclass(frozen=True)
+class _Pair:
+    """One layer's per-record gradients at two points, ``left − right``, whose inputs differ."""
+
+    left: _Layer | _Block
+    right: _Layer | _Block
+
+    def sq_norms(self) -> Tensor:
+        return self.left.diff_sq_norms(self.right)
+
+    def add_weighted(self, w: Tensor, kept: Tensor | None, total: Tensor, layout: Layout) -> None:
+        self.left.add_weighted(w, kept, total, layout)
+        self.right.add_weighted(-w, kept, total, layout)
+
+
+def _difference(left: _Layer | _Block, right: _Layer | _Block) -> _Layer | _Pair:
+    """The layer of ``∇ℓ_i(θ) − ∇ℓ_i(θ′)``. Where both points saw the same input (a first layer,
+    whose input is the data) it is one layer, exactly:
+    ``Σ_t g_t a_tᵀ − g′_t a_tᵀ = Σ_t (g_t − g′_t) a_tᵀ``
+    (norms and sums then cost what one point's do, with no cancellation); otherwise the pair."""
+    if isinstance(left, _Layer) and isinstance(right, _Layer) and _same_memory(left.a, right.a):
+        _share_input_norms(left, right)
+        difference = _Layer(left.stage, left.a, left.g - right.g)
+        left.__dict__["input_sq_norms"] = difference.__dict__["input_sq_norms"] = left.input_sq_norms
+        return difference
+    return _Pair(left, right)
+
+
+def _share_input_norms(layer: _Layer | _Block, earlier: _Layer | _Block) -> None:
+    """Give ``layer`` the input row norms ``earlier`` computed, if both saw the same input tensor
+    (the data: the norms are computed once per batch, not once per point)."""
+    if (isinstance(layer, _Layer) and isinstance(earlier, _Layer) and "input_sq_norms" in earlier.__dict__
+            and _same_memory(layer.a, earlier.a)):
+        layer.__dict__["input_sq_norms"] = earlier.input_sq_norms
+
+
+def reuse_input_norms(rows: GhostRows, earlier: GhostRows) -> None:
+    """Give the layers of ``rows`` the input row norms ``earlier`` (the same records at another
+    point) computed for the same input tensor."""
+    for layers, earlier_layers in zip(rows.chunks, earlier.chunks):
+        for layer, earlier_layer in zip(layers, earlier_layers):
+            _share_input_norms(layer, earlier_layer)
+
+
+def _same_memory(x: Tensor, y: Tensor) -> bool:
+    """Whether two live tensors are views of the same elements (hence equal)."""
+    return (x.data_ptr() == y.data_ptr() and x.shape == y.shape and x.stride() == y.stride()
+            and x.dtype == y.dtype and x.device == y.device)
+
+
+def _sq_norms(chunks: tuple[tuple, ...], sizes: tuple[int, ...], like: Tensor) -> Tensor:
+    """The records' ``‖∇ℓ_i‖²``: the sum of their layers' squared norms, chunk by chunk."""
+    sq = [sum((layer.sq_norms() for layer in layers), like.new_zeros(size)) for layers, size in zip(chunks, sizes)]
+    return torch.cat(sq) if sq else like.new_zeros(0)
+
+
 def _weighted_sum(chunks: tuple[tuple, ...], sizes: tuple[int, ...], weights: Tensor, layout: Layout,
                   like: Tensor) -> Tensor:
     total = like.new_zeros(layout.dim)
@@ -554,8 +617,9 @@ class GhostRows:
     """Per-record gradients of one batch, kept as per-layer ``(a, g)`` of each chunk of records.
 
     ``norms()`` are ghost norms; ``weighted_sum(w)`` is the book-keeping sum Σ_i w_i ∇ℓ_i. Both
-    come back in ``dtype`` on ``device`` (θ's); ``self - other`` (same records, another θ) is a
-    :class:`GhostDifference`.
+    come back in ``dtype`` on ``device`` (θ's). ``self - other`` (same records, another θ) is
+    the GhostRows of ``∇ℓ_i(θ) − ∇ℓ_i(θ′)``, layer by layer (:func:`_difference`), with exact
+    norms (stacked ghost norms, no cancellation) and sums; it is not subtracted again.
     """
 
     chunks: tuple[tuple, ...]
@@ -567,9 +631,7 @@ class GhostRows:
 
     @cached_property
     def _norms(self) -> Tensor:
-        sq = [sum((layer.sq_norms() for layer in layers), self.like.new_zeros(size))
-              for layers, size in zip(self.chunks, self.sizes)]
-        return torch.cat(sq).sqrt() if sq else self.like.new_zeros(0)
+        return _sq_norms(self.chunks, self.sizes, self.like).sqrt()
 
     def norms(self) -> Tensor:
         return self._norms.to(self.device, self.dtype)
@@ -577,38 +639,16 @@ class GhostRows:
     def weighted_sum(self, weights: Tensor) -> Tensor:
         return _weighted_sum(self.chunks, self.sizes, weights, self.layout, self.like).to(self.device, self.dtype)
 
-    def __sub__(self, other: GhostRows) -> GhostDifference:
+    def __sub__(self, other: GhostRows) -> GhostRows:
         if not isinstance(other, GhostRows):
             return NotImplemented
         if self.sizes != other.sizes or [len(c) for c in self.chunks] != [len(c) for c in other.chunks]:
             raise ValueError("ghost rows can only be subtracted on the same records, chunked the same way")
-        for mine, theirs in zip(self.chunks, other.chunks):
-            for a, b in zip(mine, theirs):
-                if isinstance(a, _Layer) and a.direct_difference():
-                    a.rows, b.rows  # noqa: B018 - built now, so the norms at this point use them too
-        return GhostDifference(self, other)
+        difference = tuple(tuple(_difference(a, b) for a, b in zip(mine, theirs))
+                           for mine, theirs in zip(self.chunks, other.chunks))
+        for layers in difference:
+            for layer in layers:
+                if isinstance(layer, _Pair) and isinstance(layer.left, _Layer) and layer.left.direct_difference():
+                    layer.left.rows, layer.right.rows  # noqa: B018 - built now, so the norms at each point use them too
+        return GhostRows(difference, self.sizes, self.layout, self.like, self.dtype, self.device)
 
-
-@dataclass(frozen=True)
-class GhostDifference:
-    """``∇ℓ_i(θ) − ∇ℓ_i(θ′)`` of the same records: exact stacked ghost norms, and the difference
-    of the two book-keeping sums."""
-
-    left: GhostRows
-    right: GhostRows
-
-    @cached_property
-    def _norms(self) -> Tensor:
-        left = self.left
-        sq = [sum((a.diff_sq_norms(b) for a, b in zip(la, lb)), left.like.new_zeros(size))
-              for la, lb, size in zip(left.chunks, self.right.chunks, left.sizes)]
-        return torch.cat(sq).sqrt() if sq else left.like.new_zeros(0)
-
-    def norms(self) -> Tensor:
-        return self._norms.to(self.left.device, self.left.dtype)
-
-    def weighted_sum(self, weights: Tensor) -> Tensor:
-        left, right = self.left, self.right
-        total = _weighted_sum(left.chunks, left.sizes, weights, left.layout, left.like)
-        total -= _weighted_sum(right.chunks, right.sizes, weights, right.layout, right.like)
-        return total.to(left.device, left.dtype)

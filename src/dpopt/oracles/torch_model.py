@@ -50,6 +50,7 @@ from ..clipping import Dense
 from . import ghost
 
 ENGINES = ("vmap", "ghost")
+RECENT = 2  #: per-record results kept for reuse (the two points of a gradient difference)
 
 
 @dataclass(frozen=True)
@@ -105,8 +106,10 @@ class TorchModel:
 
     ``module``: any ``nn.Module`` without BatchNorm; ``loss_fn(output, target) -> [B]``;
     ``X [n, ...]``, ``y [n, ...]`` tensors (floating-point X is cast to the module's dtype chunk
-    by chunk); ``engine``: "ghost" (default) or "vmap"; ``microbatch_size``: records per chunk
-    of every per-record or full-data computation (memory, not results). The default, 512, keeps
+    by chunk; they are not to be modified after: the oracle reuses the records and the
+    per-record results of its recent calls); ``engine``: "ghost" (default) or "vmap";
+    ``microbatch_size``: records per chunk of every per-record or full-data computation
+    (memory, not results). The default, 512, keeps
     a Poisson batch of expected size 256 (256 ± 16) in one chunk: each extra chunk is one more
     forward/backward with its fixed cost (~10 % of a step of the MNIST CNN).
     """
@@ -133,6 +136,8 @@ class TorchModel:
         self.layout = Layout.of(module)
         self.n, self.dim = len(self.X), self.layout.dim
         self.stages = ghost.plan(module, {id(p): name for name, p in params.items()}) if engine == "ghost" else ()
+        self._gathered: tuple[Tensor | None, list[tuple[Tensor, Tensor]]] = (None, [])
+        self._recent: list[tuple[Tensor, Tensor, Dense | ghost.GhostRows]] = []
 
     # ------------------------------------------------------------------------------ helpers
 
@@ -161,17 +166,28 @@ class TorchModel:
         return theta.to(self.device, self.dtype)
 
     def _chunks(self, indices: Tensor | None) -> list[tuple[Tensor, Tensor]]:
-        """``(x, y)`` chunks of at most ``microbatch_size`` records, on the module's device."""
+        """``(x, y)`` chunks of at most ``microbatch_size`` records, on the module's device.
+
+        All records (``None``) are sliced, not gathered. The chunks of the last explicit
+        ``indices`` are kept and reused when the same indices come again: a full-batch
+        algorithm (DIFF2, DP-GD) asks for the same records twice a round, and gathering a large
+        data set (BlogFeedback: 48k × 280 float64) costs as much as the forward pass."""
         if indices is None:
-            indices = torch.arange(self.n)
+            return [self._on_device(x, y) for x, y in zip(self.X.split(self.microbatch_size),
+                                                          self.y.split(self.microbatch_size))]
         indices = torch.as_tensor(indices).to(self.X.device)
-        chunks = []
-        for part in indices.split(self.microbatch_size) if len(indices) else ():
-            x, y = self.X[part], self.y[part]
-            x = x.to(self.device, self.dtype) if x.is_floating_point() else x.to(self.device)
-            y = y.to(self.device, self.dtype) if y.is_floating_point() else y.to(self.device)
-            chunks.append((x, y))
+        last_indices, last_chunks = self._gathered
+        if last_indices is not None and torch.equal(last_indices, indices):
+            return last_chunks
+        chunks = [self._on_device(self.X[part], self.y[part])
+                  for part in (indices.split(self.microbatch_size) if len(indices) else ())]
+        self._gathered = (indices.clone(), chunks)
         return chunks
+
+    def _on_device(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        x = x.to(self.device, self.dtype) if x.is_floating_point() else x.to(self.device)
+        y = y.to(self.device, self.dtype) if y.is_floating_point() else y.to(self.device)
+        return x, y
 
     def _losses(self, out: Tensor, y: Tensor) -> Tensor:
         losses = self.loss_fn(out, y)
@@ -187,8 +203,23 @@ class TorchModel:
 
     def per_record(self, theta: Tensor, indices: Tensor) -> Dense | ghost.GhostRows:
         """Per-record gradients ∇ℓ_i(θ) of the records ``indices``, as a PerRecord
-        (``norms()``, ``weighted_sum(w)``, and ``a - b`` for two points on the same records)."""
+        (``norms()``, ``weighted_sum(w)``, and ``a - b`` for two points on the same records).
+
+        The results of the last :data:`RECENT` calls are kept (they are immutable) and returned
+        again for an equal θ and equal indices: a full-batch method that uses gradient
+        differences (DIFF2) needs ∇ℓ_i(x_{r−1}) in round r and again in round r + 1."""
         point = self._theta(theta)
+        indices = torch.as_tensor(indices)
+        for old_point, old_indices, rows in self._recent:
+            if torch.equal(old_indices, indices) and torch.equal(old_point, point):
+                return rows
+        rows = self._per_record(point, indices, theta)
+        if self._recent and isinstance(rows, ghost.GhostRows) and torch.equal(self._recent[0][1], indices):
+            ghost.reuse_input_norms(rows, self._recent[0][2])
+        self._recent = [(point.clone(), indices.clone(), rows), *self._recent[: RECENT - 1]]
+        return rows
+
+    def _per_record(self, point: Tensor, indices: Tensor, theta: Tensor) -> Dense | ghost.GhostRows:
         chunks = self._chunks(indices)
         if self.engine == "vmap":
             rows = [self._dense_rows(point, x, y) for x, y in chunks]
