@@ -568,7 +568,8 @@ def _difference(left: _Layer | _Block, right: _Layer | _Block) -> _Layer | _Pair
     if isinstance(left, _Layer) and isinstance(right, _Layer) and _same_memory(left.a, right.a):
         _share_input_norms(left, right)
         difference = _Layer(left.stage, left.a, left.g - right.g)
-        left.__dict__["input_sq_norms"] = difference.__dict__["input_sq_norms"] = left.input_sq_norms
+        # computed at most once per batch, and kept on ``left`` for the next point's difference
+        difference.__dict__["input_sq_norms"] = left.input_sq_norms
         return difference
     return _Pair(left, right)
 
@@ -593,12 +594,6 @@ def _same_memory(x: Tensor, y: Tensor) -> bool:
     """Whether two live tensors are views of the same elements (hence equal)."""
     return (x.data_ptr() == y.data_ptr() and x.shape == y.shape and x.stride() == y.stride()
             and x.dtype == y.dtype and x.device == y.device)
-
-
-def _sq_norms(chunks: tuple[tuple, ...], sizes: tuple[int, ...], like: Tensor) -> Tensor:
-    """The records' ``‖∇ℓ_i‖²``: the sum of their layers' squared norms, chunk by chunk."""
-    sq = [sum((layer.sq_norms() for layer in layers), like.new_zeros(size)) for layers, size in zip(chunks, sizes)]
-    return torch.cat(sq) if sq else like.new_zeros(0)
 
 
 def _weighted_sum(chunks: tuple[tuple, ...], sizes: tuple[int, ...], weights: Tensor, layout: Layout,
@@ -631,7 +626,9 @@ class GhostRows:
 
     @cached_property
     def _norms(self) -> Tensor:
-        return _sq_norms(self.chunks, self.sizes, self.like).sqrt()
+        sq = [sum((layer.sq_norms() for layer in layers), self.like.new_zeros(size))
+              for layers, size in zip(self.chunks, self.sizes)]
+        return torch.cat(sq).sqrt() if sq else self.like.new_zeros(0)
 
     def norms(self) -> Tensor:
         return self._norms.to(self.device, self.dtype)
