@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import types
 from pathlib import Path
 from typing import Any
@@ -79,3 +80,31 @@ def test_one_sided_p() -> None:
 def test_unknown_experiment_names_the_allowed_ones() -> None:
     with pytest.raises(ValueError, match="experiment='nope' must be one of: dp-srm-ijcnn1"):
         reproduce("nope")
+
+
+def test_the_largest_problem_is_queued_first_and_reported_in_the_preset_order(
+        toy: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs are queued largest problem first (n·d), so a pool's last runs are short; the report
+    keeps the preset's order."""
+    driver = sys.modules["dpopt.experiments.reproduce"]
+
+    def problem(data_dir: str | None, key: str) -> tuple[Problem, dict[str, Any]]:
+        made, _ = _problem(data_dir)
+        size = {"small": 100, "large": 400}[key]
+        gen = torch.Generator().manual_seed(0)
+        X = torch.randn(size, 4, generator=gen, dtype=torch.float64)
+        return Problem(Logistic(X, torch.where(X[:, 0] > 0, 1.0, -1.0)), made.test_error), {"n": size}
+
+    module = experiments.EXPERIMENTS[toy]
+    monkeypatch.setattr(module, "PROBLEMS", ("small", "large"), raising=False)
+    monkeypatch.setattr(module, "problem", problem)
+    monkeypatch.setattr(module, "methods", lambda epsilon, key: _methods(epsilon)[:1])
+    monkeypatch.setattr(module, "EPSILONS", (1.0,))
+    monkeypatch.setattr(module, "PAPER", [])
+    queued = []
+    start = driver.start_seeds
+    monkeypatch.setattr(driver, "start_seeds", lambda *args, key, **kw: queued.append(key) or start(*args, key=key, **kw))
+    payload = reproduce(toy, seeds=1, out=tmp_path, workers=1)
+    assert queued == ["large", "small"]
+    assert [row["problem"] for row in payload["rows"]] == ["small", "large"]
+    assert list(payload["facts"]) == ["small", "large"]

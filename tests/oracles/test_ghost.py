@@ -316,12 +316,16 @@ def test_shared_parameters_are_refused_by_ghost_and_handled_by_vmap(build, share
 
 def test_gram_and_direct_forms_agree():
     gen = torch.Generator().manual_seed(0)
-    for T, p, q in [(1, 3, 4), (2, 5, 3), (6, 2, 7), (9, 8, 8)]:
+    for T, p, q in [(1, 3, 4), (1, 10, 1), (2, 5, 3), (6, 2, 7), (9, 8, 8)]:
         A, G = torch.randn(11, T, p, generator=gen, dtype=F64), torch.randn(11, T, q, generator=gen, dtype=F64)
         direct = torch.einsum("btq,btp->bqp", G, A).square().sum((1, 2))
         gram, bound = ghost.gram_sq_norms([(A, G)])
         assert_close(gram, direct, 1e-12)
+        assert_close(bound, (A.norm(dim=2) * G.norm(dim=2)).sum(1).square(), 1e-12)
         assert (bound * (1 + 1e-12) >= gram).all()
+        A2, G2 = torch.randn(A.shape, generator=gen, dtype=F64), torch.randn(G.shape, generator=gen, dtype=F64)
+        difference = torch.einsum("btq,btp->bqp", G, A) - torch.einsum("btq,btp->bqp", G2, A2)
+        assert_close(ghost.gram_sq_norms([(A, G - G2), (A - A2, G2)])[0], difference.square().sum((1, 2)), 1e-12)
 
 
 def test_the_difference_rule_is_exact_where_the_naive_one_cancels():

@@ -170,6 +170,34 @@ def test_a_difference_of_a_first_layer_on_the_same_records_is_one_layer_and_exac
     assert torch.allclose(difference.weighted_sum(weights), weights @ want, rtol=1e-10, atol=1e-14)
 
 
+def test_a_full_batch_input_that_comes_back_is_transposed_once_and_gives_the_same_sums():
+    """A full-batch method asks for the same records every round: from the second call on, the
+    first layer's input is kept transposed for the book-keeping product (built once, handed on);
+    a call on other records builds nothing. The tall input (more records than the first weight
+    has entries) also takes the contiguous-weight forward. Both agree with the vmap engine."""
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(5, 3), nn.Softplus(), nn.Linear(3, 1)).to(F64)
+    X = torch.randn(200, 5, generator=torch.Generator().manual_seed(4), dtype=F64)
+    y = torch.randn(200, generator=torch.Generator().manual_seed(5), dtype=F64)
+    squared = lambda out, target: (out.reshape(-1) - target) ** 2  # noqa: E731
+    ghost, vmap = TorchModel(mlp, squared, X, y), TorchModel(copy.deepcopy(mlp), squared, X, y, engine="vmap")
+    records, weights = torch.arange(200), torch.linspace(-1, 1, 200, dtype=F64)
+    points = [ghost.flat_params() + 0.1 * k for k in range(3)]
+    rows = [ghost.per_record(points[0], records)]
+    assert "input_t" not in rows[0].chunks[0][0].__dict__
+    for theta in points[1:]:
+        rows.append(ghost.per_record(theta, records))
+    transposed = rows[1].chunks[0][0].__dict__["input_t"]
+    assert rows[2].chunks[0][0].__dict__["input_t"] is transposed and torch.equal(transposed, X.T)
+    assert "input_t" not in ghost.per_record(points[0], records[1:]).chunks[0][0].__dict__
+    difference = rows[2] - rows[1]
+    assert difference.chunks[0][0].__dict__["input_t"] is transposed
+    dense = [vmap.per_record(theta, records).rows for theta in points]
+    assert torch.allclose(rows[2].norms(), dense[2].norm(dim=1), rtol=1e-10)
+    assert torch.allclose(rows[2].weighted_sum(weights), weights @ dense[2], rtol=1e-10, atol=1e-14)
+    assert torch.allclose(difference.weighted_sum(weights), weights @ (dense[2] - dense[1]), rtol=1e-10, atol=1e-14)
+
+
 def test_per_record_loss_and_error():
     o = oracle()
     theta = o.flat_params()

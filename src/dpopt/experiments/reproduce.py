@@ -76,13 +76,17 @@ def _problem_of(name: str, data_dir: str | None, key: Any) -> Problem:
 def _run_all(exp: ModuleType, data_dir: str | None, n_seeds: int, quick: bool, retune: bool,
              progress: bool, pool: Pool | None) -> dict[str, Any]:
     started = time.perf_counter()
-    rows, tuning, curves, facts = [], {}, {}, {}
+    rows, tuning, curves = [], {}, {}
     chosen: dict[tuple[Any, str], dict[str, Any]] = {}  # with TUNE_EPSILON: one tuning per method
     test_metrics = getattr(exp, "TEST_METRICS", ("objective", "grad_norm"))
     log_points = 10 if quick else getattr(exp, "LOG_POINTS", 40)
     started_runs = []  # every run is queued before any is awaited: the workers stay busy to the end
-    for key in _problem_keys(exp, quick):
-        problem, facts[str(key)] = exp.problem(data_dir, key)
+    keys = _problem_keys(exp, quick)
+    built = {key: exp.problem(data_dir, key) for key in keys}
+    facts = {str(key): described for key, (_, described) in built.items()}
+    # the largest problems are queued first, so the workers' last runs are short ones
+    for key in sorted(keys, key=lambda key: -built[key][0].oracle.n * built[key][0].oracle.dim):
+        problem = built[key][0]
         delta = exp.delta(key) if hasattr(exp, "delta") else exp.DELTA
         for epsilon in exp.EPSILONS:
             for method in exp.methods(epsilon, key):
@@ -95,6 +99,7 @@ def _run_all(exp: ModuleType, data_dir: str | None, n_seeds: int, quick: bool, r
                 wait = start_seeds(method, params, problem, epsilon=epsilon, delta=delta, seeds=range(n_seeds),
                                    log_points=log_points, step_fraction=QUICK_STEPS if quick else 1.0, pool=pool, key=key)
                 started_runs.append((key, method.name, epsilon if method.private else None, delta, params, wait))
+    started_runs.sort(key=lambda run: keys.index(run[0]))  # reported in the preset's order (a stable sort)
     for key, name, epsilon, delta, params, wait in started_runs:
         histories = wait()
         rows.append({"problem": key, "algorithm": name, "epsilon": epsilon, "seeds": len(histories),

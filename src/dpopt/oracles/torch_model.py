@@ -215,7 +215,7 @@ class TorchModel:
                 return rows
         rows = self._per_record(point, indices, theta)
         if self._recent and isinstance(rows, ghost.GhostRows) and torch.equal(self._recent[0][1], indices):
-            ghost.reuse_input_norms(rows, self._recent[0][2])
+            ghost.reuse_inputs(rows, self._recent[0][2])
         self._recent = [(point.clone(), indices.clone(), rows), *self._recent[: RECENT - 1]]
         return rows
 
