@@ -19,7 +19,9 @@ differential privacy", arXiv:2205.10683, §4, the "mixed ghost norm"):
   of a backward pass, ``Σ_i w_i g_iᵀ a_i`` per layer (``conv2d_weight`` for convolutions),
   from the stored ``a`` and ``g``; for a layer whose records' gradients were built for the
   norms (direct form) it is ``w @ rows`` of those rows ("BK-MixOpt" in Bu et al. 2023), so those
-  layers cost one per-record product for norms and sum together. It equals the reweighted backward of
+  layers cost one per-record product for norms and sum together. A Linear layer whose input
+  comes back call after call (a full-batch method's data) keeps it transposed for that product
+  (:attr:`_Layer.input_t`). It equals the reweighted backward of
   ``Σ_i w_i ℓ_i`` (the
   second pass of ghost clipping) without running it: no second backprop through the network,
   no retained graph, and records with ``w_i = 0`` are left out exactly (a record whose

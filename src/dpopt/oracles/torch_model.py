@@ -207,7 +207,10 @@ class TorchModel:
 
         The results of the last :data:`RECENT` calls are kept (they are immutable) and returned
         again for an equal θ and equal indices: a full-batch method that uses gradient
-        differences (DIFF2) needs ∇ℓ_i(x_{r−1}) in round r and again in round r + 1."""
+        differences (DIFF2) needs ∇ℓ_i(x_{r−1}) in round r and again in round r + 1. A call on
+        the records of the previous call reuses what was computed from their data
+        (:func:`~dpopt.oracles.ghost.reuse_inputs`: input row norms, and a transposed copy of
+        a Linear layer's input for the book-keeping product)."""
         point = self._theta(theta)
         indices = torch.as_tensor(indices)
         for old_point, old_indices, rows in self._recent:
