@@ -13,7 +13,8 @@ import torch
 
 from dpopt import experiments
 from dpopt.algorithms import DPSGD, Storm, dp_gd
-from dpopt.experiments._runner import Method, Problem, one_sided_p
+from dpopt.experiments._runner import Method, Problem, mean_curve, one_sided_p
+from dpopt.train import History
 from dpopt.experiments.reproduce import reproduce
 from dpopt.oracles import Logistic
 
@@ -108,3 +109,15 @@ def test_the_largest_problem_is_queued_first_and_reported_in_the_preset_order(
     assert queued == ["large", "small"]
     assert [row["problem"] for row in payload["rows"]] == ["small", "large"]
     assert list(payload["facts"]) == ["small", "large"]
+
+
+def test_a_derived_curve_is_the_mean_of_the_function_over_seeds() -> None:
+    """‖∇F‖² curves average the squares (5, 10 here), not square the average (4, 9)."""
+    def history(norms: list[float]) -> History:
+        records = [{"passes": float(k), "grad_norm": g} for k, g in enumerate(norms)]
+        return History(records=records, final={}, theta=torch.zeros(1), delta=1e-5, accountant="pld",
+                       neighboring_relation="replace_one", steps_done=2)
+
+    xs, values = mean_curve([history([1.0, 2.0]), history([3.0, 4.0])], "grad_norm_sq")
+    assert xs.tolist() == [0.0, 1.0] and values == pytest.approx([5.0, 10.0])
+    assert mean_curve([history([1.0, 2.0]), history([3.0, 4.0])], "grad_norm")[1] == pytest.approx([2.0, 3.0])

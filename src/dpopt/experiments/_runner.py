@@ -184,8 +184,15 @@ def one_sided_p(ours: Sequence[float], theirs: Sequence[float]) -> float:
     return float(stats.ttest_ind(ours, theirs, equal_var=False, alternative="less").pvalue)
 
 
+#: Curves of a function of a logged quantity: name → (logged quantity, function).
+DERIVED_CURVES: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]] = {"grad_norm_sq": ("grad_norm", np.square)}
+
+
 def mean_curve(histories: Sequence[History], metric: str, x: str = "passes") -> tuple[np.ndarray, np.ndarray]:
-    """(mean of ``x``, mean of ``metric``) over seeds at the logged steps."""
+    """(mean of ``x``, mean of ``metric``) over seeds at the logged steps; a metric of
+    :data:`DERIVED_CURVES` is the mean of the function of its logged quantity (‖∇F‖²: the mean
+    of the squares)."""
+    logged, function = DERIVED_CURVES.get(metric, (metric, np.asarray))
     xs = np.mean([[r[x] for r in h.records] for h in histories], axis=0)
-    values = np.mean([[r[metric] for r in h.records] for h in histories], axis=0)
+    values = np.mean([function(np.array([r[logged] for r in h.records])) for h in histories], axis=0)
     return xs, values

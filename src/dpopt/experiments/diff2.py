@@ -50,6 +50,7 @@ from ..data import load
 from ..data.tabular import prepared
 from ..models import mlp_oracle
 from ..sampling import Clients
+from ..train import History
 from ._runner import Method, Params, Problem
 from .patience_tuning import patience_tune
 from .preset import Experiment
@@ -99,9 +100,12 @@ TUNING_COST: dict[str, Any] = {
     "blogfeedback DP-GD ε=3.0": {"runs": 7, "rounds": 6880, "wall_time_s": 876, "epsilon_composed": 6.11},
     "blogfeedback DIFF2-GD ε=3.0": {"runs": 5, "rounds": 2460, "wall_time_s": 357, "epsilon_composed": 3.41},
 }
-METRICS = ("objective", "grad_norm", "grad_norm_sq", "test_loss", "test_error", "passes", "wall_time_s", "epsilon")
-TABLE_METRICS = ("objective", "grad_norm_sq", "test_loss", "epsilon", "wall_time_s")
-TEST_METRICS = ("objective", "grad_norm_sq", "test_loss")
+METRICS = ("objective", "min_objective", "grad_norm", "grad_norm_sq", "test_loss", "test_error", "passes",
+           "wall_time_s", "epsilon")
+TABLE_METRICS = ("objective", "grad_norm_sq", "test_loss", "min_objective", "epsilon", "wall_time_s")
+#: ``min_objective`` (the lowest logged train loss of a run) is the paper's t-test; the issue's
+#: acceptance comparison is the final value, ``objective``.
+TEST_METRICS = ("objective", "grad_norm_sq", "test_loss", "min_objective")
 COMPARISONS = [("DIFF2-GD", "DP-GD")]
 LOG_POINTS = 40  # every 50 rounds (the tuner checks every 20)
 
@@ -125,7 +129,13 @@ def build_problem(key: str, data_dir: str | None) -> tuple[Problem, dict[str, An
 
     facts = {"n": oracle.n, "n_test": test.n, "dim": oracle.dim, "features": int(X.shape[1]), "task": data.task,
              "clients": CLIENTS, "records_per_client": oracle.n // CLIENTS}
-    return Problem(oracle, test_error, extra, theta0=oracle.flat_params()), facts
+    return Problem(oracle, test_error, extra, history_metrics=lowest_loss, theta0=oracle.flat_params()), facts
+
+
+def lowest_loss(history: History) -> dict[str, float]:
+    """The lowest train loss over the run's logged points (every ``ROUNDS // LOG_POINTS``
+    rounds and the last), which the paper's t-tests compare."""
+    return {"min_objective": min(record["objective"] for record in history.records)}
 
 
 def _builder(name: str) -> Callable[[int, Params], tuple[Any, int]]:
@@ -186,6 +196,8 @@ def _notes(payload: dict[str, Any]) -> str:
     lines = [
         "Verdicts (the acceptance comparison, final train loss, one-sided Welch t-test):", "",
         *verdicts(payload), "",
+        "`p_min_objective`: the same test on each run's lowest logged train loss (every "
+        f"{ROUNDS // LOG_POINTS} rounds), the quantity the paper's t-tests compare; the issue asks for the final value.",
         f"Hyper-parameters: {tuned}. Tuning as the paper (the patience rule) on one seed, once per problem at "
         f"ε = {TUNE_EPSILON:g} (used at every ε), on a sub-grid of the paper's; BlogFeedback: η only, at the "
         "clip and restart values chosen on California Housing. The paper did not account for the privacy of "
@@ -206,7 +218,8 @@ def delta(key: str) -> float:
 
 
 def _preset(name: str, problems: tuple[str, ...], smoke: tuple[str, ...], cost: dict[str, Any]) -> Experiment:
-    curves = {"train loss": "objective", "train gradient norm": "grad_norm", "test loss / error": "test_error"}
+    curves = {"train loss": "objective", "squared train gradient norm": "grad_norm_sq",
+              "test loss / error": "test_error"}
     return Experiment(
         NAME=name, PROBLEMS=problems, EPSILONS=EPSILONS, PAPER=[], METRICS=METRICS, TABLE_METRICS=TABLE_METRICS,
         PAPER_METRICS=(), TEST_METRICS=TEST_METRICS, COMPARISONS=COMPARISONS, OURS="DIFF2-GD", epochs=ROUNDS,
