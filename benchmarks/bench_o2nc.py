@@ -83,13 +83,14 @@ def _first_vs_zeroth(quick: bool) -> list[dict[str, Any]]:
             algo, steps = o2nc_params.single_pass(n=n, d=32, estimator=estimator, constants=constants, **settings)
             algo = (accounting.calibrate(algo, epsilon=1.0, delta=1e-5, n=n, steps=steps) if private else
                     dataclasses.replace(algo, noise_multiplier=0.0, clip0=math.inf, clip=math.inf))
-            history = run(algo, oracle, steps=steps, seed=0, log_every=max(1, steps // 20), train_metrics=False,
+            history = run(algo, oracle, steps=steps, seed=0, log_every=max(1, steps // 20), diagnostics=True,
+                          train_metrics=False,
                           log_metrics=lambda theta: {"goldstein": goldstein(oracle, theta, 2 * preset.ALPHA,
                                                                             points=32).value})
             runs[estimator] = (algo, steps, history, f"c_D = {chosen['c_D']:g}, c = {chosen['c']:g}")
-        tau = max(h.records[-1]["goldstein"] for _, _, h, _ in runs.values())
+        tau = max(h.diagnostics["records"][-1]["goldstein"] for _, _, h, _ in runs.values())
         for estimator, (algo, steps, history, constants_used) in runs.items():
-            hit = next((r for r in history.records if r["goldstein"] <= tau), None)
+            hit = next((r for r in history.diagnostics["records"] if r["goldstein"] <= tau), None)
             rows.append({"setting": "private, ε = 1" if private else "non-private", "oracle": estimator,
                          "steps": steps, "m": algo.directions, "c": constants_used,
                          "tau": tau, "seconds": hit["wall_time_s"] if hit else math.nan,

@@ -20,9 +20,8 @@ from dp_accounting import NeighboringRelation
 from . import _validate, data, distributed, mechanisms, report
 from .accounting import ACCOUNTANTS, RELATION_NAMES, accountant_for, calibrate, epsilon_of, solve_noise
 from .algorithms.by_name import NAMES as ALGORITHMS
-from .algorithms.by_name import NON_PRIVATE
+from .algorithms.by_name import NOISES, NON_PRIVATE, noise_of
 from .algorithms.by_name import build as build_algorithm
-from .mechanisms import NOISES
 from .data.tabular import prepared
 from .models import mlp_oracle
 from .oracles import make as make_oracle
@@ -140,6 +139,9 @@ def _shared_noise(processes: int, noise: str) -> None:
 def _train(args: argparse.Namespace) -> dict[str, Any] | None:
     _validate.one_of("algorithm", args.algorithm, ALGORITHMS)
     _validate.one_of("dataset", args.dataset, data.names())
+    if args.algorithm in NON_PRIVATE:
+        raise _validate.DpoptError(f"algorithm={args.algorithm!r} is not private (ε = ∞) and cannot meet "
+                                   f"epsilon={args.epsilon!r}: train it in Python (dpopt.run) as a non-private reference")
     epsilon = _validate.positive("epsilon", args.epsilon)
     delta = _validate.open_unit("delta", args.delta)
     steps = _validate.positive_int("steps", args.steps)
@@ -166,32 +168,47 @@ def _train(args: argparse.Namespace) -> dict[str, Any] | None:
                                 clip_diff=args.clip_diff, gamma=args.gamma, sampling=args.sampling,
                                 obj_clip=args.obj_clip, noise=args.noise, clients=args.clients, restart=args.restart,
                                 local_steps=args.local_steps, backend=distributed.backend(args.backend))
-    if args.algorithm not in NON_PRIVATE:
-        ratios = (_validate.positive("noise_ratio", args.noise_ratio), 1.0) if args.algorithm == "dp-srm" else None
-        algorithm = calibrate(algorithm, epsilon=epsilon, delta=delta, n=oracle.n, steps=steps,
-                              accountant=args.accountant, ratios=ratios)
+    ratios = (_validate.positive("noise_ratio", args.noise_ratio), 1.0) if args.algorithm == "dp-srm" else None
+    algorithm = calibrate(algorithm, epsilon=epsilon, delta=delta, n=oracle.n, steps=steps,
+                          accountant=args.accountant, ratios=ratios)
+    seed = args.seed if args.seed is not None or processes == 1 else distributed.shared_secret_seed()
     out = Path(args.out or f"results/run-{args.algorithm}-{args.dataset}")
     with distributed.resumable(out / "checkpoint.pt") as checkpoint_path:  # rank 0 alone writes out/
         theta0 = oracle.flat_params() if args.model == "mlp" else None  # the network's initialisation
-        history = run(algorithm, oracle, steps=steps, seed=args.seed, delta=delta, accountant=args.accountant,
-                      theta0=theta0,
+        history = run(algorithm, oracle, steps=steps, seed=seed, delta=delta, accountant=args.accountant,
+                      theta0=theta0, noise_source=noise_of(args.noise)[1],
                       test_error=(lambda theta: float(test_error(theta))) if lead else None,
                       checkpoint_path=checkpoint_path, checkpoint_every=args.checkpoint_every if lead else None,
-                      max_epsilon=args.max_epsilon, progress=lead and not args.json and sys.stderr.isatty())
+                      max_epsilon=args.max_epsilon, progress=lead and not args.json and sys.stderr.isatty(),
+                      diagnostics=args.diagnostics)
     if not lead:
         return None
     payload = {"algorithm": args.algorithm, "dataset": args.dataset, "model": args.model, "epsilon_target": epsilon,
                "hyperparameters": repr(algorithm), "processes": processes, **history.to_dict()}
     report.write_json(out / "history.json", payload)
-    report.write_text(out / "summary.md", report.markdown_table(
-        [{"algorithm": args.algorithm, "dataset": args.dataset, **history.final}],
-        ["algorithm", "dataset", "epsilon", "objective", "grad_norm", "test_error", "passes", "wall_time_s"]) + "\n")
-    report.curves_figure(out / "curves.png", {
-        "objective": {args.algorithm: ([r["passes"] for r in history.records], [r["objective"] for r in history.records])},
-        "gradient norm": {args.algorithm: ([r["passes"] for r in history.records],
-                                           [r["grad_norm"] for r in history.records])}}, xlabel="data passes")
+    report.write_text(out / "summary.md", _summary(args, history))
+    passes = [r["expected_passes"] for r in history.records]
+    panels = {"test error": {args.algorithm: (passes, [r["test_error"] for r in history.records])},
+              "ε spent (guarantee)": {args.algorithm: (passes, [r["epsilon"] for r in history.records])}}
+    if history.diagnostics is not None:
+        panels["training objective (NOT PRIVATE)"] = {args.algorithm: (
+            passes, [r["objective"] for r in history.diagnostics["records"]])}
+    report.curves_figure(out / "curves.png", panels, xlabel="expected data passes")
     return {k: payload[k] for k in ("algorithm", "dataset", "epsilon_target", "final", "delta", "accountant",
-                                    "neighboring_relation", "steps_done", "stopped")} | {"out": str(out)}
+                                    "neighboring_relation", "steps_done", "stopped", "randomness")} | {"out": str(out)}
+
+
+def _summary(args: argparse.Namespace, history: Any) -> str:
+    """summary.md: the private results; the diagnostics, if asked for, in a section of their own."""
+    text = report.markdown_table([{"algorithm": args.algorithm, "dataset": args.dataset, **history.final}],
+                                 ["algorithm", "dataset", "epsilon", "test_error", "expected_passes"])
+    text += f"\n\nδ = {history.delta:g}, {history.accountant}, {history.neighboring_relation}; randomness: " \
+            f"{history.randomness}.\n"
+    if history.diagnostics is not None:
+        final = history.diagnostics["final"]
+        text += f"\n## Diagnostics: {history.diagnostics['label']}\n\n" + report.markdown_table(
+            [final], list(final)) + "\n"
+    return text
 
 
 def _audit(args: argparse.Namespace) -> dict[str, Any]:
@@ -280,7 +297,10 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--noise", choices=NOISES, default="torch", help="noise source: the run's seeded generator, "
                      "the OS CSPRNG (secure), or the exact discrete Gaussian (discrete; full-batch dp-gd only)")
     sub.add_argument("--accountant", choices=ACCOUNTANTS, default="pld")
-    sub.add_argument("--seed", type=int, default=0)
+    sub.add_argument("--seed", type=int, help="make the run reproducible (its guarantee then rests on the seed "
+                     "staying secret); default: secret randomness from the operating system")
+    sub.add_argument("--diagnostics", action="store_true", help="also write the training objective, gradient norm, "
+                     "realised passes and times, labelled NOT PRIVATE (computed from the training data without noise)")
     sub.add_argument("--max-epsilon", type=float, help="stop before a step that would exceed this ε")
     sub.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints (resumes from out/)")
     sub.add_argument("--data-dir", help="data directory (default: $DPOPT_DATA or the user cache)")

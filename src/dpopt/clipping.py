@@ -82,10 +82,13 @@ def weights_in(weights: Tensor, dtype: torch.dtype) -> Tensor:
 
 def clip_weights(norms: Tensor, clip: float, *, all_finite: bool = False) -> Tensor:
     """``w_i = min(1, C/‖v_i‖) = C / max(C, ‖v_i‖)``; 1 for zero rows and for C = ∞; 0 for
-    non-finite rows (C/∞ = 0, and NaN is mapped to 0). ``all_finite=True`` (the caller has
-    checked that every norm is finite) skips the NaN mapping."""
+    non-finite rows (C/∞ = 0, and NaN is mapped to 0) and for every row when C = 0 (a zero
+    clip releases nothing). ``all_finite=True`` (the caller has checked that every norm is
+    finite) skips the NaN mapping."""
     if clip == math.inf:
         return norms.isfinite().to(norms.dtype)
+    if clip == 0:
+        return torch.zeros_like(norms)
     weights = norms.clamp(min=clip).reciprocal_().mul_(clip)  # (Tensor.__rdiv__ is slow)
     return weights if all_finite else weights.nan_to_num_(0.0)
 
@@ -146,3 +149,15 @@ def clip_aggregate(value: Tensor, clip: float) -> Bounded:
             scale = torch.nextafter(scale, torch.zeros_like(scale))
             clipped = value * scale
     return Bounded(clipped, 2.0 * clip, _CLIPPING_TOKEN)
+
+
+def clip_loss_sums(losses: Tensor, clip: float, *, public_offset: Tensor) -> Bounded:
+    """``u_k = Σ_i min(max(ℓ_{i,k}, 0), C) + o_k`` for per-record losses ``[B, K]`` of K
+    candidates and a data-independent offset o (DP-AGD's scores). Non-finite losses count as C.
+
+    Sensitivity C under every relation: each record adds a value in [0, C] to every score, so
+    replacing, adding or removing one record moves each u_k by at most C (a bound on every
+    coordinate, which is what the exponential mechanism needs: :func:`~dpopt.mechanisms.noisy_argmin`).
+    """
+    bounded = torch.nan_to_num(losses, nan=clip, posinf=clip).clamp(min=0.0, max=clip)
+    return Bounded(bounded.sum(dim=0) + public_offset, clip, _CLIPPING_TOKEN)

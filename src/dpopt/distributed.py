@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import dp_accounting as dpa
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -75,6 +76,15 @@ def rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
+def shared_secret_seed() -> int:
+    """A seed drawn from the operating system by rank 0 and sent to every rank: data-parallel ranks
+    must add one shared noise draw and sample one shared batch, and the seed must stay secret
+    (it never leaves the run's processes)."""
+    seed = torch.tensor([int.from_bytes(os.urandom(8), "little") >> 1], dtype=torch.int64)
+    dist.broadcast(seed, src=0)
+    return int(seed)
+
+
 class Sharded:
     """``oracle`` for one rank of a data-parallel run (every rank wraps the same full oracle).
 
@@ -82,6 +92,8 @@ class Sharded:
     and all-reduce the sums; everything else is delegated to ``oracle`` (see the module
     docstring). ``group``: the process group (default: the default group).
     """
+
+    shares_noise = True  #: every rank must add the same noise draw (:func:`dpopt.train.run` checks)
 
     def __init__(self, oracle: Any, group: dist.ProcessGroup | None = None) -> None:
         self.oracle, self.group = oracle, group
@@ -169,7 +181,8 @@ class Local:
     The interface every backend offers a federated algorithm: ``hosted(P)``, the clients this
     process computes for; ``rows(local)``, per-record vectors whose weighted sum reaches the
     server only (:func:`~dpopt.clipping.clip_sum` makes the Bounded sum there); ``is_server``,
-    whether this process adds the noise; ``broadcast(x)``, the server's x on every process.
+    whether this process adds the noise; ``broadcast(x, event)``, the server's x and the event
+    of the release it made, on every process (each process's ledger holds the server's events).
     """
 
     is_local = True
@@ -181,8 +194,8 @@ class Local:
     def rows(self, local: PerRecord) -> PerRecord:
         return local
 
-    def broadcast(self, x: Tensor) -> Tensor:
-        return x
+    def broadcast(self, x: Tensor, event: dpa.GaussianDpEvent) -> tuple[Tensor, dpa.GaussianDpEvent]:
+        return x, event
 
 
 class TorchDistributed:
@@ -228,10 +241,13 @@ class TorchDistributed:
             total += part
         return total
 
-    def broadcast(self, x: Tensor) -> Tensor:
-        x = x.contiguous().clone()
-        self._call(dist.broadcast, x, src=dist.get_global_rank(self.group, 0) if self.group else 0, group=self.group)
-        return x
+    def broadcast(self, x: Tensor, event: dpa.GaussianDpEvent) -> tuple[Tensor, dpa.GaussianDpEvent]:
+        """The server's x and its release's ``GaussianDpEvent`` on every rank, in one message (x
+        in float64 with the noise multiplier appended; a client's own ``event`` is ignored)."""
+        packed = torch.cat([x.double().reshape(-1), x.new_tensor([event.noise_multiplier], dtype=torch.float64)])
+        self._call(dist.broadcast, packed, src=dist.get_global_rank(self.group, 0) if self.group else 0,
+                   group=self.group)
+        return packed[:-1].to(x.dtype).reshape(x.shape), dpa.GaussianDpEvent(float(packed[-1]))
 
     def _call(self, op: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         try:

@@ -46,16 +46,21 @@ def as_tensors(data: Dataset | tuple[Tensor, Tensor], name: str = "train_data") 
 
 def fit(model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], train_data: Dataset | tuple[Tensor, Tensor],
         *, algorithm: str = "dp-sgd", epsilon: float, delta: float, epochs: float, batch_size: int = 256,
-        lr: float = 0.1, clip: float = 1.0, seed: int = 0, accountant: str = "pld", engine: str = "ghost",
+        lr: float = 0.1, clip: float = 1.0, seed: int | None = None, accountant: str = "pld", engine: str = "ghost",
         microbatch_size: int = 512, test_data: Dataset | tuple[Tensor, Tensor] | None = None,
         checkpoint_path: str | Path | None = None, checkpoint_every: int | None = None,
-        progress: bool = False, **options: Any) -> History:
+        progress: bool = False, diagnostics: bool = False, **options: Any) -> History:
     """Train ``model`` with ``algorithm`` at (``epsilon``, ``delta``) for ``epochs`` passes.
 
     ``options`` go to :func:`dpopt.algorithms.by_name.build` (``clip_diff``, ``gamma``,
-    ``sampling``, ``radius``, ``obj_clip``). Returns the run's History (its ``final`` holds ε
-    spent, the objective and, with ``test_data``, the test error); the module holds the output θ.
+    ``sampling``, ``radius``, ``obj_clip``). Randomness comes from the operating system unless
+    ``seed`` is given (see :func:`dpopt.run`). Returns the run's History (its ``final`` holds the
+    guarantee ε and, with ``test_data``, the test error; non-private diagnostics only with
+    ``diagnostics=True``, labelled); the module holds the output θ.
     """
+    if algorithm in NON_PRIVATE:
+        raise _validate.DpoptError(f"algorithm={algorithm!r} is not private (ε = ∞) and cannot meet epsilon={epsilon!r}: "
+                                   "train it with dpopt.run as a non-private reference")
     _validate.positive("epsilon", epsilon)
     _validate.open_unit("delta", delta)
     _validate.positive("epochs", epochs)
@@ -63,14 +68,13 @@ def fit(model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], train_dat
     oracle = TorchModel(model, loss_fn, X, y, engine=engine, microbatch_size=microbatch_size)
     chosen = build(algorithm, n=oracle.n, batch_size=batch_size, lr=lr, clip=clip, **options)
     steps = steps_for_epochs(chosen, oracle.n, epochs)
-    if algorithm not in NON_PRIVATE:
-        chosen = calibrate(chosen, epsilon=epsilon, delta=delta, n=oracle.n, steps=steps, accountant=accountant)
+    chosen = calibrate(chosen, epsilon=epsilon, delta=delta, n=oracle.n, steps=steps, accountant=accountant)
     test_error = None
     if test_data is not None:
         X_test, y_test = as_tensors(test_data, "test_data")
         test_error = lambda theta: oracle.error(theta, X_test, y_test)  # noqa: E731
     history = run(chosen, oracle, steps=steps, seed=seed, delta=delta, theta0=oracle.flat_params(),
                   accountant=accountant, test_error=test_error, checkpoint_path=checkpoint_path,
-                  checkpoint_every=checkpoint_every, progress=progress)
+                  checkpoint_every=checkpoint_every, progress=progress, diagnostics=diagnostics)
     oracle.load(history.theta)
     return history

@@ -2,10 +2,12 @@
 
 A :class:`Bounded` is a value whose L2 sensitivity is known under the ledger's neighbouring
 relation. Only :mod:`dpopt.clipping` makes one, so a mechanism can never be handed a value
-whose sensitivity was merely asserted. Every mechanism returns ``(noised value, DpEvent)``;
-the caller hands the event to the sampler (``sampler.wrap``) and the ledger. The noise source
-(seeded torch generator, OS CSPRNG, or exact discrete Gaussian) is one option, ``noise``,
-whose event :func:`noise_event` gives; algorithms plan with the same function.
+whose sensitivity was merely asserted. Every mechanism returns the released value together with
+the ``DpEvent`` of exactly that release (:func:`gaussian`, :func:`noisy_argmin`,
+:meth:`TreeAggregator.add`); the caller hands the event to the sampler (``sampler.wrap``) and
+the ledger, and never builds an event for the ledger itself. Where the randomness comes from is
+a :class:`NoiseSource` object (:class:`SeededNoise`, :class:`SystemNoise`); what kind of noise a
+release adds is a :data:`Noise` object (:class:`Continuous` or :class:`Discrete`).
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from __future__ import annotations
 import math
 import os
 import random
-from dataclasses import InitVar, dataclass
+from dataclasses import InitVar, dataclass, field, replace
 from fractions import Fraction
+from typing import Protocol
 
 import dp_accounting as dpa
 import numpy as np
@@ -44,39 +47,110 @@ class Bounded:
             raise ValueError(f"sensitivity={self.sensitivity} must be >= 0")
 
 
-#: Where Gaussian noise comes from (the ``noise`` option of every algorithm):
-#: "torch": ``torch.randn`` from the run's seeded generator (reproducible; checkpoints resume bit for bit);
-#: "secure": continuous Gaussian from the OS CSPRNG (``os.urandom``), unpredictable from any seed;
-#: "discrete": exact discrete Gaussian on an integer grid (Canonne–Kamath–Steinke 2020) from the OS
-#: CSPRNG, immune to floating-point attacks on the noise; accounted as zCDP.
-NOISES = ("torch", "secure", "discrete")
+class NoiseSource(Protocol):
+    """Where the randomness of a run comes from: the noise of every release and the other
+    random draws the guarantee relies on (random points, directions, output picks).
 
-
-def noise_event(noise_multiplier: float, noise: str = "torch") -> dpa.DpEvent:
-    """The privacy event of one release of :func:`gaussian` with multiplier z.
-
-    Continuous noise (torch, secure): ``GaussianDpEvent(z)``. Discrete: ``ZCDpEvent(1/(2z²))``:
-    the d-dimensional discrete Gaussian N_Z(0, σ²)^d added to an integer vector of L2
-    sensitivity Δ is Δ²/(2σ²)-zCDP (Canonne, Kamath, Steinke 2020, Theorem 14), and
-    :func:`gaussian` uses σ = z·Δ with Δ the sensitivity on the grid. dp_accounting composes it
-    with RDP (α·ρ at every order, the continuous Gaussian's curve); it has no
-    amplification-by-sampling bound for it, so discrete noise is only for unsampled releases.
+    The guarantee needs this randomness to be secret: whoever can predict the noise can
+    subtract it. :class:`SeededNoise` is reproducible from its seed (so the seed must stay
+    secret); :class:`SystemNoise` draws the release noise from the operating system's CSPRNG.
     """
-    if noise == "discrete" and noise_multiplier > 0:
-        return dpa.ZCDpEvent(1 / (2 * noise_multiplier**2))
-    return dpa.GaussianDpEvent(noise_multiplier)
+
+    generator: torch.Generator  #: the other draws of the run (saved in checkpoints)
+
+    def gaussian(self, like: Tensor, std: float) -> Tensor:
+        """N(0, std² I) shaped like ``like``, in its dtype and on its device."""
+
+    def uniform(self, like: Tensor) -> Tensor:
+        """Uniforms on the open interval (0, 1) shaped like ``like``."""
 
 
-def gaussian(x: Bounded, noise_multiplier: float, gen: torch.Generator,
-             noise: str = "torch") -> tuple[Tensor, dpa.DpEvent]:
-    """The Gaussian mechanism: ``x.value + N(0, (z·Δ)² I)`` with Δ = ``x.sensitivity``.
+@dataclass
+class SeededNoise:
+    """Every draw from one ``torch.Generator`` seeded with ``seed`` (reproducible: a run with the
+    same seed adds the same noise, so its guarantee rests on the seed staying secret). A seed
+    from the operating system (:meth:`from_os`) is the default of every run."""
 
-    Privacy event: :func:`noise_event` (``GaussianDpEvent(z)`` for continuous noise); z = noise
-    std / L2 sensitivity. With z = 0 the value is released exactly and the event is non-private
-    (the ledger's ε becomes ∞). ``noise`` picks the source (:data:`NOISES`); "torch" draws from
-    ``gen`` only, never from the global RNG; "secure" and "discrete" from the OS CSPRNG.
-    """
-    event = noise_event(noise_multiplier, noise)
+    seed: int
+    generator: torch.Generator = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.generator = torch.Generator().manual_seed(self.seed)
+
+    @classmethod
+    def from_os(cls) -> SeededNoise:
+        """Seeded with 63 bits from ``os.urandom``."""
+        return cls(int.from_bytes(os.urandom(8), "little") >> 1)
+
+    def gaussian(self, like: Tensor, std: float) -> Tensor:
+        draws = torch.randn(like.shape, generator=self.generator, dtype=like.dtype)
+        return draws.mul_(std).to(like.device)
+
+    def uniform(self, like: Tensor) -> Tensor:
+        draws = torch.rand(like.shape, generator=self.generator, dtype=like.dtype)
+        return draws.clamp_(min=torch.finfo(like.dtype).tiny).to(like.device)
+
+
+@dataclass
+class SystemNoise:
+    """Release noise from the operating system's CSPRNG (``os.urandom``): unpredictable from any
+    seed, not reproducible. The other draws of the run come from ``generator``, seeded from the
+    OS too."""
+
+    generator: torch.Generator = field(default_factory=lambda: SeededNoise.from_os().generator, repr=False)
+
+    def gaussian(self, like: Tensor, std: float) -> Tensor:
+        draws = torch.from_numpy(secure_normals(like.numel())).reshape(like.shape)
+        return draws.mul_(std).to(dtype=like.dtype, device=like.device)
+
+    def uniform(self, like: Tensor) -> Tensor:
+        draws = torch.from_numpy(secure_uniforms(like.numel())).reshape(like.shape)
+        return draws.to(dtype=like.dtype, device=like.device)
+
+
+@dataclass(frozen=True)
+class Continuous:
+    """Continuous Gaussian noise: the release of multiplier z is ``GaussianDpEvent(z)`` and can
+    be amplified by sampling."""
+
+    amplifiable = True
+
+    def event(self, noise_multiplier: float) -> dpa.DpEvent:
+        return dpa.GaussianDpEvent(noise_multiplier)
+
+    def add(self, x: Bounded, noise_multiplier: float, source: NoiseSource) -> Tensor:
+        return x.value + source.gaussian(x.value, noise_multiplier * x.sensitivity)
+
+
+@dataclass(frozen=True)
+class Discrete:
+    """The exact discrete Gaussian on an integer grid (Canonne–Kamath–Steinke 2020), from the OS
+    CSPRNG, immune to floating-point attacks on the noise. The d-dimensional discrete Gaussian
+    N_Z(0, σ²)^d added to an integer vector of L2 sensitivity Δ is Δ²/(2σ²)-zCDP (CKS 2020,
+    Theorem 14), and :meth:`add` uses σ = z·Δ with Δ the sensitivity on the grid: the release is
+    ``ZCDpEvent(1/(2z²))``. dp_accounting composes it with RDP and has no amplification-by-
+    sampling bound for it, so it is only for unsampled releases."""
+
+    amplifiable = False
+
+    def event(self, noise_multiplier: float) -> dpa.DpEvent:
+        return dpa.ZCDpEvent(1 / (2 * noise_multiplier**2)) if noise_multiplier > 0 else dpa.GaussianDpEvent(0.0)
+
+    def add(self, x: Bounded, noise_multiplier: float, source: NoiseSource) -> Tensor:
+        return _discrete(x, noise_multiplier)
+
+
+Noise = Continuous | Discrete
+CONTINUOUS, DISCRETE = Continuous(), Discrete()
+
+
+def gaussian(x: Bounded, noise_multiplier: float, source: NoiseSource,
+             noise: Noise = CONTINUOUS) -> tuple[Tensor, dpa.DpEvent]:
+    """The Gaussian mechanism: ``x.value + N(0, (z·Δ)² I)`` with Δ = ``x.sensitivity``, and the
+    event of exactly this release (``noise.event(z)``: ``GaussianDpEvent(z)`` for continuous
+    noise), z = noise std / L2 sensitivity. With z = 0 the value is released exactly and the
+    event is non-private (the ledger's ε becomes ∞)."""
+    event = noise.event(noise_multiplier)
     if noise_multiplier == 0:
         return x.value, event
     if not math.isfinite(x.sensitivity):
@@ -84,14 +158,22 @@ def gaussian(x: Bounded, noise_multiplier: float, gen: torch.Generator,
             f"noise_multiplier={noise_multiplier} needs a finite clip norm: the clipped value has "
             "unbounded sensitivity (clip=inf is allowed only with noise_multiplier=0)"
         )
-    if noise == "discrete":
-        return _discrete(x, noise_multiplier), event
-    std = noise_multiplier * x.sensitivity
-    return x.value.add(_NORMALS[noise](x.value, gen), alpha=std), event
+    return noise.add(x, noise_multiplier, source), event
 
 
-def _torch_normals(like: Tensor, gen: torch.Generator) -> Tensor:
-    return torch.randn(like.shape, generator=gen, dtype=like.dtype, device=like.device)
+def noisy_argmin(scores: Bounded, rho: float, source: NoiseSource) -> tuple[int, dpa.DpEvent]:
+    """Report-noisy-min as the exponential mechanism P(k) ∝ exp(−u_k/b), run as Gumbel-max, and
+    its event ``ZCDpEvent(ρ)``.
+
+    ``scores`` holds the candidates' scores u_k; its sensitivity Δ bounds how far one record
+    moves every score. With b = Δ/√(2ρ) the mechanism is ε-bounded-range for ε = 2Δ/b = √(8ρ),
+    hence ε²/8 = ρ-zCDP (Cesar & Rogers, ALT 2021), for any neighbouring relation. ρ = ∞ is the
+    exact argmin (non-private)."""
+    if math.isinf(rho):
+        return int(torch.argmin(scores.value)), dpa.NonPrivateDpEvent()
+    scale = scores.sensitivity / math.sqrt(2 * rho)
+    gumbel = -torch.log(-torch.log(source.uniform(scores.value)))
+    return int(torch.argmax(-scores.value + scale * gumbel)), dpa.ZCDpEvent(rho)
 
 
 def secure_uniforms(count: int) -> np.ndarray:
@@ -109,25 +191,6 @@ def secure_normals(count: int) -> np.ndarray:
     uniform = secure_uniforms(2 * pairs)
     radius, angle = np.sqrt(-2.0 * np.log(uniform[:pairs])), 2.0 * np.pi * uniform[pairs:]
     return np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:count]
-
-
-def uniforms(like: Tensor, gen: torch.Generator, noise: str = "torch") -> Tensor:
-    """Uniforms on (0, 1) shaped like ``like``, from the same source as ``noise``'s Gaussians
-    (for mechanisms other than the Gaussian, e.g. DP-AGD's Gumbel noise): ``gen`` for "torch"
-    (clamped away from 0), the OS CSPRNG otherwise."""
-    if noise == "torch":
-        draws = torch.rand(like.shape, generator=gen, dtype=like.dtype, device=like.device)
-        return draws.clamp(min=torch.finfo(like.dtype).tiny)
-    return torch.from_numpy(secure_uniforms(like.numel())).reshape(like.shape).to(dtype=like.dtype,
-                                                                                  device=like.device)
-
-
-def _secure_normals(like: Tensor, gen: torch.Generator) -> Tensor:
-    draws = torch.from_numpy(secure_normals(like.numel()))
-    return draws.reshape(like.shape).to(dtype=like.dtype, device=like.device)
-
-
-_NORMALS = {"torch": _torch_normals, "secure": _secure_normals}
 
 
 def grid_step(sensitivity: float, dim: int) -> float:
@@ -208,72 +271,68 @@ def discrete_gaussian(sigma: float, rng: random.Random) -> int:
 def tree_event(noise_multiplier: float, step_counts: list[int]) -> dpa.DpEvent:
     """The event of binary-tree aggregation over one pass: one tree per entry of ``step_counts``,
     every record contributing to at most one increment of one tree (dp_accounting's
-    ``SingleEpochTreeAggregationDpEvent``, RDP under replace-special adjacency). Its ε is that of
-    the deepest tree: trees on disjoint records compose in parallel."""
+    ``SingleEpochTreeAggregationDpEvent``). Its ε is that of the deepest tree: trees on disjoint
+    records compose in parallel (see :func:`dpopt.accounting.in_accountant_terms`)."""
     return dpa.SingleEpochTreeAggregationDpEvent(noise_multiplier, list(step_counts))
 
 
 @dataclass(frozen=True)
 class TreeAggregator:
-    """The binary-tree mechanism (Algorithm 1; Dwork et al. 2010, Chan et al. 2011): noisy prefix
-    sums ``Σ_{j≤t} x_j + TREE(t)`` of a stream of at most ``length`` bounded increments.
+    """The binary-tree mechanism (Dwork et al. 2010, Chan et al. 2011) over one pass of disjoint
+    records: noisy prefix sums ``Σ_{j≤t} x_j + TREE(t)`` of a stream of bounded increments, the
+    stream cut into trees of ``lengths`` increments (one tree per period, restarted from zero).
 
-    Node (ℓ, j) covers increments [j·2^ℓ, (j+1)·2^ℓ) and carries noise N(0, (z·Δ)² I),
-    Δ = ``sensitivity``; the prefix of length t is covered by the nodes of the set bits of t
-    (ℓ set in t ↦ node (ℓ, ⌊t/2^ℓ⌋ − 1)), so TREE(t) has variance (popcount t)·(zΔ)² per
-    coordinate. A record in one increment enters ⌈log₂(length + 1)⌉ nodes, which is what
-    :func:`tree_event` (``SingleEpochTreeAggregationDpEvent(z, length)``) accounts.
+    Node (ℓ, j) of a tree covers its increments [j·2^ℓ, (j+1)·2^ℓ) and carries noise
+    N(0, (z·Δ)² I), Δ = ``sensitivity``; the prefix of length t is covered by the nodes of the set
+    bits of t (ℓ set in t ↦ node (ℓ, ⌊t/2^ℓ⌋ − 1)), so TREE(t) has variance (popcount t)·(zΔ)²
+    per coordinate. A record in one increment enters ⌈log₂(L + 1)⌉ nodes of its tree.
 
-    Immutable: :meth:`add` returns the next aggregator. Only the ≤ ⌊log₂ t⌋ + 1 live nodes of
-    the current prefix are held; a node's noise is regenerated from (``seed``, ℓ, j) when it
-    first becomes live. Make one with :meth:`start`, which draws ``seed`` from the run's noise
-    generator. With z = 0 the prefix sums are exact.
+    Privacy event: the noise of every node of every tree is fixed by z up front (Algorithm 1 of
+    the single-pass oracle), so the first :meth:`add` returns the event of the whole pass,
+    :func:`tree_event` (z, ``lengths``), and every later one ``NoOpDpEvent`` (nothing more is
+    spent). Immutable: :meth:`add` returns the next aggregator. Only the ≤ ⌊log₂ t⌋ + 1 live
+    nodes of the current prefix are held; a node's noise is drawn from the run's noise source
+    when it first becomes live. With z = 0 the prefix sums are exact.
     """
 
-    length: int
+    lengths: tuple[int, ...]
     noise_multiplier: float
     sensitivity: float
-    seed: int
-    count: int = 0
+    tree: int = 0      # index of the current tree
+    count: int = 0     # increments added to the current tree
     total: Tensor | None = None
     live: tuple[tuple[int, int, Tensor], ...] = ()   # (level ℓ, index j, noise) per set bit of count
 
-    @classmethod
-    def start(cls, length: int, noise_multiplier: float, sensitivity: float, gen: torch.Generator) -> TreeAggregator:
-        if length < 1:
-            raise ValueError(f"length={length} must be >= 1")
-        if noise_multiplier > 0 and not math.isfinite(sensitivity):
-            raise ValueError(f"noise_multiplier={noise_multiplier} needs a finite sensitivity, got {sensitivity}")
-        seed = int(torch.randint(2**62, (1,), generator=gen))
-        return cls(length, noise_multiplier, sensitivity, seed)
+    def __post_init__(self) -> None:
+        if not self.lengths or min(self.lengths) < 1:
+            raise ValueError(f"lengths={self.lengths} must be a non-empty sequence of integers >= 1")
+        if self.noise_multiplier > 0 and not math.isfinite(self.sensitivity):
+            raise ValueError(f"noise_multiplier={self.noise_multiplier} needs a finite sensitivity, "
+                             f"got {self.sensitivity}")
 
-    @property
-    def event(self) -> dpa.DpEvent:
-        return tree_event(self.noise_multiplier, [self.length])
-
-    def _node_noise(self, level: int, index: int, like: Tensor) -> Tensor:
-        node_seed = np.random.SeedSequence([self.seed, level, index]).generate_state(1, dtype=np.uint64)[0]
-        node_gen = torch.Generator().manual_seed(int(node_seed))
-        noise = torch.randn(like.shape, generator=node_gen, dtype=like.dtype)
-        return noise.mul_(self.noise_multiplier * self.sensitivity)
-
-    def add(self, x: Bounded) -> tuple[TreeAggregator, Tensor]:
-        """Append the increment ``x``; returns the next aggregator and the noised prefix sum."""
-        if self.count >= self.length:
-            raise ValueError(f"the tree holds length={self.length} increments; it is full")
+    def add(self, x: Bounded, source: NoiseSource) -> tuple[TreeAggregator, Tensor, dpa.DpEvent]:
+        """Append the increment ``x``: the next aggregator, the noised prefix sum of the current
+        tree, and the event of this release."""
+        tree, count, total, live = self.tree, self.count, self.total, self.live
+        if count == self.lengths[tree]:  # the current tree is full: the next one starts from zero
+            tree, count, total, live = tree + 1, 0, None, ()
+        if tree >= len(self.lengths):
+            raise ValueError(f"the trees hold lengths={self.lengths} increments; they are full")
         if x.sensitivity > self.sensitivity:
             raise ValueError(f"an increment of sensitivity {x.sensitivity} exceeds the tree's {self.sensitivity}")
-        count = self.count + 1
-        total = x.value.clone() if self.total is None else self.total + x.value
+        first = tree == 0 and count == 0
+        event = tree_event(self.noise_multiplier, list(self.lengths)) if first else dpa.NoOpDpEvent()
+        count += 1
+        total = x.value.clone() if total is None else total + x.value
         if self.noise_multiplier == 0:
-            return TreeAggregator(self.length, 0.0, self.sensitivity, self.seed, count, total), total
-        kept = {(level, index): noise for level, index, noise in self.live}
-        live = []
+            return replace(self, tree=tree, count=count, total=total), total, event
+        kept = {(level, index): noise for level, index, noise in live}
+        std = self.noise_multiplier * self.sensitivity
+        nodes = []
         for level in range(count.bit_length()):
             if count >> level & 1:
                 index = (count >> level) - 1
                 noise = kept.get((level, index))
-                live.append((level, index, self._node_noise(level, index, total) if noise is None else noise))
-        noised = total + sum(noise for _, _, noise in live)
-        return TreeAggregator(self.length, self.noise_multiplier, self.sensitivity, self.seed, count, total,
-                              tuple(live)), noised
+                nodes.append((level, index, source.gaussian(total, std) if noise is None else noise))
+        noised = total + sum(noise for _, _, noise in nodes)
+        return replace(self, tree=tree, count=count, total=total, live=tuple(nodes)), noised, event

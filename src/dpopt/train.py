@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,16 +25,33 @@ from torch import Tensor
 from tqdm import tqdm
 
 from . import _validate, checkpoint
-from .accounting import Ledger, epsilon_of
+from .accounting import Ledger, epsilon_of, guarantee
 from .algorithms._common import Batch
+from .mechanisms import Discrete, NoiseSource, SeededNoise
 from .oracles import Oracle
 
-METRICS = ("objective", "grad_norm", "test_error", "epsilon", "passes", "cpu_time_s", "wall_time_s")
+#: What a run writes by default: private (θ, the guarantee, test error on data outside the training
+#: set, and public, planned quantities). ``expected_passes`` = Σ_t (expected batch size)/n.
+PRIVATE_METRICS = ("epsilon", "test_error", "expected_passes")
+#: Computed from the training data without noise: only with ``diagnostics=True``, kept apart in
+#: :attr:`History.diagnostics` and labelled as not private wherever written. ``passes`` counts
+#: the realised (private) batch sizes; times depend on them too.
+DIAGNOSTIC_METRICS = ("objective", "grad_norm", "passes", "cpu_time_s", "wall_time_s")
+NOT_PRIVATE = ("NOT PRIVATE: computed from the training data without noise; these numbers carry no "
+               "differential-privacy guarantee and must not be released")
 
 
 @dataclasses.dataclass
 class History:
-    """Per logged step: ``step`` and :data:`METRICS`; ``final``: the same at the output."""
+    """A run's private outputs, and its non-private diagnostics if they were asked for.
+
+    ``records``: per logged step, ``step`` and :data:`PRIVATE_METRICS`; ``final``: the same at the
+    output. ``epsilon`` is the run's guarantee (:func:`dpopt.accounting.guarantee`): the ε of
+    the events recorded so far, or for a privacy filter (DP-AGD) the filter's total.
+    ``diagnostics``: None, or ``{"label": NOT_PRIVATE, "records": [...], "final": {...}}`` with
+    :data:`DIAGNOSTIC_METRICS`, ``log_metrics`` and the algorithm's own diagnostics.
+    ``randomness`` says where the noise came from and what the guarantee then rests on.
+    """
 
     records: list[dict[str, float]]
     final: dict[str, float]
@@ -42,16 +60,41 @@ class History:
     accountant: str
     neighboring_relation: str
     steps_done: int
+    randomness: str
     stopped: str | None = None
+    diagnostics: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {key: value for key, value in dataclasses.asdict(self).items() if key != "theta"} | {
             "theta": self.theta.tolist()}
 
 
-def _generators(seed: int) -> tuple[torch.Generator, torch.Generator]:
-    sample_seed, noise_seed = np.random.SeedSequence(seed).generate_state(2, dtype=np.uint64)
-    return (torch.Generator().manual_seed(int(sample_seed)), torch.Generator().manual_seed(int(noise_seed)))
+SEEDED = "seeded by the user: the run is reproducible and its guarantee rests on the seed staying secret"
+FROM_OS = "seeded from the operating system (secret; saved in checkpoints, which are secret too)"
+SYSTEM = "release noise from the operating system's CSPRNG"
+
+
+def randomness(seed: int | None, noise_source: NoiseSource | None = None) -> tuple[torch.Generator, NoiseSource, str]:
+    """The run's sampling generator, noise source and the sentence saying where they come from.
+
+    With ``seed``, both are derived from it (reproducible). Without, from the operating system:
+    a predictable seed would let anyone who reruns the public configuration subtract the noise
+    and replay the Poisson sample that amplification by sampling assumes secret."""
+    seeded = seed is not None
+    if seeded:
+        _validate.non_negative("seed", seed)
+    root = np.random.SeedSequence(seed if seeded else int.from_bytes(os.urandom(16), "little"))
+    sample_seed, noise_seed = root.generate_state(2, dtype=np.uint64)
+    sample_gen = torch.Generator().manual_seed(int(sample_seed))
+    if noise_source is not None:
+        return sample_gen, noise_source, SYSTEM
+    return sample_gen, SeededNoise(int(noise_seed)), SEEDED if seeded else FROM_OS
+
+
+def _generators(seed: int) -> tuple[torch.Generator, NoiseSource]:
+    """The sampling generator and noise source of a run seeded with ``seed``."""
+    sample_gen, source, _ = randomness(seed)
+    return sample_gen, source
 
 
 def fingerprint(algorithm: Any, oracle: Oracle, **settings: Any) -> str:
@@ -79,7 +122,7 @@ def affordable_steps(algorithm: Any, n: int, steps: int, delta: float, max_epsil
 
 
 def step(algorithm: Any, oracle: Oracle, state: Any, t: int, ledger: Ledger,
-         sample_gen: torch.Generator, noise_gen: torch.Generator) -> tuple[Any, int]:
+         sample_gen: torch.Generator, source: NoiseSource) -> tuple[Any, int]:
     """Step t of a run: draw the batch, let the algorithm step, record its event in ``ledger``.
 
     Returns the new state and the batch size. This is everything :func:`run` does per step
@@ -90,32 +133,40 @@ def step(algorithm: Any, oracle: Oracle, state: Any, t: int, ledger: Ledger,
     with torch.inference_mode(not getattr(oracle, "uses_autograd", True)):
         sampler = algorithm.sampler(t, oracle.n)
         indices = sampler.sample(sample_gen)
-        state, event = algorithm.step(state, Batch(t, indices, sampler), oracle, noise_gen)
+        state, event = algorithm.step(state, Batch(t, indices, sampler), oracle, source)
     ledger.record(event)
     return state, len(indices)
 
 
-def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int = 0, delta: float = 1e-5,
-        theta0: Tensor | None = None, accountant: str = "pld",
+def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int | None = None, delta: float = 1e-5,
+        theta0: Tensor | None = None, accountant: str = "pld", noise_source: NoiseSource | None = None,
         test_error: Callable[[Tensor], float] | None = None, log_every: int | None = None,
         checkpoint_path: str | Path | None = None, checkpoint_every: int | None = None,
-        max_epsilon: float | None = None, progress: bool = False, train_metrics: bool = True,
-        log_metrics: Callable[[Tensor], dict[str, float]] | None = None) -> History:
+        max_epsilon: float | None = None, progress: bool = False, diagnostics: bool = False,
+        train_metrics: bool = True, log_metrics: Callable[[Tensor], dict[str, float]] | None = None) -> History:
     """Train ``algorithm`` on ``oracle`` for ``steps`` steps and return the :class:`History`.
 
-    Logged every ``log_every`` steps (default ~50 points) and at the end: F(θ_t), ‖∇F(θ_t)‖
-    (θ_t: ``algorithm.running_output(state)`` for an algorithm that outputs an average, else the
-    current iterate),
-    ``test_error(θ_t)``, the ledger's ε(δ) so far, data passes Σ|B_t|/n, and the CPU and wall
-    time of training so far (sampling, steps and the ledger; not these measurements).
-    ``final`` holds the same at the algorithm's output, plus ``algorithm.diagnostics(state)`` where
-    an algorithm reports some (O2NC: how often its clips bit). With ``checkpoint_path`` the run resumes
-    from that file if it exists and writes it every ``checkpoint_every`` steps. With
-    ``max_epsilon`` it stops before the first step whose planned ε would exceed it. With
-    ``train_metrics=False`` F and ‖∇F‖ are not computed (NaN): on a large data set each costs a
-    full pass, more than many training steps. ``log_metrics(θ) -> {name: value}`` adds more
-    measurements at every log point and at the output (measurement only: it must not touch the
-    generators).
+    Randomness: without ``seed`` the sampling and the noise are seeded from the operating system
+    (secret); with it, from the seed (reproducible: the guarantee then rests on the seed staying
+    secret). ``noise_source`` (e.g. :class:`~dpopt.mechanisms.SystemNoise`) replaces the seeded
+    release noise.
+
+    Logged every ``log_every`` steps (default ~50 points) and at the end, the private
+    :data:`PRIVATE_METRICS`: the guarantee ε(δ) so far, ``test_error(θ_t)`` (θ_t:
+    ``algorithm.running_output(state)`` for an algorithm that outputs an average, else the
+    current iterate; the test data must lie outside the training set) and the expected data
+    passes. ``final`` holds the same at the algorithm's output. After every logged step the
+    ledger is checked against ``algorithm.planned_event(n, steps)`` (:func:`dpopt.accounting.guarantee`).
+
+    ``diagnostics=True`` adds, apart and labelled as not private (:attr:`History.diagnostics`):
+    F(θ_t) and ‖∇F(θ_t)‖ on the training data (unless ``train_metrics=False``: on a large data set
+    each costs a full pass), the realised data passes Σ|B_t|/n, the CPU and wall time of
+    training so far, ``log_metrics(θ) -> {name: value}`` (measurement only: it must not touch
+    the generators) and the algorithm's own ``diagnostics(state)`` (O2NC: how often its clips bit).
+
+    With ``checkpoint_path`` the run resumes from that file if it exists and writes it every
+    ``checkpoint_every`` steps. With ``max_epsilon`` it stops before the first step whose planned
+    ε would exceed it.
     """
     _validate.positive_int("steps", steps)
     _validate.open_unit("delta", delta)
@@ -123,21 +174,29 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int = 0, delta: flo
     n = oracle.n
     for t in sorted({0, 1, steps - 1}):
         _validate.positive_int("batch_size", int(algorithm.sampler(t, n).expected_size), maximum=n, maximum_name="n")
+    if getattr(oracle, "shares_noise", False) and (
+            not isinstance(noise_source, SeededNoise | None) or isinstance(getattr(algorithm, "noise", None), Discrete)):
+        raise _validate.DpoptError(
+            f"noise_source={noise_source!r} / noise={getattr(algorithm, 'noise', None)!r} draws independently in "
+            "every process: a data-parallel oracle needs the seeded noise, one draw shared by every rank")
     theta0 = torch.zeros(oracle.dim, dtype=torch.float64) if theta0 is None else theta0.to(torch.float64)
     stop_at = steps
     if max_epsilon is not None:
         _validate.positive("max_epsilon", max_epsilon)
         stop_at = affordable_steps(algorithm, n, steps, delta, max_epsilon, accountant)
     theta0_digest = hashlib.sha256(theta0.cpu().numpy().tobytes()).hexdigest()
-    key = fingerprint(algorithm, oracle, steps=steps, seed=seed, delta=delta, theta0=theta0_digest,
-                      accountant=accountant, max_epsilon=max_epsilon, log_every=log_every)
+    key = fingerprint(algorithm, oracle, steps=steps, seed="from the operating system" if seed is None else seed,
+                      delta=delta, theta0=theta0_digest, accountant=accountant, max_epsilon=max_epsilon,
+                      log_every=log_every, noise_source=type(noise_source).__name__, diagnostics=diagnostics)
     path = Path(checkpoint_path) if checkpoint_path else None
+    planned = algorithm.planned_event(n, steps)
 
-    sample_gen, noise_gen = _generators(seed)
+    sample_gen, source, origin = randomness(seed, noise_source)
     state = algorithm.init(theta0, steps, sample_gen)
     ledger = Ledger(algorithm.relation(), accountant)
     records: list[dict[str, float]] = []
-    start, visited, cpu_spent, wall_spent = 0, 0, 0.0, 0.0
+    logged: list[dict[str, float]] = []
+    start, visited, expected, cpu_spent, wall_spent = 0, 0, 0.0, 0.0, 0.0
     if path is not None:
         checkpoint.remove_stale(path)
     if path is not None and path.exists():
@@ -146,48 +205,61 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int = 0, delta: flo
             raise _validate.DpoptError(f"checkpoint={str(path)!r} was written by a different configuration; "
                                        "use another --out or delete it")
         state, start, visited, records = saved["state"], saved["step"], saved["visited"], saved["records"]
+        expected, logged = saved["expected"], saved["diagnostics"]
         sample_gen.set_state(saved["sample_gen"])
-        noise_gen.set_state(saved["noise_gen"])
+        source.generator.set_state(saved["noise_gen"])
         ledger = Ledger.from_state(saved["ledger"])
         cpu_spent, wall_spent = saved["cpu_time_s"], saved["wall_time_s"]
 
     # what is logged: the algorithm's output so far where it defines one (averaging), else θ_t
     current = getattr(algorithm, "running_output", lambda state: state.theta)
 
+    def claimed() -> float:
+        return epsilon_of(guarantee(ledger.event(), planned), delta, ledger.relation, accountant)
+
     def measure(theta: Tensor) -> dict[str, float]:
+        return {"epsilon": claimed(), "test_error": test_error(theta) if test_error else math.nan,
+                "expected_passes": expected / n}
+
+    def diagnose(theta: Tensor) -> dict[str, float]:
         return {
             "objective": float(oracle.loss(theta)) if train_metrics else math.nan,
             "grad_norm": float(oracle.gradient(theta).norm()) if train_metrics else math.nan,
-            "test_error": test_error(theta) if test_error else math.nan,
-            "epsilon": ledger.epsilon(delta),
-            "passes": visited / n,
-            "cpu_time_s": cpu_spent,
-            "wall_time_s": wall_spent,
+            "passes": visited / n, "cpu_time_s": cpu_spent, "wall_time_s": wall_spent,
         } | (log_metrics(theta) if log_metrics else {})
 
     def save(t: int) -> None:
         checkpoint.save(path, {
-            "fingerprint": key, "step": t, "state": state, "visited": visited, "records": records,
-            "sample_gen": sample_gen.get_state(), "noise_gen": noise_gen.get_state(), "ledger": ledger.state(),
+            "fingerprint": key, "step": t, "state": state, "visited": visited, "expected": expected,
+            "records": records, "diagnostics": logged, "sample_gen": sample_gen.get_state(),
+            "noise_gen": source.generator.get_state(), "ledger": ledger.state(),
             "cpu_time_s": cpu_spent, "wall_time_s": wall_spent})
 
     bar = tqdm(total=stop_at, initial=start, disable=not progress, desc=type(algorithm).__name__, leave=False)
     for t in range(start, stop_at):
         cpu_start, wall_start = time.process_time(), time.perf_counter()
-        state, batch_size = step(algorithm, oracle, state, t, ledger, sample_gen, noise_gen)
+        state, batch_size = step(algorithm, oracle, state, t, ledger, sample_gen, source)
         visited += batch_size
+        expected += algorithm.sampler(t, n).expected_size
         cpu_spent += time.process_time() - cpu_start
         wall_spent += time.perf_counter() - wall_start
         bar.update()
         if (t + 1) % log_every == 0 or t + 1 == stop_at:
-            records.append({"step": t + 1} | measure(current(state)))
+            theta_t = current(state)
+            records.append({"step": t + 1} | measure(theta_t))
+            if diagnostics:
+                logged.append({"step": t + 1} | diagnose(theta_t))
         if path is not None and checkpoint_every and (t + 1) % checkpoint_every == 0:
             save(t + 1)
     bar.close()
     if path is not None:
         save(stop_at)
     theta = algorithm.output(state)
-    diagnostics = algorithm.diagnostics(state) if hasattr(algorithm, "diagnostics") else {}
-    return History(records=records, final=measure(theta) | diagnostics, theta=theta, delta=delta,
+    report = None
+    if diagnostics:
+        own = algorithm.diagnostics(state) if hasattr(algorithm, "diagnostics") else {}
+        report = {"label": NOT_PRIVATE, "records": logged, "final": diagnose(theta) | own}
+    return History(records=records, final=measure(theta), theta=theta, delta=delta,
                    accountant=ledger.accountant, neighboring_relation=ledger.neighboring_relation,
-                   steps_done=stop_at, stopped=None if stop_at == steps else f"max_epsilon={max_epsilon} reached")
+                   steps_done=stop_at, randomness=origin,
+                   stopped=None if stop_at == steps else f"max_epsilon={max_epsilon} reached", diagnostics=report)

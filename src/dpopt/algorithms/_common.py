@@ -50,10 +50,12 @@ def output_value(out: Output, theta_last: Tensor) -> Tensor:
     return theta_last if out.pick < 0 else out.chosen
 
 
-def check_noise(noise: str, sampling: str) -> None:
-    """``noise`` must be one of :data:`mechanisms.NOISES`; discrete noise only without sampling
-    (``sampling="full"``): its zCDP event has no amplification-by-sampling bound in dp_accounting."""
-    _validate.one_of("noise", noise, mechanisms.NOISES)
-    if noise == "discrete" and sampling != "full":
-        raise _validate.DpoptError(f"noise='discrete' needs sampling='full', not sampling={sampling!r}: the discrete "
+def check_noise(noise: mechanisms.Noise, sampling: str) -> None:
+    """``noise`` must be a :data:`mechanisms.Noise` object; noise that cannot be amplified by
+    sampling (:class:`~dpopt.mechanisms.Discrete`: its zCDP event has no amplification bound in
+    dp_accounting) only without sampling (``sampling="full"``)."""
+    if not isinstance(noise, mechanisms.Continuous | mechanisms.Discrete):
+        raise _validate.DpoptError(f"noise={noise!r} must be dpopt.mechanisms.CONTINUOUS or dpopt.mechanisms.DISCRETE")
+    if not noise.amplifiable and sampling != "full":
+        raise _validate.DpoptError(f"noise={noise!r} needs sampling='full', not sampling={sampling!r}: the discrete "
                                    "Gaussian is accounted as zCDP, which dp_accounting cannot amplify by sampling")

@@ -70,12 +70,13 @@ def _project(theta: Tensor, radius: float) -> Tensor:
     return theta * (radius / norm) if norm > radius else theta
 
 
-def _aclip_step(state: AClipState, batch: Batch, oracle: Oracle, gen: torch.Generator, *, lr: float, clip: float,
-                noise_multiplier: float, radius: float, noise: str) -> tuple[AClipState, dpa.DpEvent]:
+def _aclip_step(state: AClipState, batch: Batch, oracle: Oracle, source: mechanisms.NoiseSource, *, lr: float,
+                clip: float, noise_multiplier: float, radius: float,
+                noise: mechanisms.Noise) -> tuple[AClipState, dpa.DpEvent]:
     """One AClipped-dpSGD step with step size ``lr`` and clip ``clip`` (the mechanism shared by
     both variants)."""
     mean = oracle.gradient_sum(state.theta, batch.indices) / batch.sampler.expected_size
-    noised, event = mechanisms.gaussian(clipping.clip_aggregate(mean, clip), noise_multiplier, gen, noise)
+    noised, event = mechanisms.gaussian(clipping.clip_aggregate(mean, clip), noise_multiplier, source, noise)
     theta = _project(state.theta.add(noised, alpha=-lr), radius)
     return AClipState(theta, state.iterate_sum + theta, state.count + 1), batch.sampler.wrap(event)
 
@@ -92,15 +93,15 @@ def _average(state: AClipState) -> Tensor:
 class AClip:
     """AClipped-dpSGD. Keyword-only: ``lr`` (γ), ``clip`` (λ), ``noise_multiplier`` (z = σ̂/(2λ)),
     ``batch_size`` (m, the expected Poisson batch size and the divisor of the batch sum),
-    ``radius`` (R of the constraint ball; ∞ for the unconstrained variant) and ``noise`` (the noise
-    source, :data:`dpopt.mechanisms.NOISES`; not "discrete": the batches are sampled)."""
+    ``radius`` (R of the constraint ball; ∞ for the unconstrained variant) and ``noise`` (the kind
+    of noise, :data:`dpopt.mechanisms.Noise`; not discrete: the batches are sampled)."""
 
     lr: float
     clip: float
     noise_multiplier: float
     batch_size: int = 1
     radius: float = math.inf
-    noise: str = "torch"
+    noise: mechanisms.Noise = mechanisms.CONTINUOUS
 
     NOISE_FIELDS = ("noise_multiplier",)
     noise_ratios = (1.0,)
@@ -121,8 +122,8 @@ class AClip:
         return _start(_project(theta0, self.radius))
 
     def step(self, state: AClipState, batch: Batch, oracle: Oracle,
-             gen: torch.Generator) -> tuple[AClipState, dpa.DpEvent]:
-        return _aclip_step(state, batch, oracle, gen, lr=self.lr, clip=self.clip,
+             source: mechanisms.NoiseSource) -> tuple[AClipState, dpa.DpEvent]:
+        return _aclip_step(state, batch, oracle, source, lr=self.lr, clip=self.clip,
                            noise_multiplier=self.noise_multiplier, radius=self.radius, noise=self.noise)
 
     def output(self, state: AClipState) -> Tensor:
@@ -133,7 +134,7 @@ class AClip:
         return _average(state)
 
     def planned_event(self, n: int, steps: int) -> dpa.DpEvent:
-        step = self.sampler(0, n).wrap(mechanisms.noise_event(self.noise_multiplier, self.noise))
+        step = self.sampler(0, n).wrap(self.noise.event(self.noise_multiplier))
         return dpa.SelfComposedDpEvent(step, steps)
 
 
@@ -145,7 +146,7 @@ class RestartedAClip:
     stages: tuple[Stage, ...]
     noise_multiplier: float
     radius: float = math.inf
-    noise: str = "torch"
+    noise: mechanisms.Noise = mechanisms.CONTINUOUS
 
     NOISE_FIELDS = ("noise_multiplier",)
     noise_ratios = (1.0,)
@@ -182,9 +183,9 @@ class RestartedAClip:
         return _start(_project(theta0, self.radius))
 
     def step(self, state: AClipState, batch: Batch, oracle: Oracle,
-             gen: torch.Generator) -> tuple[AClipState, dpa.DpEvent]:
+             source: mechanisms.NoiseSource) -> tuple[AClipState, dpa.DpEvent]:
         stage, last = self._stage_of(batch.t)
-        state, event = _aclip_step(state, batch, oracle, gen, lr=stage.lr, clip=stage.clip,
+        state, event = _aclip_step(state, batch, oracle, source, lr=stage.lr, clip=stage.clip,
                                    noise_multiplier=self.noise_multiplier, radius=self.radius, noise=self.noise)
         if last and batch.t + 1 < self.total_steps:  # restart from this stage's average
             state = _start(_average(state))
@@ -200,7 +201,7 @@ class RestartedAClip:
     def planned_event(self, n: int, steps: int) -> dpa.DpEvent:
         if steps != self.total_steps:
             raise _validate.DpoptError(f"steps={steps} must equal the stages' total, {self.total_steps}")
-        gaussian = mechanisms.noise_event(self.noise_multiplier, self.noise)
+        gaussian = self.noise.event(self.noise_multiplier)
         return dpa.ComposedDpEvent([
             dpa.SelfComposedDpEvent(sampling.make("poisson", n, stage.batch_size).wrap(gaussian), stage.steps)
             for stage in self.stages])

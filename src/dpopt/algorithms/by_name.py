@@ -7,9 +7,10 @@ import math
 from typing import Any
 
 from .. import _validate
+from ..mechanisms import CONTINUOUS, DISCRETE, Noise, NoiseSource, SystemNoise
 from ..sampling import Clients
 from .aclip import AClip
-from .diff2 import DIFF2, DIFF2BVR
+from .diff2 import DIFF2, LocalSteps
 from .dp_agd import DPAGD
 from .dp_sgd import DPSGD, dp_gd
 from .dp_srm import DPSRM
@@ -21,6 +22,15 @@ NAMES = ("dp-sgd", "dp-gd", "dp-srm", "rrpsgd", "dp-agd", "aclip", "storm", "o2n
          "diff2-gd", "diff2-bvr")
 #: The methods with no privacy (nothing to calibrate).
 NON_PRIVATE = ("storm",)
+#: Noise by name: "torch" (the run's seeded generator), "secure" (the OS CSPRNG), "discrete" (the
+#: exact discrete Gaussian, unsampled releases only).
+NOISES = ("torch", "secure", "discrete")
+
+
+def noise_of(name: str) -> tuple[Noise, NoiseSource | None]:
+    """The kind of noise and the noise source (None: the run's seeded one) named ``name``."""
+    _validate.one_of("noise", name, NOISES)
+    return (DISCRETE if name == "discrete" else CONTINUOUS), (SystemNoise() if name == "secure" else None)
 
 
 def build(name: str, *, n: int, batch_size: int = 256, lr: float = 0.5, clip: float = 1.0,
@@ -32,8 +42,8 @@ def build(name: str, *, n: int, batch_size: int = 256, lr: float = 0.5, clip: fl
     first batch is twice it, capped at n); ``clip`` is C (DP-SGD, DP-SRM's C1, DP-AGD) or λ
     (AClip); ``clip_diff`` and ``gamma`` are DP-SRM's C2 and γ (γ is STORM's momentum);
     ``radius`` is AClip's constraint ball; ``obj_clip`` DP-AGD's clip of per-record losses; ``noise``
-    the noise source of every release (:data:`dpopt.mechanisms.NOISES`; STORM has none, O2NC and
-    DIFF2 only the default). O2NC ("o2nc-zeroth", "o2nc-first": single pass with the tree;
+    the noise of every release by name (:data:`NOISES`: the kind of noise is set here; the source
+    of "secure" is the run's, :func:`noise_of`; STORM has none, O2NC and DIFF2 continuous only). O2NC ("o2nc-zeroth", "o2nc-first": single pass with the tree;
     "o2nc-multi": every record every step): period Σ = B1 = ``batch_size``, B2 = 1, clips C1 =
     ``clip`` and C2 = ``clip_diff``, smoothing ``alpha``, m = ``directions``, M = ``window``, D =
     ``o2nc_radius`` (theorem settings: :mod:`dpopt.algorithms.o2nc_params`). DIFF2 (``diff2-gd``,
@@ -42,7 +52,8 @@ def build(name: str, *, n: int, batch_size: int = 256, lr: float = 0.5, clip: fl
     ``batch_size`` are BVR's K and b, ``backend`` a distributed backend."""
     _validate.one_of("algorithm", name, NAMES)
     if name == "storm" or name.startswith(("o2nc", "diff2")):
-        _validate.one_of("noise", noise, ("torch",))
+        _validate.one_of("noise", noise, ("torch", "secure"))
+    noise, _ = noise_of(noise)
     if name in ("dp-sgd", "rrpsgd", "dp-srm", "storm", "aclip", "o2nc-zeroth", "o2nc-first", "o2nc-multi"):
         _validate.positive_int("batch_size", batch_size, maximum=n, maximum_name="n (training records)")
     first = min(n, 2 * batch_size)
@@ -67,12 +78,10 @@ def build(name: str, *, n: int, batch_size: int = 256, lr: float = 0.5, clip: fl
     if name in ("diff2-gd", "diff2-bvr"):
         split = Clients(n, clients)
         extra = {} if backend is None else {"backend": backend}
-        common = dict(lr=lr, clip=clip, clip_diff=clip_diff, restart=restart, noise_multiplier1=1.0,
-                      noise_multiplier2=1.0, clients=split, **extra)
-        if name == "diff2-gd":
-            return DIFF2(**common)
-        return DIFF2BVR(**common, local_steps=local_steps, local_batch=min(batch_size, split.size),
-                        clip_local=clip_diff, noise_multiplier3=1.0)
+        if name == "diff2-bvr":
+            extra |= {"local": LocalSteps(local_steps, min(batch_size, split.size), clip_diff), "noise_multiplier3": 1.0}
+        return DIFF2(lr=lr, clip=clip, clip_diff=clip_diff, restart=restart, noise_multiplier1=1.0,
+                     noise_multiplier2=1.0, clients=split, **extra)
     return DPAGD(clip=clip, obj_clip=obj_clip, noise_multiplier=1.0, noise=noise)
 
 

@@ -25,7 +25,12 @@ Clients are a view over one oracle: the algorithm holds the public partition (``
 asks the oracle for the per-record gradients of the records of the clients this process hosts
 (``backend.hosted``: all of them with :class:`~dpopt.distributed.Local`); ``backend.rows``
 routes their clipped sum to the server (:class:`~dpopt.distributed.TorchDistributed`: a gather
-to rank 0) and ``backend.broadcast`` sends x_r back.
+to rank 0) and ``backend.broadcast`` sends x_r back with the event of the server's release
+(every process's ledger records the events the server's mechanism returned).
+
+DIFF2-BVR-L-SGD is DIFF2 with a :class:`LocalSteps` routine (``local=``): the server's round is
+the same mechanism; the routine adds the client's local releases, each through the Gaussian
+mechanism, whose events the step returns beside the server's.
 
 Output rule "uniform" (the paper): x_{r̂−1} with r̂ uniform on [R], drawn before training;
 "last": x_R.
@@ -58,15 +63,55 @@ class DIFF2State(NamedTuple):
 
 
 @dataclass(frozen=True)
+class LocalSteps:
+    """The BVR-L-SGD routine (the paper's Algorithm 4): after the server step
+    x_1 = x_{r−1} − η ṽ_r, client p_r = (1 + r mod P) (0-based: r mod P) runs K − 1 local steps
+    k = 2 … K on batches I_k of ``batch`` = b records drawn without replacement from its shard:
+
+        v_k = (Σ_{z∈I_k} clip(∇ℓ(x_{k−1}, z) − ∇ℓ(x_{k−2}, z), C3·‖x_{k−1} − x_{k−2}‖)
+               + N(0, (z3·2C3‖x_{k−1} − x_{k−2}‖)² I)) / b + ṽ_{k−1},    x_k = x_{k−1} − η v_k
+
+    (x_0 = x_{r−1}, ṽ_1 = ṽ_r), and returns x_r = x_K and x^out_r = x_{k̂−1}, k̂ uniform on [K].
+    ``steps`` is K, ``clip`` is C3 (z3 is DIFF2's ``noise_multiplier3``).
+
+    Each local step is ``SampledWithoutReplacement(m, b, Gaussian(z3))`` for D_{p_r} only (its
+    sensitivity w.r.t. other clients' data is 0). Client p runs local steps in the rounds with
+    r mod P = p, so after r rounds the most any client has run is ⌈r/P⌉ routines, and all
+    clients share the server's releases: the ledger records the local events (K − 1 of them)
+    only in the rounds that raise that maximum (t mod P = 0), so it always holds the privacy of
+    the most exposed client (max over p of each client's composition, exactly); in the other
+    rounds the local releases are run but not recorded, as they cost that client no more than
+    the recorded ones. The local steps are accounted by RDP (sampling without replacement).
+    """
+
+    steps: int = 2
+    batch: int = 1
+    clip: float = 1.0
+
+    def __post_init__(self) -> None:
+        _validate.positive_int("local_steps", self.steps)
+        _validate.positive_int("local_batch", self.batch)
+        _validate.positive("clip_local", self.clip, allow_inf=True)
+
+    def sampler(self, clients: sampling.Clients) -> sampling.FixedSize:
+        return sampling.FixedSize(clients.size, self.batch)
+
+    def counted(self, t: int, clients: sampling.Clients) -> bool:
+        """Whether round t + 1's local releases raise the most any client has spent."""
+        return t % clients.count == 0 and self.steps > 1
+
+
+@dataclass(frozen=True)
 class DIFF2:
-    """DIFF2-GD. Keyword-only hyper-parameters: step size ``lr`` (η), ``clip`` (C1),
-    ``clip_diff`` (C2, scaled each round by ‖x_{r−1} − x_{r−2}‖), ``restart`` (T),
-    ``noise_multiplier1``/``noise_multiplier2`` (z1, z2: noise std / sensitivity of the round's
-    clipped sum), ``clients`` (the partition), ``output_rule`` ("uniform" or "last"),
-    ``noise_ratios`` (z1 : z2, fixed while :func:`~dpopt.accounting.calibrate` scales them
-    jointly; :func:`paper_ratios` gives the paper's split) and
-    ``backend`` (where clients and server run; not a hyper-parameter: it does not change the
-    trajectory, so it is left out of the repr and of checkpoint fingerprints)."""
+    """DIFF2-GD, or DIFF2-BVR-L-SGD with ``local``. Keyword-only hyper-parameters: step size
+    ``lr`` (η), ``clip`` (C1), ``clip_diff`` (C2, scaled each round by ‖x_{r−1} − x_{r−2}‖),
+    ``restart`` (T), ``noise_multiplier1``/``noise_multiplier2`` (z1, z2: noise std / sensitivity
+    of the round's clipped sum), ``clients`` (the partition), ``output_rule`` ("uniform" or
+    "last"), ``local`` (:class:`LocalSteps`, the BVR routine; None: the GD routine) with its
+    ``noise_multiplier3`` (z3), ``noise_ratios`` (z1 : z2 [: z3], fixed while
+    :func:`~dpopt.accounting.calibrate` scales them jointly; :func:`paper_ratios` gives the
+    paper's split) and ``backend`` (where clients and server run; not a hyper-parameter: it does
+    not change the trajectory, so it is left out of the repr and of checkpoint fingerprints)."""
 
     lr: float
     clip: float
@@ -76,10 +121,10 @@ class DIFF2:
     noise_multiplier2: float
     clients: sampling.Clients
     output_rule: str = "uniform"
-    noise_ratios: tuple[float, ...] = (1.0, 1.0)
+    local: LocalSteps | None = None
+    noise_multiplier3: float | None = None
+    noise_ratios: tuple[float, ...] | None = None
     backend: Any = dataclasses.field(default_factory=Local, repr=False, compare=False)
-
-    NOISE_FIELDS: ClassVar[tuple[str, ...]] = ("noise_multiplier1", "noise_multiplier2")
 
     def __post_init__(self) -> None:
         _validate.positive("lr", self.lr)
@@ -91,11 +136,26 @@ class DIFF2:
         if not isinstance(self.clients, sampling.Clients):
             raise _validate.DpoptError(f"clients={self.clients!r} must be a dpopt.sampling.Clients partition")
         _validate.one_of("output_rule", self.output_rule, OUTPUT_RULES)
-        ratios = self.noise_ratios
+        if (self.local is None) != (self.noise_multiplier3 is None):
+            raise _validate.DpoptError(f"noise_multiplier3={self.noise_multiplier3!r} goes with local={self.local!r}: "
+                                       "set both (DIFF2-BVR-L-SGD) or neither (DIFF2-GD)")
+        if self.local is not None:
+            _validate.non_negative("noise_multiplier3", self.noise_multiplier3)
+            _validate.positive_int("local_batch", self.local.batch, maximum=self.clients.size,
+                                   maximum_name="the clients' shard size")
+            if not self.backend.is_local:
+                raise _validate.DpoptError("DIFF2-BVR-L-SGD runs only with the Local() backend (the local noise would "
+                                           "be drawn by the client, which the distributed backend does not implement)")
+        ratios = self.noise_ratios if self.noise_ratios is not None else (1.0,) * len(self.NOISE_FIELDS)
         if len(ratios) != len(self.NOISE_FIELDS) or not all(isinstance(r, float | int) and 0 < r < math.inf
                                                              for r in ratios):
             raise _validate.DpoptError(f"noise_ratios={ratios!r} must be {len(self.NOISE_FIELDS)} finite numbers > 0, "
                                        f"one per field {self.NOISE_FIELDS}")
+        object.__setattr__(self, "noise_ratios", tuple(float(r) for r in ratios))
+
+    @property
+    def NOISE_FIELDS(self) -> tuple[str, ...]:  # noqa: N802 (the name every algorithm uses)
+        return ("noise_multiplier1", "noise_multiplier2") + (("noise_multiplier3",) if self.local else ())
 
     def relation(self) -> dpa.NeighboringRelation:
         return self.clients.relation
@@ -113,25 +173,24 @@ class DIFF2:
         """Whether round r = t + 1 restarts the estimator ((r − 1) mod T = 0)."""
         return t % self.restart == 0
 
-    def round_event(self, t: int) -> dpa.DpEvent:
-        """The server's release in round t + 1."""
-        return dpa.GaussianDpEvent(self.noise_multiplier1 if self.restarts(t) else self.noise_multiplier2)
-
-    def estimate(self, state: DIFF2State, t: int, oracle: Oracle, gen: torch.Generator) -> Tensor:
-        """ṽ_r on the server (zeros elsewhere: a client never sees it)."""
+    def estimate(self, state: DIFF2State, t: int, oracle: Oracle,
+                 source: mechanisms.NoiseSource) -> tuple[Tensor, dpa.DpEvent]:
+        """ṽ_r on the server (zeros elsewhere: a client never sees it) and the event of the
+        server's release (the Gaussian mechanism's; a client gets it with x_r)."""
         indices = self.clients.records(self.backend.hosted(self.clients.count))
         if self.restarts(t):
             rows, clip, carried = self._rows(oracle, state.theta, indices), self.clip, None
+            z = self.noise_multiplier1
         else:
             rows = self._rows(oracle, state.theta, indices) - self._rows(oracle, state.prev, indices)
             clip, carried = _scaled_clip(self.clip_diff, state.theta - state.prev), state.estimate
+            z = self.noise_multiplier2
         clipped, _ = clipping.clip_sum([clipping.Term(1.0, self.backend.rows(rows), clip)], self.relation())
         if not self.backend.is_server:
-            return torch.zeros_like(state.theta)
-        z = self.noise_multiplier1 if self.restarts(t) else self.noise_multiplier2
-        noised, _ = mechanisms.gaussian(clipped, z, gen)
+            return torch.zeros_like(state.theta), dpa.GaussianDpEvent(z)  # replaced by the server's
+        noised, event = mechanisms.gaussian(clipped, z, source)
         estimate = noised / self.clients.expected_size
-        return estimate if carried is None else estimate + carried
+        return (estimate if carried is None else estimate + carried), event
 
     @staticmethod
     def _rows(oracle: Oracle, theta: Tensor, indices: Tensor) -> PerRecord:
@@ -139,30 +198,56 @@ class DIFF2:
             return clipping.Dense(theta.new_zeros(0, len(theta)))
         return oracle.per_record(theta, indices)
 
-    def routine(self, state: DIFF2State, estimate: Tensor, t: int, oracle: Oracle,
-                gen: torch.Generator) -> tuple[Tensor, Tensor]:
-        """GD routine: x_r = x_{r−1} − η ṽ_r; returns (x_r, x^out_r = x_r)."""
+    def local_steps(self, state: DIFF2State, estimate: Tensor, t: int, oracle: Oracle,
+                    source: mechanisms.NoiseSource) -> tuple[Tensor, Tensor, list[dpa.DpEvent]]:
+        """The routine after the server's estimate: (x_r, x^out_r, the local releases' events
+        that round t + 1 records). GD: x_r = x_{r−1} − η ṽ_r, no release."""
         theta = state.theta - self.lr * estimate
-        return theta, theta
+        if self.local is None or self.local.steps == 1:  # no local step (and no draw of k̂)
+            return theta, theta, []
+        local = self.local
+        shard = self.clients.shards[(t + 1) % self.clients.count]
+        sampler = local.sampler(self.clients)
+        pick = int(torch.randint(local.steps, (1,), generator=source.generator))  # k̂ − 1
+        before, direction, chosen, events = state.theta, estimate, state.theta, []
+        for k in range(1, local.steps):
+            indices = shard[sampler.sample(source.generator)]
+            rows = oracle.per_record(theta, indices) - oracle.per_record(before, indices)
+            clipped, _ = clipping.clip_sum([clipping.Term(1.0, rows, _scaled_clip(local.clip, theta - before))],
+                                           sampler.relation)
+            noised, event = mechanisms.gaussian(clipped, self.noise_multiplier3, source)
+            events.append(sampler.wrap(event))
+            direction = noised / sampler.expected_size + direction
+            if k == pick:
+                chosen = theta
+            before, theta = theta, theta - self.lr * direction
+        return theta, chosen, events if local.counted(t, self.clients) else []
 
     def step(self, state: DIFF2State, batch: Batch, oracle: Oracle,
-             gen: torch.Generator) -> tuple[DIFF2State, dpa.DpEvent]:
-        estimate = self.estimate(state, batch.t, oracle, gen)
+             source: mechanisms.NoiseSource) -> tuple[DIFF2State, dpa.DpEvent]:
+        estimate, event = self.estimate(state, batch.t, oracle, source)
         out = output_track(state.out, batch.t, state.theta_out)
-        theta, theta_out = self.routine(state, estimate, batch.t, oracle, gen)
-        theta = self.backend.broadcast(theta)
-        return DIFF2State(theta, state.theta, estimate, theta_out, out), self.event(batch.t)
-
-    def event(self, t: int) -> dpa.DpEvent:
-        """Everything round t + 1 spends."""
-        return self.round_event(t)
+        theta, theta_out, local_events = self.local_steps(state, estimate, batch.t, oracle, source)
+        theta, event = self.backend.broadcast(theta, event)
+        round_event = event if not local_events else dpa.ComposedDpEvent([event, *local_events])
+        return DIFF2State(theta, state.theta, estimate, theta_out, out), round_event
 
     def output(self, state: DIFF2State) -> Tensor:
         return output_value(state.out, state.theta)
 
     def planned_event(self, n: int, steps: int) -> dpa.DpEvent:
+        """Round r = t + 1: ``Gaussian(z1)`` on restart rounds, else ``Gaussian(z2)``; with local
+        steps, K − 1 × ``SampledWithoutReplacement(m, b, Gaussian(z3))`` in the rounds that raise
+        the most exposed client's count (:meth:`LocalSteps.counted`)."""
         self.sampler(0, n)
-        return dpa.ComposedDpEvent([self.event(t) for t in range(steps)])
+        rounds: list[dpa.DpEvent] = []
+        for t in range(steps):
+            rounds.append(dpa.GaussianDpEvent(self.noise_multiplier1 if self.restarts(t) else self.noise_multiplier2))
+            if self.local is not None and self.local.counted(t, self.clients):
+                local = dpa.SampledWithoutReplacementDpEvent(self.clients.size, self.local.batch,
+                                                             dpa.GaussianDpEvent(self.noise_multiplier3))
+                rounds.append(dpa.SelfComposedDpEvent(local, self.local.steps - 1))
+        return dpa.ComposedDpEvent(rounds)
 
 
 def paper_ratios(rounds: int, restart: int, u: float = 1.25) -> tuple[float, float]:
@@ -180,82 +265,13 @@ def paper_ratios(rounds: int, restart: int, u: float = 1.25) -> tuple[float, flo
 
 
 def _scaled_clip(clip: float, move: Tensor) -> float:
-    """C·‖x_{k−1} − x_{k−2}‖ (∞ stays ∞ even for a zero move: the non-private method). A move that
-    is not finite (the iterates diverged) gives 0: nothing more is released about the data."""
+    """C·‖x_{k−1} − x_{k−2}‖ (∞ stays ∞ even for a zero move: the non-private method).
+
+    A zero move (x_{k−1} = x_{k−2}) or one that is not finite (the iterates diverged) gives a
+    clip of 0: every clipped vector is exactly 0 (:func:`~dpopt.clipping.clip_weights`), the
+    sensitivity and the noise are 0, and the release is exactly 0, which does not depend on the
+    data (the round is still accounted as planned)."""
     if math.isinf(clip):
         return math.inf
     norm = float(move.norm())
     return clip * norm if math.isfinite(norm) else 0.0
-
-
-@dataclass(frozen=True)
-class DIFF2BVR(DIFF2):
-    """DIFF2-BVR-L-SGD: DIFF2 with the BVR-L-SGD routine (the paper's Algorithm 4).
-
-    Round r: x_1 = x_{r−1} − η ṽ_r; client p_r = (1 + r mod P) (0-based: r mod P) runs K − 1
-    local steps k = 2 … K on batches I_k of ``local_batch`` = b records drawn without
-    replacement from its shard:
-
-        v_k = (Σ_{z∈I_k} clip(∇ℓ(x_{k−1}, z) − ∇ℓ(x_{k−2}, z), C3·‖x_{k−1} − x_{k−2}‖)
-               + N(0, (z3·2C3‖x_{k−1} − x_{k−2}‖)² I)) / b + ṽ_{k−1},    x_k = x_{k−1} − η v_k
-
-    (x_0 = x_{r−1}, ṽ_1 = ṽ_r), and returns x_r = x_K and x^out_r = x_{k̂−1}, k̂ uniform on [K].
-    Each local step is ``SampledWithoutReplacement(m, b, Gaussian(z3))`` for D_{p_r} only (its
-    sensitivity w.r.t. other clients' data is 0). Client p runs local steps in the rounds with
-    r mod P = p, so after r rounds the most any client has run is ⌈r/P⌉ routines, and all
-    clients share the server's releases: the ledger records the local events (K − 1 of them)
-    in the rounds that raise that maximum (t mod P = 0), so it always holds the privacy of the
-    most exposed client (max over p of each client's composition, exactly). The local steps
-    are accounted by RDP (sampling without replacement).
-
-    Only with the :class:`~dpopt.distributed.Local` backend (the local noise would be drawn by
-    the client, which the distributed backend does not implement yet).
-    """
-
-    local_steps: int = 2
-    local_batch: int = 1
-    clip_local: float = 1.0
-    noise_multiplier3: float = 1.0
-    noise_ratios: tuple[float, ...] = (1.0, 1.0, 1.0)
-
-    NOISE_FIELDS: ClassVar[tuple[str, ...]] = ("noise_multiplier1", "noise_multiplier2", "noise_multiplier3")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _validate.positive_int("local_steps", self.local_steps)
-        _validate.positive_int("local_batch", self.local_batch, maximum=self.clients.size,
-                               maximum_name="the clients' shard size")
-        _validate.positive("clip_local", self.clip_local, allow_inf=True)
-        _validate.non_negative("noise_multiplier3", self.noise_multiplier3)
-        if not self.backend.is_local:
-            raise _validate.DpoptError("DIFF2-BVR-L-SGD runs only with the Local() backend")
-
-    def local_sampler(self) -> sampling.FixedSize:
-        return sampling.FixedSize(self.clients.size, self.local_batch)
-
-    def event(self, t: int) -> dpa.DpEvent:
-        if t % self.clients.count != 0 or self.local_steps == 1:
-            return self.round_event(t)
-        local = self.local_sampler().wrap(dpa.GaussianDpEvent(self.noise_multiplier3))
-        return dpa.ComposedDpEvent([self.round_event(t), dpa.SelfComposedDpEvent(local, self.local_steps - 1)])
-
-    def routine(self, state: DIFF2State, estimate: Tensor, t: int, oracle: Oracle,
-                gen: torch.Generator) -> tuple[Tensor, Tensor]:
-        if self.local_steps == 1:  # no local step: the GD routine (and no draw of k̂)
-            return super().routine(state, estimate, t, oracle, gen)
-        shard = self.clients.shards[(t + 1) % self.clients.count]
-        sampler = self.local_sampler()
-        pick = int(torch.randint(self.local_steps, (1,), generator=gen))  # k̂ − 1
-        before, theta, local = state.theta, state.theta - self.lr * estimate, estimate
-        chosen = before if pick == 0 else None
-        for k in range(1, self.local_steps):
-            indices = shard[sampler.sample(gen)]
-            rows = oracle.per_record(theta, indices) - oracle.per_record(before, indices)
-            clip = _scaled_clip(self.clip_local, theta - before)
-            clipped, _ = clipping.clip_sum([clipping.Term(1.0, rows, clip)], sampler.relation)
-            noised, _ = mechanisms.gaussian(clipped, self.noise_multiplier3, gen)
-            local = noised / sampler.expected_size + local
-            if k == pick:
-                chosen = theta
-            before, theta = theta, theta - self.lr * local
-        return theta, chosen

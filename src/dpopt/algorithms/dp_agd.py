@@ -25,9 +25,8 @@ One ``step`` is one iteration t of the paper's outer loop::
 Privacy accounting (a zCDP privacy filter with budget ρ_total):
 
 * The clipped sum has L2 sensitivity 2C under replace-one, so the Gaussian with multiplier z is
-  exactly 1/(2z²)-zCDP; a release planned at ρ uses z = 1/√(2ρ) and is recorded as
-  ``ZCDpEvent(ρ)`` (checked against the ``GaussianDpEvent`` that :func:`mechanisms.gaussian`
-  returns). GradAvg's weights make the average exactly as accurate as one release at ρ_new
+  exactly 1/(2z²)-zCDP; a release planned at ρ uses z = 1/√(2ρ), and the ledger records the
+  ``GaussianDpEvent(z)`` that :func:`mechanisms.gaussian` returns. GradAvg's weights make the average exactly as accurate as one release at ρ_new
   (variance (2C)²/(2ρ_new)): the averaging is post-processing of two recorded releases.
 * The noisy min is the exponential mechanism P(k) ∝ exp(−ε u_k/(2Δ)), run as Gumbel-max, with
   Δ = C_obj: each record adds a value in [0, C_obj] to every score (the regulariser term is
@@ -37,11 +36,14 @@ Privacy accounting (a zCDP privacy filter with budget ρ_total):
   paper instead charges ε²/2 (ε-DP ⇒ ε²/2-zCDP) for report-noisy-max with one-sided exponential
   noise of scale C_obj/ε, ε = √(2ρ_s) — the same noise scale, but that ε-DP claim needs
   monotone scores (add/remove-one), not replace-one; our Gumbel version is exactly ρ_s-zCDP
-  here. Recorded as ``ZCDpEvent(ρ_s)``.
+  here. :func:`mechanisms.noisy_argmin` runs it and returns ``ZCDpEvent(ρ_s)``.
 * The budgets are chosen adaptively, so the guarantee rests on a Rényi/zCDP privacy filter
   (Feldman & Zrnic 2021, Whitehouse et al. 2023): at every order α the recorded RDP sums to at
-  most α·ρ_total, so the whole run is ρ_total-zCDP. ``planned_event`` is
-  ``ZCDpEvent(ρ_total)``; the ledger's events sum to exactly ρ_total once the budget is spent.
+  most α·ρ_total, so the whole run is ρ_total-zCDP whatever the data. ``planned_event`` is
+  ``ZCDpEvent(ρ_total)``, and that is the guarantee a run reports (at every step: the budgets
+  ahead depend on the data, so the realised spend is no guarantee); the ledger's events sum to at
+  most ρ_total (:func:`dpopt.accounting.guarantee` checks it), exactly ρ_total once the budget
+  is spent.
 
 Decisions where the paper (or its code) is loose:
 
@@ -63,7 +65,7 @@ Decisions where the paper (or its code) is loose:
   ρ_nmax ≈ ρ_total/400 and ρ_ng ≈ ρ_total/14400 (``grad_fraction`` = 7e-5).
 * The output is the last iterate.
 
-With ``noise_multiplier = 0`` the run is non-private (``NonPrivateDpEvent``): exact clipped
+With ``noise_multiplier = 0`` the run is non-private (ε = ∞): exact clipped
 gradients and an exact argmin over Φ; a failed line search is not retried (it would repeat
 itself) and θ stays put for that iteration. With ``clip = obj_clip = inf`` this is normalised
 gradient descent with an exact line search over Φ.
@@ -80,6 +82,7 @@ import torch
 from torch import Tensor
 
 from .. import _validate, clipping, mechanisms, sampling
+from ..mechanisms import Bounded
 from ..oracles import Oracle
 from ._common import Batch, check_noise
 
@@ -113,7 +116,7 @@ class DPAGD:
     num_candidates: int = 20
     adapt_every: int = 10
     step_growth: float = 0.1
-    noise: str = "torch"
+    noise: mechanisms.Noise = mechanisms.CONTINUOUS
 
     NOISE_FIELDS = ("noise_multiplier",)
     noise_ratios = (1.0,)
@@ -160,7 +163,7 @@ class DPAGD:
         return DPAGDState(theta0.clone(), rho, self.grad_fraction * rho, self.max_step, (), False)
 
     def step(self, state: DPAGDState, batch: Batch, oracle: Oracle,
-             gen: torch.Generator) -> tuple[DPAGDState, dpa.DpEvent]:
+             source: mechanisms.NoiseSource) -> tuple[DPAGDState, dpa.DpEvent]:
         if state.exhausted:
             return state, dpa.NoOpDpEvent()
         n = batch.sampler.expected_size
@@ -170,19 +173,20 @@ class DPAGD:
         remaining, events = state.remaining, []
 
         rho_g, rho_s, last = _round(remaining, state.rho_grad, rho_select)
-        noised = self._gaussian(clipped, rho_g, gen, events)
+        noised = self._gaussian(clipped, rho_g, source, events)
         remaining = _spend(remaining, rho_g)
         alphas = torch.linspace(0.0, state.max_step, self.num_candidates + 1, dtype=state.theta.dtype)
         while True:
             candidates = state.theta - alphas[:, None] * _unit(noised / n)
             scores = _candidate_scores(oracle, candidates, batch.indices, self.obj_clip, n)
-            pick = self._noisy_argmin(scores, rho_s, gen, events)
+            pick, event = mechanisms.noisy_argmin(scores, rho_s if self.private else math.inf, source)
+            events.append(event)
             remaining = 0.0 if last else _spend(remaining, rho_s)
             if pick > 0 or last or not self.private:
                 break
             rho_new = (1 + self.gamma) * rho_g                       # GradAvg: raise the budget
             increment, rho_s, last = _round(remaining, rho_new - rho_g, rho_select)
-            fresh = self._gaussian(clipped, increment, gen, events)
+            fresh = self._gaussian(clipped, increment, source, events)
             noised = (rho_g * noised + increment * fresh) / (rho_g + increment)
             rho_g, remaining = rho_g + increment, _spend(remaining, increment)
 
@@ -194,30 +198,15 @@ class DPAGD:
                 max_step = min((1 + self.step_growth) * max(chosen), self.max_step)
             chosen = ()
         new_state = DPAGDState(theta, remaining, rho_g, max_step, chosen, last)
-        if not self.private:
-            return new_state, dpa.NonPrivateDpEvent()
         return new_state, events[0] if len(events) == 1 else dpa.ComposedDpEvent(events)
 
-    def _gaussian(self, clipped: mechanisms.Bounded, rho: float, gen: torch.Generator,
+    def _gaussian(self, clipped: mechanisms.Bounded, rho: float, source: mechanisms.NoiseSource,
                   events: list[dpa.DpEvent]) -> Tensor:
-        """The Gaussian mechanism at zCDP budget ρ (multiplier 1/√(2ρ)); records ZCDpEvent(ρ)."""
+        """The Gaussian mechanism at zCDP budget ρ (multiplier 1/√(2ρ)); appends its event."""
         z = 1 / math.sqrt(2 * rho) if self.private else 0.0
-        noised, event = mechanisms.gaussian(clipped, z, gen, self.noise)
-        if self.private:
-            assert event == mechanisms.noise_event(z, self.noise) and math.isclose(1 / (2 * z**2), rho, rel_tol=1e-9)
-            events.append(dpa.ZCDpEvent(rho))
+        noised, event = mechanisms.gaussian(clipped, z, source, self.noise)
+        events.append(event)
         return noised
-
-    def _noisy_argmin(self, scores: Tensor, rho: float, gen: torch.Generator,
-                      events: list[dpa.DpEvent]) -> int:
-        """Exponential mechanism P(k) ∝ exp(−u_k/b), b = C_obj/√(2ρ): ρ-zCDP (ε = √(8ρ), ε²/8)."""
-        if not self.private:
-            return int(torch.argmin(scores))
-        scale = self.obj_clip / math.sqrt(2 * rho)
-        uniform = mechanisms.uniforms(scores, gen, self.noise)
-        gumbel = -torch.log(-torch.log(uniform))
-        events.append(dpa.ZCDpEvent(rho))
-        return int(torch.argmax(-scores + scale * gumbel))
 
     def output(self, state: DPAGDState) -> Tensor:
         return state.theta
@@ -250,12 +239,9 @@ def _unit(vector: Tensor) -> Tensor:
     return vector / norm if norm > 0 else torch.zeros_like(vector)
 
 
-def _candidate_scores(oracle: Oracle, thetas: Tensor, indices: Tensor, obj_clip: float, n: float) -> Tensor:
-    """u_k = Σ_i min(max(ℓ_i(θ_k), 0), C_obj) + n·r(θ_k): sensitivity C_obj under replace-one.
-
-    Non-finite losses count as C_obj. The regulariser r does not depend on the data.
-    """
+def _candidate_scores(oracle: Oracle, thetas: Tensor, indices: Tensor, obj_clip: float, n: float) -> Bounded:
+    """u_k = Σ_i min(max(ℓ_i(θ_k), 0), C_obj) + n·r(θ_k): sensitivity C_obj
+    (:func:`~dpopt.clipping.clip_loss_sums`; the regulariser r does not depend on the data)."""
     losses = oracle.per_record_loss(thetas, indices)
-    losses = torch.nan_to_num(losses, nan=obj_clip, posinf=obj_clip).clamp(min=0.0, max=obj_clip)
     regulariser = torch.stack([oracle.regulariser(theta) for theta in thetas])
-    return losses.sum(dim=0) + n * regulariser
+    return clipping.clip_loss_sums(losses, obj_clip, public_offset=n * regulariser)

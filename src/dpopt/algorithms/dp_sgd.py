@@ -38,7 +38,7 @@ class DPSGD:
     """Keyword-only hyper-parameters: step size ``lr`` (η), clip norm ``clip`` (C),
     ``noise_multiplier`` (z), ``batch_size`` (b, expected size under Poisson), ``sampling``
     ("poisson", "fixed" or "full"), ``output_rule`` ("last" or "uniform") and ``noise`` (the
-    noise source, :data:`dpopt.mechanisms.NOISES`)."""
+    kind of noise, :data:`dpopt.mechanisms.Noise`)."""
 
     lr: float
     clip: float
@@ -46,7 +46,7 @@ class DPSGD:
     batch_size: int = 1
     sampling: str = "poisson"
     output_rule: str = "last"
-    noise: str = "torch"
+    noise: mechanisms.Noise = mechanisms.CONTINUOUS
 
     NOISE_FIELDS = ("noise_multiplier",)
     noise_ratios = (1.0,)
@@ -70,10 +70,10 @@ class DPSGD:
         return DPSGDState(theta0.clone(), output_init(self.output_rule, theta0, steps, gen))
 
     def step(self, state: DPSGDState, batch: Batch, oracle: Oracle,
-             gen: torch.Generator) -> tuple[DPSGDState, dpa.DpEvent]:
+             source: mechanisms.NoiseSource) -> tuple[DPSGDState, dpa.DpEvent]:
         rows = oracle.per_record(state.theta, batch.indices)
         clipped, _ = clipping.clip_sum([clipping.Term(1.0, rows, self.clip)], batch.sampler.relation)
-        noised, event = mechanisms.gaussian(clipped, self.noise_multiplier, gen, self.noise)
+        noised, event = mechanisms.gaussian(clipped, self.noise_multiplier, source, self.noise)
         out = output_track(state.out, batch.t, state.theta)
         theta = state.theta.add(noised, alpha=-self.lr / batch.sampler.expected_size)
         return DPSGDState(theta, out), batch.sampler.wrap(event)
@@ -82,11 +82,12 @@ class DPSGD:
         return output_value(state.out, state.theta)
 
     def planned_event(self, n: int, steps: int) -> dpa.DpEvent:
-        step = self.sampler(0, n).wrap(mechanisms.noise_event(self.noise_multiplier, self.noise))
+        step = self.sampler(0, n).wrap(self.noise.event(self.noise_multiplier))
         return dpa.SelfComposedDpEvent(step, steps)
 
 
-def dp_gd(*, lr: float, clip: float, noise_multiplier: float, output_rule: str = "last", noise: str = "torch") -> DPSGD:
+def dp_gd(*, lr: float, clip: float, noise_multiplier: float, output_rule: str = "last",
+          noise: mechanisms.Noise = mechanisms.CONTINUOUS) -> DPSGD:
     """DP-GD: DP-SGD on the full batch every step (replace-one adjacency)."""
     return DPSGD(lr=lr, clip=clip, noise_multiplier=noise_multiplier, sampling="full", output_rule=output_rule,
                  noise=noise)

@@ -46,8 +46,8 @@ class DPSRM:
     """Hyper-parameters (keyword-only): ``lr`` (η), ``clip`` (C1), ``clip_diff`` (C2),
     ``gamma`` (γ, the paper sets γ = C2), ``noise_multiplier0`` (σ0), ``noise_multiplier``
     (σ), ``batch_size0`` (b0), ``batch_size`` (b), ``sampling``, ``step_rule`` ("plain" or
-    "normalized" with ``zeta``, ``n0``, ``smoothness`` = L), ``output_rule`` and ``noise`` (the noise
-    source, :data:`dpopt.mechanisms.NOISES`; not "discrete": the batches are sampled)."""
+    "normalized" with ``zeta``, ``n0``, ``smoothness`` = L), ``output_rule`` and ``noise`` (the kind
+    of noise, :data:`dpopt.mechanisms.Noise`; not discrete: the batches are sampled)."""
 
     lr: float
     clip: float
@@ -63,7 +63,7 @@ class DPSRM:
     n0: float = 1.0
     smoothness: float = 1.0
     output_rule: str = "last"
-    noise: str = "torch"
+    noise: mechanisms.Noise = mechanisms.CONTINUOUS
 
     NOISE_FIELDS = ("noise_multiplier0", "noise_multiplier")
     noise_ratios = (1.0, 1.0)
@@ -95,7 +95,7 @@ class DPSRM:
         return DPSRMState(theta0.clone(), theta0.clone(), zeros, output_init(self.output_rule, theta0, steps, gen))
 
     def step(self, state: DPSRMState, batch: Batch, oracle: Oracle,
-             gen: torch.Generator) -> tuple[DPSRMState, dpa.DpEvent]:
+             source: mechanisms.NoiseSource) -> tuple[DPSRMState, dpa.DpEvent]:
         grads = oracle.per_record(state.theta, batch.indices)
         if batch.t == 0:
             terms = [clipping.Term(1.0, grads, self.clip)]
@@ -105,7 +105,7 @@ class DPSRM:
             terms = [clipping.Term(self.gamma, grads, self.clip), clipping.Term(1 - self.gamma, diffs, self.clip_diff)]
             noise, carried = self.noise_multiplier, (1 - self.gamma) * state.momentum
         clipped, _ = clipping.clip_sum(terms, batch.sampler.relation)
-        noised, event = mechanisms.gaussian(clipped, noise, gen, self.noise)
+        noised, event = mechanisms.gaussian(clipped, noise, source, self.noise)
         momentum = noised / batch.sampler.expected_size + carried
         out = output_track(state.out, batch.t, state.theta)
         theta = state.theta - self._step_size(momentum) * momentum
@@ -122,6 +122,6 @@ class DPSRM:
         return output_value(state.out, state.theta)
 
     def planned_event(self, n: int, steps: int) -> dpa.DpEvent:
-        first = self.sampler(0, n).wrap(mechanisms.noise_event(self.noise_multiplier0, self.noise))
-        rest = self.sampler(1, n).wrap(mechanisms.noise_event(self.noise_multiplier, self.noise))
+        first = self.sampler(0, n).wrap(self.noise.event(self.noise_multiplier0))
+        rest = self.sampler(1, n).wrap(self.noise.event(self.noise_multiplier))
         return dpa.ComposedDpEvent([first, dpa.SelfComposedDpEvent(rest, steps - 1)])

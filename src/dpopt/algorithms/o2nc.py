@@ -28,8 +28,9 @@ clip bit (``state.clipped`` of ``state.records``).
   the clipped sum) feed one :class:`~dpopt.mechanisms.TreeAggregator` per period with node noise
   z·max(C1/B1, C2/B2); g̃_t is the tree's noisy prefix sum. The periods see disjoint records, so
   they compose in parallel: the run is ONE ``SingleEpochTreeAggregationDpEvent(z, [Σ, …, Σ, r])``,
-  whose ε is that of a single period's tree (the deepest). Step 0 records it (the tree's noise is
-  fixed up front, as in Algorithm 1, line 3); every later step records a ``NoOpDpEvent``.
+  whose ε is that of a single period's tree (the deepest). The aggregator returns it with its
+  first release (the trees' noise is fixed up front, as in Algorithm 1, line 3) and
+  ``NoOpDpEvent`` with every later one.
 * "multi" (Algorithm 4): every record at every step (replace-one, sensitivity 2C). Period start:
   g̃_t = (Σ_i clip(·, C1) + N(0, (z0·2C1)²))/n; otherwise g̃_t = g̃_{t−1} + (Σ_i clip(diff_i, C2) +
   N(0, (z·2C2)²))/n. Events ``Gaussian(z0)`` and ``Gaussian(z)``, composed over all T steps.
@@ -183,8 +184,8 @@ class O2NC:
         return oracle.gradients_at(point + offsets, indices).mean(dim=1)
 
     def step(self, state: O2NCState, batch: Batch, oracle: Oracle,
-             gen: torch.Generator) -> tuple[O2NCState, dpa.DpEvent]:
-        t, indices = batch.t, batch.indices
+             source: mechanisms.NoiseSource) -> tuple[O2NCState, dpa.DpEvent]:
+        t, indices, gen = batch.t, batch.indices, source.generator
         s = float(torch.rand((), generator=gen, dtype=torch.float64))
         theta = state.theta + state.delta
         z = state.theta + s * state.delta
@@ -200,17 +201,15 @@ class O2NC:
         bit = int((dense.norms() > clip).sum())
         tree = state.tree
         if self.passes == "single":
-            if start:
-                length = min(self.period, state.steps - t)
-                tree = mechanisms.TreeAggregator.start(length, self.noise_multiplier, self.tree_sensitivity(), gen)
+            if tree is None:
+                tree = mechanisms.TreeAggregator(tuple(self.period_lengths(state.steps)), self.noise_multiplier,
+                                                 self.tree_sensitivity())
             bounded, _ = clipping.clip_sum([clipping.Term(1.0 / batch_size, dense, clip)], batch.sampler.relation)
-            tree, released = tree.add(bounded)
-            event = (mechanisms.tree_event(self.noise_multiplier, self.period_lengths(state.steps)) if t == 0
-                     else dpa.NoOpDpEvent())
+            tree, released, event = tree.add(bounded, source)
         else:
             bounded, _ = clipping.clip_sum([clipping.Term(1.0, dense, clip)], batch.sampler.relation)
             z_noise = self.noise_multiplier0 if start and self.noise_multiplier0 is not None else self.noise_multiplier
-            noised, event = mechanisms.gaussian(bounded, z_noise, gen)
+            noised, event = mechanisms.gaussian(bounded, z_noise, source)
             increment = noised / batch.sampler.expected_size
             released = increment if start else state.released + increment
         step = state.delta - self.lr * released

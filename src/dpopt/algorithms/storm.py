@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from .. import _validate, sampling
+from ..mechanisms import NoiseSource
 from ..oracles import Oracle
 from ._common import Batch
 
@@ -70,7 +71,7 @@ class Storm:
         return StormState(theta0.clone(), theta0.clone(), torch.zeros_like(theta0), 0.0, self.momentum)
 
     def step(self, state: StormState, batch: Batch, oracle: Oracle,
-             gen: torch.Generator) -> tuple[StormState, dpa.DpEvent]:
+             source: NoiseSource) -> tuple[StormState, dpa.DpEvent]:
         size = batch.sampler.expected_size
         ones = torch.ones(len(batch.indices), dtype=state.theta.dtype)
         grad = oracle.per_record(state.theta, batch.indices).weighted_sum(ones) / size

@@ -68,13 +68,23 @@ class Problem:
     log_metrics: Callable[[Any], dict[str, float]] | None = None
 
     def run(self, algorithm: Any, seed: int, settings: dict[str, Any]) -> History:
-        history = run(algorithm, self.oracle, seed=seed, test_error=self.test_error, theta0=self.theta0,
-                      train_metrics=self.train_metrics, log_metrics=self.log_metrics, **settings)
+        history = with_diagnostics(run(algorithm, self.oracle, seed=seed, test_error=self.test_error,
+                                       theta0=self.theta0, diagnostics=True, train_metrics=self.train_metrics,
+                                       log_metrics=self.log_metrics, **settings))
         if self.extra_metrics is not None:
             history.final.update(self.extra_metrics(history.theta))
         if self.history_metrics is not None:
             history.final.update(self.history_metrics(history))
         return history
+
+
+def with_diagnostics(history: History) -> History:
+    """``history`` with its diagnostics merged into ``records`` and ``final``, for a reproduction's
+    tables and figures, which report the papers' non-private measurements (training objective,
+    gradient norm, realised passes, times) labelled as such."""
+    diagnostics = history.diagnostics
+    records = [private | logged for private, logged in zip(history.records, diagnostics["records"], strict=True)]
+    return dataclasses.replace(history, records=records, final=history.final | diagnostics["final"])
 
 
 def steps_for_passes(passes: float, n: int, first: int, rest: int) -> int:
