@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import dp_accounting as dpa
-from dp_accounting import NeighboringRelation
+import numpy as np
+from dp_accounting import NeighboringRelation, dp_event
 from dp_accounting.pld import pld_privacy_accountant, privacy_loss_distribution, privacy_loss_mechanism
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import optimize, special
@@ -38,16 +39,19 @@ FINEST_DISCRETIZATION = 1e-5
 
 
 def run_length(events: Sequence[dpa.DpEvent]) -> list[tuple[dpa.DpEvent, int]]:
-    """Flatten compositions into ``[(atomic event, count), ...]``, merging equal neighbours."""
+    """Flatten compositions into ``[(atomic event, count), ...]``, merging equal neighbours.
+
+    ``NoOpDpEvent`` costs nothing and is left out, so how events are grouped (nesting, splitting
+    a ``SelfComposedDpEvent``, no-ops in between) never changes the runs' total."""
     runs: list[tuple[dpa.DpEvent, int]] = []
 
     def push(event: dpa.DpEvent, count: int) -> None:
-        if count == 0:
+        if count == 0 or isinstance(event, dpa.NoOpDpEvent):
             return
-        if isinstance(event, dpa.ComposedDpEvent) and count == 1:
+        if isinstance(event, dpa.ComposedDpEvent):  # k times [a, b] is k times a and k times b
             for sub in event.events:
-                push(sub, 1)
-        elif isinstance(event, dpa.SelfComposedDpEvent) and not isinstance(event.event, dpa.ComposedDpEvent):
+                push(sub, count)
+        elif isinstance(event, dpa.SelfComposedDpEvent):
             push(event.event, count * event.count)
         elif runs and runs[-1][0] == event:
             runs[-1] = (event, runs[-1][1] + count)
@@ -59,18 +63,18 @@ def run_length(events: Sequence[dpa.DpEvent]) -> list[tuple[dpa.DpEvent, int]]:
     return runs
 
 
-def _has_noiseless_gaussian(event: dpa.DpEvent) -> bool:
-    if isinstance(event, dpa.GaussianDpEvent):
-        return event.noise_multiplier == 0
-    if isinstance(event, dpa.ComposedDpEvent):
-        return any(_has_noiseless_gaussian(sub) for sub in event.events)
-    inner = getattr(event, "event", None)
-    count = getattr(event, "count", 1)
-    return inner is not None and count > 0 and _has_noiseless_gaussian(inner)
+def merged(runs: Sequence[tuple[dpa.DpEvent, int]]) -> list[tuple[dpa.DpEvent, int]]:
+    """Equal atoms merged wherever they stand, in order of first appearance (composition
+    commutes, so ε depends only on this multiset)."""
+    counts: dict[str, tuple[dpa.DpEvent, int]] = {}
+    for atom, count in runs:
+        key = repr(atom)
+        counts[key] = (atom, counts[key][1] + count) if key in counts else (atom, count)
+    return list(counts.values())
 
 
 def count_steps(event: dpa.DpEvent) -> int:
-    """How many atomic events ``event`` composes."""
+    """How many atomic events ``event`` composes (no-ops left out)."""
     return sum(count for _, count in run_length([event]))
 
 
@@ -84,17 +88,114 @@ def canonical(event: dpa.DpEvent) -> dpa.DpEvent:
     return compose(run_length([event]))
 
 
+def tree_depth(step_counts: Sequence[int]) -> int:
+    """⌈log₂(L + 1)⌉ for the longest of the trees: how many nodes of its tree one increment
+    enters (a record sits in one increment of one tree)."""
+    return math.ceil(math.log2(max(step_counts) + 1))
+
+
+def in_accountant_terms(event: dpa.DpEvent, relation: NeighboringRelation, kind: str) -> dpa.DpEvent:
+    """The one translation of dpopt's events into what accountant ``kind`` reads.
+
+    dpopt's convention, for every release and every neighbouring relation: a noise multiplier z
+    is (noise standard deviation) / (L2 distance between the released statistic on neighbouring
+    data sets) — 2C for a sum of C-clipped records under replace-one, C under add/remove-one.
+
+    * RDP (dp_accounting) reads ``GaussianDpEvent(z)`` as noise z against a shift of 1 under
+      every relation: dpopt's meaning, unchanged.
+    * PLD (dp_accounting) reads ``GaussianDpEvent(z)`` under replace-one as noise z between
+      outputs at ±1, a distance of 2: the event becomes ``GaussianDpEvent(2z)``, also inside
+      sampling events.
+    * A binary tree ``SingleEpochTreeAggregationDpEvent(z, [L₁, …])`` (trees on disjoint records)
+      is exactly one Gaussian mechanism of multiplier z/√h, h = :func:`tree_depth`: a record
+      moves the h nodes above its increment, each by at most the distance, with independent
+      noise on each, so the joint shift has norm ≤ √h·distance. It is translated to that
+      Gaussian (whose RDP, α·h/(2z²), is dp_accounting's tree RDP) before the rule above.
+    * ``NoOpDpEvent`` is dropped; compositions are translated part by part; other events
+      (zCDP, non-private) mean the same to every accountant.
+    """
+    double = kind == "pld" and relation == NeighboringRelation.REPLACE_ONE
+
+    def walk(e: dpa.DpEvent) -> dpa.DpEvent:
+        if isinstance(e, dpa.SingleEpochTreeAggregationDpEvent):
+            z = e.noise_multiplier
+            return walk(dpa.GaussianDpEvent(z / math.sqrt(tree_depth(e.step_counts)) if z > 0 else 0.0))
+        if isinstance(e, dpa.GaussianDpEvent):
+            return dpa.GaussianDpEvent(2 * e.noise_multiplier) if double else e
+        if isinstance(e, dpa.ComposedDpEvent):
+            return dpa.ComposedDpEvent([walk(sub) for sub in e.events if not isinstance(sub, dpa.NoOpDpEvent)])
+        if isinstance(e, dpa.SelfComposedDpEvent):
+            return dpa.SelfComposedDpEvent(walk(e.event), e.count)
+        if isinstance(e, dpa.PoissonSampledDpEvent):
+            return dpa.PoissonSampledDpEvent(e.sampling_probability, walk(e.event))
+        if isinstance(e, dpa.SampledWithoutReplacementDpEvent):
+            return dpa.SampledWithoutReplacementDpEvent(e.source_dataset_size, e.sample_size, walk(e.event))
+        if isinstance(e, dp_event.RepeatAndSelectDpEvent):
+            return dp_event.RepeatAndSelectDpEvent(walk(e.event), e.mean, e.shape)
+        return e
+
+    return walk(event)
+
+
+def _has_noiseless_gaussian(event: dpa.DpEvent) -> bool:
+    if isinstance(event, dpa.GaussianDpEvent):
+        return event.noise_multiplier == 0
+    if isinstance(event, dpa.ComposedDpEvent):
+        return any(_has_noiseless_gaussian(sub) for sub in event.events)
+    inner = getattr(event, "event", None)
+    count = getattr(event, "count", 1)
+    return inner is not None and count > 0 and _has_noiseless_gaussian(inner)
+
+
 def _accountant(kind: str, relation: NeighboringRelation, discretization: float) -> dpa.PrivacyAccountant:
     if kind == "pld":
         return pld_privacy_accountant.PLDAccountant(relation, value_discretization_interval=discretization)
     return rdp_privacy_accountant.RdpAccountant(neighboring_relation=relation)
 
 
+#: The most grid points one PLD may span (a few float64 and complex arrays of this length are
+#: alive at once: ~0.5 GB): past it the privacy loss range is too wide for the grid (tiny noise,
+#: huge ε) and RDP answers instead, a valid bound computed in closed form.
+MAX_PLD_POINTS = 5_000_000
+_TAIL = 12.0  #: standard deviations of the Gaussian kept by dp_accounting's tail truncation (mass e⁻⁵⁰)
+
+
+def _pld_points(event: dpa.DpEvent, relation: NeighboringRelation, grid: float) -> float:
+    """An upper estimate of the grid points of the PLD of translated ``event``.
+
+    A Gaussian step of multiplier s against a shift of 1 (s = z/2 for a translated replace-one
+    z) has privacy loss L(x) = (x − 1/2)/s² over |x| ≤ 12 s: a span of ≤ 12/s + 1/(2s²) on one
+    side; Poisson sampling at rate q maps a loss L to log(1 − q + q·e^L). Composing k steps
+    spans at most the smaller of k single spans and one span plus 16√k standard deviations of
+    the per-step loss (dp_accounting truncates the tails of every composition), that standard
+    deviation being 1/s, or q·√(e^{1/s²} − 1) when sampled."""
+    halve = relation == NeighboringRelation.REPLACE_ONE
+    total = 0.0
+    for atom, count in merged(run_length([event])):
+        rate = atom.sampling_probability if isinstance(atom, dpa.PoissonSampledDpEvent) else 1.0
+        inner = atom.event if isinstance(atom, dpa.PoissonSampledDpEvent) else atom
+        if not (isinstance(inner, dpa.GaussianDpEvent) and inner.noise_multiplier > 0 and rate > 0):
+            continue
+        s = inner.noise_multiplier / (2 if halve else 1)
+        loss = _TAIL / s + 1 / (2 * s * s)
+        spread = 1 / s
+        if rate < 1:
+            loss = float(np.logaddexp(math.log1p(-rate), math.log(rate) + loss)) - math.log1p(-rate)
+            spread = min(spread, rate * math.sqrt(math.expm1(min(1 / (s * s), 700.0))))
+        total += min(count * 2 * loss, 2 * loss + 16 * math.sqrt(count) * spread) / grid
+    return total
+
+
 def accountant_for(event: dpa.DpEvent, relation: NeighboringRelation, requested: str) -> str:
-    """``requested``, or "rdp" where PLD cannot compose ``event``; error if neither can."""
+    """``requested``, or "rdp" where PLD cannot compose ``event`` (or its PLD would not fit in
+    memory, :data:`MAX_PLD_POINTS`); error if neither can."""
     _validate.one_of("accountant", requested, ACCOUNTANTS)
     for kind in (requested, "rdp"):
-        if _accountant(kind, relation, COARSE_DISCRETIZATION).supports(event):
+        translated = in_accountant_terms(event, relation, kind)
+        if (kind == "pld" and not _is_plain_gaussians(run_length([translated]))
+                and _pld_points(translated, relation, COARSE_DISCRETIZATION) > MAX_PLD_POINTS):
+            continue
+        if _accountant(kind, relation, COARSE_DISCRETIZATION).supports(translated):
             return kind
     raise _validate.DpoptError(
         f"event {event} is not supported by dp_accounting under {RELATION_NAMES[relation]} adjacency"
@@ -117,37 +218,49 @@ def pld_discretization(epsilon_estimate: float, steps: int) -> float:
 
 def epsilon_of(event: dpa.DpEvent, delta: float, relation: NeighboringRelation, accountant: str = "pld",
                grid: float | None = None) -> float:
-    """ε(δ) of ``event`` under ``relation`` (PLD, falling back to RDP where PLD cannot).
+    """ε(δ) of ``event`` (dpopt's convention) under ``relation``: PLD, falling back to RDP where
+    PLD cannot.
 
-    PLD is evaluated on ``grid``, by default the one :func:`pld_discretization` picks from a
-    coarse first pass; the result is dp_accounting's pessimistic estimate, an upper bound on
-    the true ε.
+    The event is translated once (:func:`in_accountant_terms`) and reduced to its multiset of
+    atoms (:func:`merged`), so ε does not depend on how the events are grouped. PLD is evaluated
+    on ``grid``, by default the one :func:`pld_discretization` picks from a coarse first pass;
+    the result is dp_accounting's pessimistic estimate, an upper bound on the true ε.
     """
     _validate.open_unit("delta", delta)
-    key = (repr(event), delta, relation, accountant, grid)
+    kind = accountant_for(event, relation, accountant)
+    runs = merged(run_length([in_accountant_terms(event, relation, kind)]))
+    key = (repr(runs), delta, relation, kind, grid)
     if key not in _EPSILON_CACHE:
-        _EPSILON_CACHE[key] = _epsilon(event, delta, relation, accountant, grid)
+        if len(_EPSILON_CACHE) >= _EPSILON_CACHE_SIZE:
+            _EPSILON_CACHE.pop(next(iter(_EPSILON_CACHE)))
+        _EPSILON_CACHE[key] = _epsilon(runs, delta, relation, kind, grid)
     return _EPSILON_CACHE[key]
 
 
-#: ε is a pure function of the event; memoised on its ``repr`` (events holding lists are unhashable).
+#: ε is a pure function of the translated runs; memoised on their ``repr`` (events holding lists
+#: are unhashable), oldest entry first out.
 _EPSILON_CACHE: dict[tuple[Any, ...], float] = {}
+_EPSILON_CACHE_SIZE = 4096
 
 
-def _epsilon(event: dpa.DpEvent, delta: float, relation: NeighboringRelation, accountant: str,
+def _epsilon(runs: list[tuple[dpa.DpEvent, int]], delta: float, relation: NeighboringRelation, kind: str,
              grid: float | None) -> float:
-    kind = accountant_for(event, relation, accountant)
+    """ε(δ) of translated, merged ``runs`` by accountant ``kind``: the closed form where the runs
+    are plain Gaussians, dpopt's fast PLD for (Poisson-sampled) Gaussians, else dp_accounting."""
+    if not runs:
+        return 0.0
+    event = compose(runs)
     if _has_noiseless_gaussian(event):
         return math.inf  # RDP's sampled-without-replacement formula divides by the multiplier
     if kind == "pld":
-        exact = _composed_gaussian_epsilon(run_length([event]), delta)
-        if exact is not None:
-            return exact
-    if kind == "pld" and grid is None:
-        grid = ledger_grid(event, delta, relation)
-        return epsilon_of(event, delta, relation, kind, grid)
-    if kind == "pld":
-        pld = _gaussian_pld(run_length([event]), relation, grid or COARSE_DISCRETIZATION)
+        if _is_plain_gaussians(runs):
+            return _composed_gaussian_epsilon(runs, delta, relation)
+        if grid is None:
+            coarse = _epsilon(runs, delta, relation, kind, COARSE_DISCRETIZATION)
+            steps = sum(count for _, count in runs)
+            grid = (COARSE_DISCRETIZATION if not math.isfinite(coarse) or coarse == 0
+                    else pld_discretization(coarse, steps))
+        pld = _gaussian_pld(runs, relation, grid)
         if pld is not None:
             return float(pld.get_epsilon_for_delta(delta))
     acc = _accountant(kind, relation, grid or COARSE_DISCRETIZATION)
@@ -164,23 +277,28 @@ def ledger_grid(event: dpa.DpEvent, delta: float, relation: NeighboringRelation)
     return pld_discretization(eps, count_steps(event))
 
 
-def _composed_gaussian_epsilon(runs: Sequence[tuple[dpa.DpEvent, int]], delta: float) -> float | None:
-    """ε(δ) of a composition of plain (not subsampled) Gaussian mechanisms, exactly; None for
-    any other event.
+def _is_plain_gaussians(runs: Sequence[tuple[dpa.DpEvent, int]]) -> bool:
+    return bool(runs) and all(isinstance(atom, dpa.GaussianDpEvent) and atom.noise_multiplier > 0
+                              for atom, _ in runs)
 
-    The privacy loss of a Gaussian mechanism of multiplier z is itself Gaussian, and k_i runs of
-    multipliers z_i compose to the Gaussian mechanism of multiplier z = (Σ_i k_i / z_i²)^(−1/2)
-    (Dong, Roth & Su 2022, Cor. 2.3). Its δ(ε) is dp_accounting's closed form
-    (``GaussianPrivacyLoss``, noise z against a shift of 1: z is the noise over the distance
-    between neighbouring outputs under every relation, 2C under replace-one; see
-    :mod:`dpopt.gaussian_pld`). ε(δ) is found by bisection on it to 1e−12 relative, above the
-    root. This is the PLD accountant's answer without its discretisation, which on a single
-    Gaussian of small z costs seconds per evaluation (DIFF2 and DP-GD calibrations).
+
+def _composed_gaussian_epsilon(runs: Sequence[tuple[dpa.DpEvent, int]], delta: float,
+                               relation: NeighboringRelation) -> float:
+    """ε(δ) of a composition of plain (not subsampled) Gaussian mechanisms, exactly, as the PLD
+    accountant reads the (translated) events.
+
+    The privacy loss of a Gaussian mechanism of multiplier s is itself Gaussian, and k_i runs of
+    multipliers s_i compose to the Gaussian mechanism of multiplier s = (Σ_i k_i / s_i²)^(−1/2)
+    (Dong, Roth & Su 2022, Cor. 2.3). dp_accounting's PLD reads a replace-one multiplier
+    against a distance of 2, so there s = z/2 (z the translated multiplier). δ(ε) is
+    dp_accounting's closed form (``GaussianPrivacyLoss``, noise s against a shift of 1); ε(δ) is
+    found by bisection on it to 1e−12 relative, above the root. This is the PLD accountant's
+    answer without its discretisation, which on a single Gaussian of small s costs seconds per
+    evaluation (DIFF2 and DP-GD calibrations).
     """
-    if not runs or not all(isinstance(atom, dpa.GaussianDpEvent) and atom.noise_multiplier > 0 for atom, _ in runs):
-        return None
-    z = math.fsum(count / atom.noise_multiplier**2 for atom, count in runs) ** -0.5
-    loss = privacy_loss_mechanism.GaussianPrivacyLoss(z, sensitivity=1.0)
+    halve = relation == NeighboringRelation.REPLACE_ONE
+    s = math.fsum(count / (atom.noise_multiplier / (2 if halve else 1)) ** 2 for atom, count in runs) ** -0.5
+    loss = privacy_loss_mechanism.GaussianPrivacyLoss(s, sensitivity=1.0)
     if loss.get_delta_for_epsilon(0.0) <= delta:
         return 0.0
     lo, hi = 0.0, 1.0
@@ -194,14 +312,12 @@ def _composed_gaussian_epsilon(runs: Sequence[tuple[dpa.DpEvent, int]], delta: f
 
 def _gaussian_pld(runs: Sequence[tuple[dpa.DpEvent, int]], relation: NeighboringRelation,
                   grid: float) -> privacy_loss_distribution.PrivacyLossDistribution | None:
-    """The PLD of runs of (Poisson-sampled) Gaussian events, built as dp_accounting's
-    PLDAccountant builds it, but reusing each sampled-Gaussian step's PLD across calls (a ledger
-    is asked for ε at every logged step); None if any event is of another kind."""
+    """The PLD of runs of (Poisson-sampled) Gaussian events (translated: dp_accounting's
+    reading), built as dp_accounting's PLDAccountant builds it, but reusing each sampled-Gaussian
+    step's PLD across calls (a ledger is asked for ε at every logged step); None if any event is
+    of another kind."""
     total = privacy_loss_distribution.identity(grid)
-    merged: dict[dpa.DpEvent, int] = {}  # composition commutes: each distinct atom is composed once
-    for atom, count in runs:
-        merged[atom] = merged.get(atom, 0) + count
-    for atom, count in merged.items():
+    for atom, count in runs:  # merged: each distinct atom is composed once
         if isinstance(atom, dpa.GaussianDpEvent):
             part = gaussian_pld(atom.noise_multiplier / math.sqrt(count), grid, relation)
         elif isinstance(atom, dpa.PoissonSampledDpEvent) and isinstance(atom.event, dpa.GaussianDpEvent):
@@ -246,7 +362,7 @@ class Ledger:
 
     @property
     def steps(self) -> int:
-        """How many atomic events were recorded."""
+        """How many atomic events were recorded (no-ops, which cost nothing, not counted)."""
         return count_steps(self.event())
 
     @property

@@ -12,14 +12,10 @@ inverse is evaluated over the whole array at once, with the same formulas and br
 * add, rate q < 1:    x = Δ/2 − σ²/Δ · (−log(1 + (e^{−ε} − 1)/q))   (for ε < −log(1 − q));
 * q = 1 (add, remove): x = ∓Δ/2 − σ²ε/Δ;  replace-one, q = 1: x = −σ²ε/(2Δ).
 
-Replace-one: dpopt's noise multiplier z is the noise standard deviation over the ℓ2 distance Δ
-between the sums of neighbouring data sets (2C for a sum of C-clipped records, ALGORITHMS.md),
-so the two output distributions are N(0, (zΔ)²) and N(Δ, (zΔ)²). dp_accounting's REPLACE
-adjacency puts them at ±sensitivity, a distance of twice its sensitivity: its
-``from_gaussian_mechanism(σ, REPLACE_ONE)`` is dpopt's z = σ/2, and dpopt builds the PLD of
-multiplier z with σ = 2z. (Passing z itself, as ``PLDAccountant`` does for a
-``GaussianDpEvent(z)`` under ``REPLACE_ONE``, would account for half the noise actually added:
-safe, but an ε about twice too large. dp_accounting's RDP accountant reads z as dpopt does.)
+The multiplier is read as dp_accounting reads a ``GaussianDpEvent``: noise over a shift of 1
+(add/remove-one), or over ±1, a distance of 2 (replace-one). dpopt's own convention (noise over
+the distance between neighbouring outputs under every relation) is translated into this reading
+in one place, :func:`dpopt.accounting.in_accountant_terms`, before any PLD is built.
 
 Everything else (tails, truncation, the pessimistic connect-the-dots PMF, subsampling's two
 adjacency directions) is dp_accounting's own code. Replace-one with q < 1 (not produced by any
@@ -90,16 +86,14 @@ class _VectorisedGaussianLoss(GaussianPrivacyLoss):
 
 def gaussian_pld(noise_multiplier: float, grid: float, relation: NeighboringRelation,
                  sampling_prob: float = 1.0) -> pld_lib.PrivacyLossDistribution:
-    """PLD of one Gaussian step with noise multiplier z (noise std over the ℓ2 distance between
-    neighbouring outputs), Poisson-subsampled at rate ``sampling_prob``, on the value grid
-    ``grid``: pessimistic, connect-the-dots, equal to ``from_gaussian_mechanism(σ,
-    value_discretization_interval=grid, sampling_prob=q, neighboring_relation=relation)`` with
-    σ = z, or σ = 2z under replace-one (see the module docstring)."""
+    """PLD of one Gaussian step of multiplier z (dp_accounting's reading, see the module
+    docstring), Poisson-subsampled at rate ``sampling_prob``, on the value grid ``grid``:
+    pessimistic, connect-the-dots, equal to ``from_gaussian_mechanism(z,
+    value_discretization_interval=grid, sampling_prob=q, neighboring_relation=relation)``."""
     replace = relation == NeighboringRelation.REPLACE_ONE
-    std = 2 * noise_multiplier if replace else noise_multiplier
 
     def single(adjacency: AdjacencyType) -> pld_lib.pld_pmf.PLDPmf:
-        loss = _VectorisedGaussianLoss(std, sensitivity=1.0, pessimistic_estimate=True,
+        loss = _VectorisedGaussianLoss(noise_multiplier, sensitivity=1.0, pessimistic_estimate=True,
                                        log_mass_truncation_bound=LOG_MASS_TRUNCATION_BOUND,
                                        sampling_prob=sampling_prob, adjacency_type=adjacency)
         return pld_lib._create_pld_pmf_from_monotone_privacy_loss(
