@@ -5,13 +5,14 @@ released prefix equal to (number of covering nodes)·σ², the covariance of two
 from __future__ import annotations
 
 import json
+import math
 
 import dp_accounting as dpa
 import pytest
 import torch
 from dp_accounting import NeighboringRelation
 from dp_accounting.rdp import rdp_privacy_accountant
-from scipy import stats
+from scipy import optimize, special, stats
 
 from dpopt import clipping, mechanisms
 from dpopt.accounting import epsilon_of
@@ -102,11 +103,22 @@ def rdp_epsilon(event: dpa.DpEvent, delta: float) -> float:
     return accountant.compose(event).get_epsilon(delta)
 
 
-def test_tree_event_is_accounted_by_rdp_and_disjoint_trees_cost_one_tree():
+def analytic_epsilon(z: float, delta: float) -> float:
+    """ε(δ) of the Gaussian mechanism with noise z over a distance of 1 (Balle & Wang 2018)."""
+    mu = 1 / z
+    return optimize.brentq(lambda e: special.ndtr(-e / mu + mu / 2) - math.exp(e) * special.ndtr(-e / mu - mu / 2)
+                           - delta, 0.0, 500.0, xtol=1e-13, rtol=1e-13)
+
+
+def test_tree_event_is_one_gaussian_of_its_depth_and_disjoint_trees_cost_one_tree():
+    """A record enters ⌈log₂(16 + 1)⌉ = 5 nodes: exactly the Gaussian of z/√5 (PLD), below RDP."""
     one = mechanisms.TreeAggregator.start(16, 2.0, 1.0, torch.Generator()).event
     assert one == dpa.SingleEpochTreeAggregationDpEvent(2.0, [16])
     eps = epsilon_of(one, 1e-5, SPECIAL)
-    assert eps == pytest.approx(rdp_epsilon(dpa.SingleEpochTreeAggregationDpEvent(2.0, 16), 1e-5), rel=1e-12)
+    assert eps == pytest.approx(analytic_epsilon(2.0 / math.sqrt(5), 1e-5), rel=1e-9)
+    assert eps < rdp_epsilon(dpa.SingleEpochTreeAggregationDpEvent(2.0, 16), 1e-5)
+    assert epsilon_of(one, 1e-5, SPECIAL, "rdp") == pytest.approx(
+        rdp_epsilon(dpa.SingleEpochTreeAggregationDpEvent(2.0, 16), 1e-5), rel=1e-12)
     # trees on disjoint records (one pass): the deepest tree's ε, not a composition
     assert epsilon_of(mechanisms.tree_event(2.0, [16, 16, 16, 5]), 1e-5, SPECIAL) == pytest.approx(eps, rel=1e-12)
     assert epsilon_of(dpa.SelfComposedDpEvent(one, 4), 1e-5, SPECIAL) > 1.5 * eps
@@ -117,7 +129,6 @@ def test_cli_accounts_the_tree(capsys: pytest.CaptureFixture[str]):
             "--json"]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
-    want = rdp_epsilon(dpa.SingleEpochTreeAggregationDpEvent(3.0, 100), 1e-6)
-    assert result["epsilon"] == pytest.approx(want, rel=1e-12)
-    assert result["accountant"] == "rdp"
+    assert result["epsilon"] == pytest.approx(analytic_epsilon(3.0 / math.sqrt(7), 1e-6), rel=1e-9)
+    assert result["accountant"] == "pld"
     assert result["neighboring_relation"] == "replace-special"

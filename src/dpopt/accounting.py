@@ -412,7 +412,7 @@ class Ledger:
 
     @property
     def steps(self) -> int:
-        """How many atomic events were recorded."""
+        """How many atomic events were recorded (no-ops, which cost nothing, not counted)."""
         return count_steps(self.event())
 
     @property

@@ -27,7 +27,7 @@ def test_single_pass_epsilon_is_one_periods_tree():
     one_period = accounting.epsilon_of(mechanisms.tree_event(algo.noise_multiplier, [10]), DELTA, SPECIAL)
     assert history.final["epsilon"] == pytest.approx(one_period, rel=1e-12)
     assert history.final["epsilon"] == pytest.approx(2.0, rel=0.01)
-    assert history.neighboring_relation == "replace-special" and history.accountant == "rdp"
+    assert history.neighboring_relation == "replace-special" and history.accountant == "pld"
     # sequential composition of the 4 periods would cost far more
     four = dpa.SelfComposedDpEvent(mechanisms.tree_event(algo.noise_multiplier, [10]), 4)
     assert accounting.epsilon_of(four, DELTA, SPECIAL) > 1.8 * one_period
