@@ -89,7 +89,7 @@ class Dpopt:
         self.oracle = Logistic(torch.from_numpy(X), torch.from_numpy(y))
         self.n = self.oracle.n
         self.steps = round(self.n / BATCH)
-        self.algo = DPSGD(lr=LR, clip=CLIP, noise_multiplier=NOISE, batch_size=BATCH, sampling="poisson")
+        self.algo = DPSGD(lr=LR, clip=CLIP, noise_multiplier=NOISE, batch_size=BATCH)
 
     def train_run(self) -> dict[str, float]:
         from dpopt import accounting, train

@@ -74,7 +74,8 @@ def test_calibrate_dpsrm_jointly_keeps_the_ratio():
 
 def test_calibrate_with_fixed_size_sampling_uses_rdp():
     n, steps, epsilon = 400, 200, 2.0
-    algo = calibrate(dpopt.DPSGD(lr=0.1, clip=1.0, noise_multiplier=1.0, batch_size=20, sampling="fixed"),
+    algo = calibrate(dpopt.DPSGD(lr=0.1, clip=1.0, noise_multiplier=1.0, batch_size=20,
+                                 sampling=dpopt.sampling.FixedSize),
                      epsilon=epsilon, delta=DELTA, n=n, steps=steps)
     event = algo.planned_event(n, steps)
     assert accounting.accountant_for(event, REPLACE_ONE, "pld") == "rdp"

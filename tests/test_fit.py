@@ -50,20 +50,20 @@ def test_fit_spends_the_budget_trains_and_writes_the_output_back(algorithm):
     net = model()
     before = TorchModel(net, loss, X, y).loss(TorchModel(net, loss, X, y).flat_params().double())
     history = dpopt.fit(net, loss, TensorDataset(X, y), algorithm=algorithm, epsilon=4.0, delta=1e-5, epochs=20,
-                        batch_size=50, lr=0.5 if algorithm != "aclip" else 0.05, clip=1.0, test_data=(X, y))
+                        batch_size=50, lr=0.5 if algorithm != "aclip" else 0.05, clip=1.0, test_data=(X, y), seed=0)
     assert 0.99 * 4.0 <= history.final["epsilon"] <= 4.0
     assert history.neighboring_relation == "add/remove-one"
     oracle = TorchModel(net, loss, X, y)
     assert torch.allclose(oracle.flat_params().double(), history.theta.to(torch.float32).double())
     assert float(oracle.loss(oracle.flat_params().double())) < float(before)  # it learnt something
     assert history.final["test_error"] < 0.5
-    assert history.final["passes"] == pytest.approx(20, rel=0.1)
+    assert history.final["expected_passes"] == pytest.approx(20, rel=1e-9)
 
 
 def test_a_dataset_and_a_tensor_pair_give_the_same_run():
     X, y = data()
-    a = dpopt.fit(model(), loss, Pairs(X, y), epsilon=2.0, delta=1e-5, epochs=2, batch_size=40)
-    b = dpopt.fit(model(), loss, (X, y), epsilon=2.0, delta=1e-5, epochs=2, batch_size=40)
+    a = dpopt.fit(model(), loss, Pairs(X, y), epsilon=2.0, delta=1e-5, epochs=2, batch_size=40, seed=1)
+    b = dpopt.fit(model(), loss, (X, y), epsilon=2.0, delta=1e-5, epochs=2, batch_size=40, seed=1)
     assert torch.equal(a.theta, b.theta) and a.final["epsilon"] == b.final["epsilon"]
 
 
@@ -78,7 +78,7 @@ def test_tiny_poisson_batches_with_empty_ones_are_accounted():
     calibrated = dpopt.calibrate(algo, epsilon=1.0, delta=1e-5, n=30, steps=steps)
     planned = dpopt.epsilon_of(calibrated.planned_event(30, steps), 1e-5, calibrated.relation())
     assert history.final["epsilon"] == pytest.approx(planned, rel=1e-9)
-    assert math.isfinite(history.final["objective"])
+    assert bool(history.theta.isfinite().all())
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

@@ -12,6 +12,7 @@ from dp_accounting import NeighboringRelation
 from scipy import stats
 
 from dpopt import clipping, mechanisms
+from dpopt.mechanisms import SeededNoise
 
 #: ≥ 20,000 samples, as in jax_privacy's noise_addition_test.
 SAMPLES = 25_000
@@ -33,7 +34,7 @@ def test_noise_is_gaussian_with_std_z_times_sensitivity(clip, relation, factor):
     z = 1.3
     x = zero_bounded(clip, relation)
     assert x.sensitivity == pytest.approx(factor * clip, rel=1e-15)
-    noised, event = mechanisms.gaussian(x, z, torch.Generator().manual_seed(11))
+    noised, event = mechanisms.gaussian(x, z, SeededNoise(11))
     sigma = z * factor * clip
     samples = noised.numpy()
     assert samples.shape == (SAMPLES,)
@@ -52,8 +53,7 @@ def test_noise_is_gaussian_with_std_z_times_sensitivity(clip, relation, factor):
 def test_sample_moments_match_sigma():
     """Mean within 5 standard errors (σ/√n), variance within 5 s.e. (σ²·√(2/n)) of the target."""
     z, clip = 0.8, 2.0
-    noised, _ = mechanisms.gaussian(zero_bounded(clip, NeighboringRelation.ADD_OR_REMOVE_ONE), z,
-                                    torch.Generator().manual_seed(3))
+    noised, _ = mechanisms.gaussian(zero_bounded(clip, NeighboringRelation.ADD_OR_REMOVE_ONE), z, SeededNoise(3))
     sigma = z * clip
     assert abs(float(noised.mean())) < 5 * sigma / math.sqrt(SAMPLES)
     assert abs(float(noised.var()) - sigma**2) < 5 * sigma**2 * math.sqrt(2 / SAMPLES)
@@ -62,7 +62,7 @@ def test_sample_moments_match_sigma():
 def test_event_is_gaussian_event_of_the_multiplier():
     for z in (0.0, 0.5, 4.0):
         _, event = mechanisms.gaussian(zero_bounded(1.0, NeighboringRelation.ADD_OR_REMOVE_ONE, dim=4), z,
-                                       torch.Generator().manual_seed(0))
+                                       SeededNoise(0))
         assert event == dpa.GaussianDpEvent(z)
         assert event.noise_multiplier == z
 
@@ -71,7 +71,7 @@ def test_zero_noise_releases_value_exactly_even_with_infinite_clip():
     rows = clipping.Dense(torch.tensor([[3.0, 4.0], [1.0, -1.0]], dtype=torch.float64))
     x, _ = clipping.clip_sum([clipping.Term(1.0, rows, math.inf)], NeighboringRelation.ADD_OR_REMOVE_ONE)
     assert math.isinf(x.sensitivity)
-    noised, event = mechanisms.gaussian(x, 0.0, torch.Generator().manual_seed(0))
+    noised, event = mechanisms.gaussian(x, 0.0, SeededNoise(0))
     assert torch.equal(noised, torch.tensor([4.0, 3.0], dtype=torch.float64))
     assert event == dpa.GaussianDpEvent(0.0)
 
@@ -80,7 +80,7 @@ def test_positive_noise_with_infinite_sensitivity_raises():
     rows = clipping.Dense(torch.ones(2, 3, dtype=torch.float64))
     x, _ = clipping.clip_sum([clipping.Term(1.0, rows, math.inf)], NeighboringRelation.ADD_OR_REMOVE_ONE)
     with pytest.raises(ValueError, match="noise_multiplier=0.5"):
-        mechanisms.gaussian(x, 0.5, torch.Generator().manual_seed(0))
+        mechanisms.gaussian(x, 0.5, SeededNoise(0))
 
 
 def test_bounded_cannot_be_constructed_outside_clipping():
@@ -98,30 +98,30 @@ def test_bounded_sensitivity_cannot_be_reasserted_by_dataclasses_replace():
         dataclasses.replace(x, sensitivity=1e-9)
 
 
-def test_noise_comes_from_the_passed_generator_only():
+def test_noise_comes_from_the_passed_source_only():
     x = zero_bounded(1.0, NeighboringRelation.ADD_OR_REMOVE_ONE, dim=50)
     torch.manual_seed(1)
     global_state = torch.get_rng_state()
-    first, _ = mechanisms.gaussian(x, 2.0, torch.Generator().manual_seed(42))
+    first, _ = mechanisms.gaussian(x, 2.0, SeededNoise(42))
     # The global RNG was neither read in a way that matters nor advanced.
     assert torch.equal(torch.get_rng_state(), global_state)
     torch.manual_seed(999)
-    second, _ = mechanisms.gaussian(x, 2.0, torch.Generator().manual_seed(42))
+    second, _ = mechanisms.gaussian(x, 2.0, SeededNoise(42))
     assert torch.equal(first, second)
-    third, _ = mechanisms.gaussian(x, 2.0, torch.Generator().manual_seed(43))
+    third, _ = mechanisms.gaussian(x, 2.0, SeededNoise(43))
     assert not torch.equal(first, third)
     # Exactly σ times the generator's standard normals: nothing else is mixed in.
     expected = 2.0 * 1.0 * torch.randn(50, generator=torch.Generator().manual_seed(42), dtype=torch.float64)
     assert torch.equal(first, expected)
-    # A generator advances: two draws from one generator differ.
-    gen = torch.Generator().manual_seed(42)
-    a, _ = mechanisms.gaussian(x, 2.0, gen)
-    b, _ = mechanisms.gaussian(x, 2.0, gen)
+    # A source advances: two draws from one source differ.
+    source = SeededNoise(42)
+    a, _ = mechanisms.gaussian(x, 2.0, source)
+    b, _ = mechanisms.gaussian(x, 2.0, source)
     assert torch.equal(a, first) and not torch.equal(a, b)
 
 
 def test_noise_keeps_dtype_and_shape():
     rows = clipping.Dense(torch.zeros(2, 7, dtype=torch.float32))
     x, _ = clipping.clip_sum([clipping.Term(1.0, rows, 1.0)], NeighboringRelation.ADD_OR_REMOVE_ONE)
-    noised, _ = mechanisms.gaussian(x, 1.0, torch.Generator().manual_seed(0))
+    noised, _ = mechanisms.gaussian(x, 1.0, SeededNoise(0))
     assert noised.dtype == torch.float32 and noised.shape == (7,)

@@ -22,7 +22,7 @@ from scipy import stats
 import dpopt
 from dpopt import accounting, clipping, mechanisms
 from dpopt._validate import DpoptError
-from dpopt.mechanisms import discrete_gaussian, secure_normals
+from dpopt.mechanisms import SeededNoise, SystemNoise, discrete_gaussian, secure_normals
 
 N = 25_000
 #: DKW: P(sup|F_n − F| > x) ≤ 2·exp(−2·N·x²); at x = 0.02 that is 2e^{−20} ≈ 4e-9.
@@ -44,13 +44,13 @@ def test_secure_normals_are_standard_normal_and_wrong_scales_are_rejected():
         assert stats.kstest(samples, "norm", args=(0.0, wrong)).statistic > 0.0968 - KS_BOUND
 
 
-def test_secure_gaussian_mechanism_has_std_z_times_sensitivity_and_ignores_the_generator():
+def test_secure_gaussian_mechanism_has_std_z_times_sensitivity_and_no_seed():
     z, clip = 1.3, 0.7
     x = zero_bounded(clip, N)
-    noised, event = mechanisms.gaussian(x, z, torch.Generator().manual_seed(0), "secure")
+    noised, event = mechanisms.gaussian(x, z, SystemNoise())
     assert event == dpa.GaussianDpEvent(z)
     assert stats.kstest(noised.numpy(), "norm", args=(0.0, z * clip)).statistic < KS_BOUND
-    again, _ = mechanisms.gaussian(x, z, torch.Generator().manual_seed(0), "secure")
+    again, _ = mechanisms.gaussian(x, z, SystemNoise())
     assert not torch.equal(noised, again)  # not from the seed: equal draws have probability ~0
 
 
@@ -123,7 +123,7 @@ def test_rounding_to_the_grid_adds_at_most_sqrt_d(dim, sensitivity, data):
 def test_discrete_mechanism_releases_grid_points_with_the_right_spread_and_event():
     z, clip, dim = 0.9, 0.5, 2_000
     x = zero_bounded(clip, dim)
-    noised, event = mechanisms.gaussian(x, z, torch.Generator(), "discrete")
+    noised, event = mechanisms.gaussian(x, z, SeededNoise(0), mechanisms.DISCRETE)
     step = mechanisms.grid_step(clip, dim)
     assert event == dpa.ZCDpEvent(1 / (2 * z**2))
     assert torch.equal(noised / step, torch.round(noised / step))  # exact grid points
@@ -136,22 +136,26 @@ def test_discrete_event_is_the_gaussian_rdp_curve():
     """Unsampled, ZCDp(1/(2z²)) and Gaussian(z) have the same RDP curve, so the same ε under RDP."""
     for z in (0.6, 1.0, 3.0):
         for relation in (NeighboringRelation.REPLACE_ONE, NeighboringRelation.ADD_OR_REMOVE_ONE):
-            zcdp = dpa.SelfComposedDpEvent(mechanisms.noise_event(z, "discrete"), 20)
+            zcdp = dpa.SelfComposedDpEvent(mechanisms.DISCRETE.event(z), 20)
             gauss = dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(z), 20)
             assert accounting.epsilon_of(zcdp, 1e-5, relation, "rdp") == pytest.approx(
                 accounting.epsilon_of(gauss, 1e-5, relation, "rdp"), rel=1e-12)
-    assert mechanisms.noise_event(0.0, "discrete") == dpa.GaussianDpEvent(0.0)
+    assert mechanisms.DISCRETE.event(0.0) == dpa.GaussianDpEvent(0.0)
 
 
 def test_discrete_noise_refuses_sampled_batches():
-    with pytest.raises(DpoptError, match="noise='discrete' needs sampling='full', not sampling='poisson'"):
-        dpopt.DPSGD(lr=0.1, clip=1.0, noise_multiplier=1.0, batch_size=4, noise="discrete")
-    with pytest.raises(DpoptError, match="noise='discrete' needs sampling='full'"):
-        dpopt.AClip(lr=0.1, clip=1.0, noise_multiplier=1.0, batch_size=4, noise="discrete")
-    with pytest.raises(DpoptError, match="noise='fast' must be one of: torch, secure, discrete"):
+    discrete = mechanisms.DISCRETE
+    with pytest.raises(DpoptError, match=r"noise=Discrete\(\) needs sampling=FullBatch, not sampling=<class "
+                                         r"'dpopt.sampling.Poisson'>"):
+        dpopt.DPSGD(lr=0.1, clip=1.0, noise_multiplier=1.0, batch_size=4, noise=discrete)
+    with pytest.raises(DpoptError, match=r"noise=Discrete\(\) needs sampling=FullBatch"):
+        dpopt.AClip(lr=0.1, clip=1.0, noise_multiplier=1.0, batch_size=4, noise=discrete)
+    with pytest.raises(DpoptError, match="noise='fast' must be dpopt.mechanisms.CONTINUOUS or dpopt.mechanisms.DISCRETE"):
         dpopt.dp_gd(lr=0.1, clip=1.0, noise_multiplier=1.0, noise="fast")
-    with pytest.raises(DpoptError, match="noise='secure' must be one of: torch"):
-        dpopt.algorithms.by_name.build("storm", n=10, batch_size=2, noise="secure")
+    with pytest.raises(DpoptError, match="noise='fast' must be one of: torch, secure, discrete"):
+        dpopt.algorithms.by_name.build("dp-gd", n=10, batch_size=2, noise="fast")
+    with pytest.raises(DpoptError, match="noise='discrete' must be one of: torch, secure"):
+        dpopt.algorithms.by_name.build("storm", n=10, batch_size=2, noise="discrete")
 
 
 def _problem() -> dpopt.oracles.Logistic:
@@ -171,8 +175,9 @@ def test_calibrated_runs_with_hardened_noise_account_their_plan(name, noise):
     oracle = _problem()
     algo = accounting.calibrate(dpopt.algorithms.by_name.build(name, n=oracle.n, noise=noise), epsilon=1.0,
                                 delta=1e-5, n=oracle.n, steps=10)
-    first = dpopt.run(algo, oracle, steps=10, seed=0)
-    second = dpopt.run(algo, oracle, steps=10, seed=0)
+    source = dpopt.algorithms.by_name.noise_of(noise)[1]
+    first = dpopt.run(algo, oracle, steps=10, seed=0, noise_source=source)
+    second = dpopt.run(algo, oracle, steps=10, seed=0, noise_source=source)
     assert first.final["epsilon"] <= 1.0 and second.final["epsilon"] <= 1.0
     if name == "dp-gd":
         assert 0.99 <= first.final["epsilon"] == second.final["epsilon"]

@@ -15,6 +15,7 @@ from dpopt import sampling
 from dpopt._validate import DpoptError
 from dpopt.algorithms._common import Batch
 from dpopt.oracles import Logistic
+from dpopt.mechanisms import SeededNoise
 
 GAUSS = dpa.GaussianDpEvent(1.7)
 
@@ -77,7 +78,7 @@ def test_dpsgd_step_on_empty_batch_adds_noise_and_is_accounted():
     idx = empty_poisson_batch(sampler)
     theta0 = torch.linspace(-1, 1, oracle.dim, dtype=torch.float64)
     state = algo.init(theta0, 10, torch.Generator().manual_seed(0))
-    new, event = algo.step(state, Batch(0, idx, sampler), oracle, torch.Generator().manual_seed(5))
+    new, event = algo.step(state, Batch(0, idx, sampler), oracle, SeededNoise(5))
     # Sum over no records is 0; noise N(0, (z·C)²) from the noise generator; divided by b = 1.
     noise = 2.0 * 1.0 * torch.randn(oracle.dim, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     assert torch.allclose(new.theta, theta0 - 0.5 * noise / 1.0, rtol=0, atol=1e-15)
@@ -91,7 +92,7 @@ def test_dpsrm_step_on_empty_batch_adds_noise_and_is_accounted():
                        batch_size0=2, batch_size=1)
     theta0 = torch.zeros(oracle.dim, dtype=torch.float64)
     state = algo.init(theta0, 10, torch.Generator().manual_seed(0))
-    gen = torch.Generator().manual_seed(9)
+    gen = SeededNoise(9)
     replay = torch.Generator().manual_seed(9)
     for t, (z, sens, b) in enumerate([(1.5, 1.0, 2.0), (3.0, 0.1 * 1.0 + 0.9 * 0.1, 1.0)]):
         sampler = algo.sampler(t, oracle.n)
@@ -146,21 +147,22 @@ def test_wrap_events_relations_and_divisors():
     assert poisson.relation == NeighboringRelation.ADD_OR_REMOVE_ONE
     assert fixed.relation == NeighboringRelation.REPLACE_ONE
     assert full.relation == NeighboringRelation.REPLACE_ONE
-    assert sampling.relation("poisson") == NeighboringRelation.ADD_OR_REMOVE_ONE
-    assert sampling.relation("fixed") == sampling.relation("full") == NeighboringRelation.REPLACE_ONE
+    assert sampling.by_name("poisson").relation == NeighboringRelation.ADD_OR_REMOVE_ONE
+    assert sampling.by_name("fixed").relation == sampling.by_name("full").relation == NeighboringRelation.REPLACE_ONE
+    assert sampling.SinglePass.relation == NeighboringRelation.REPLACE_ONE
     assert poisson.expected_size == pytest.approx(20.0, rel=1e-15)
     assert fixed.expected_size == 20.0 and full.expected_size == 400.0
-    assert sampling.Poisson.from_batch_size(400, 20).rate == 0.05
-    assert sampling.make("poisson", 400, 20) == poisson
-    assert sampling.make("fixed", 400, 20) == fixed
-    assert sampling.make("full", 400, 20) == full
+    assert sampling.Poisson.of(400, 20) == poisson
+    assert sampling.FixedSize.of(400, 20) == fixed
+    assert sampling.FullBatch.of(400, 20) == full
+    assert all(isinstance(s, sampling.Sampler) for s in (poisson, fixed, full, sampling.SinglePass(400, 0, 20),
+                                                         sampling.Clients(400, 4)))
 
 
 @pytest.mark.parametrize("make", [
-    lambda: sampling.Poisson.from_batch_size(400, 401),
+    lambda: sampling.Poisson.of(400, 401),
     lambda: sampling.FixedSize(400, 401),
-    lambda: sampling.make("poisson", 400, 401),
-    lambda: sampling.make("fixed", 400, 401),
+    lambda: sampling.FixedSize.of(400, 401),
 ])
 def test_batch_size_above_n_names_batch_size_and_n(make):
     with pytest.raises(DpoptError, match=r"batch_size=401 must be >= 1 and <= n=400"):
@@ -172,17 +174,18 @@ def test_run_with_batch_size_above_n_raises():
     with pytest.raises(DpoptError, match=r"batch_size=500 .*n=400"):
         dpopt.run(dpopt.DPSGD(lr=0.1, clip=1.0, noise_multiplier=1.0, batch_size=500), oracle, steps=3)
     with pytest.raises(DpoptError, match=r"batch_size=500 .*n=400"):
-        dpopt.run(dpopt.DPSGD(lr=0.1, clip=1.0, noise_multiplier=1.0, batch_size=500, sampling="fixed"), oracle,
-                  steps=3)
+        dpopt.run(dpopt.DPSGD(lr=0.1, clip=1.0, noise_multiplier=1.0, batch_size=500, sampling=sampling.FixedSize),
+                  oracle, steps=3)
 
 
 @pytest.mark.parametrize(("make", "message"), [
     (lambda: sampling.FixedSize(400, 0), r"batch_size=0 must be >= 1"),
-    (lambda: sampling.Poisson.from_batch_size(400, 0), r"batch_size=0 must be >= 1"),
+    (lambda: sampling.Poisson.of(400, 0), r"batch_size=0 must be >= 1"),
     (lambda: sampling.Poisson(400, 0.0), r"sampling_rate=0.0 must be in \(0, 1\]"),
     (lambda: sampling.Poisson(400, 1.5), r"sampling_rate=1.5 must be in \(0, 1\]"),
-    (lambda: sampling.make("bogus", 400, 10), r"sampling='bogus' must be one of: poisson, fixed, full"),
-    (lambda: sampling.relation("bogus"), r"sampling='bogus' must be one of"),
+    (lambda: sampling.by_name("bogus"), r"sampling='bogus' must be one of: poisson, fixed, full"),
+    (lambda: dpopt.DPSGD(lr=0.1, clip=1.0, noise_multiplier=1.0, sampling="poisson"),
+     r"sampling='poisson' must be one of: dpopt.sampling.Poisson, dpopt.sampling.FixedSize, dpopt.sampling.FullBatch"),
 ])
 def test_bad_sampler_arguments(make, message):
     with pytest.raises(DpoptError, match=message):

@@ -20,7 +20,7 @@ from dpopt.oracles import Logistic
 from dpopt.train import run
 
 RUN = [sys.executable, "-m", "dpopt.cli", "run", "--algorithm", "dp-srm", "--dataset", "adult", "--epsilon", "1",
-       "--steps", "1500", "--batch-size", "64", "--checkpoint-every", "10", "--json"]
+       "--steps", "1500", "--batch-size", "64", "--checkpoint-every", "10", "--seed", "0", "--json"]
 
 
 def _final(out: Path) -> dict:
@@ -51,7 +51,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
     assert a["theta"] == b["theta"]
     assert a["final"]["epsilon"] == b["final"]["epsilon"]
     assert [r["epsilon"] for r in a["records"]] == [r["epsilon"] for r in b["records"]]
-    assert [r["objective"] for r in a["records"]] == [r["objective"] for r in b["records"]]
+    assert a["records"] == b["records"]
     leftovers = [p.name for p in killed.iterdir() if p.name.endswith(".tmp")]
     assert leftovers == []
 
@@ -99,15 +99,19 @@ def test_max_epsilon_stops_before_the_step_that_would_exceed_it() -> None:
     assert 0 < history.steps_done < 400
 
 
-def test_without_train_metrics_the_same_run_logs_no_objective() -> None:
-    """``train_metrics=False`` skips F and ‖∇F‖ (NaN) and changes nothing else of the run."""
+def test_diagnostics_are_opt_in_apart_and_change_nothing_of_the_run() -> None:
+    """By default no diagnostic is computed; ``diagnostics=True`` adds them apart, labelled;
+    ``train_metrics=False`` skips F and ‖∇F‖ (NaN) among them. The run itself is the same."""
     algo, oracle = DPSGD(lr=0.5, clip=1.0, noise_multiplier=1.0, batch_size=30), _problem()
-    full = run(algo, oracle, steps=20, seed=3, log_every=5)
-    bare = run(algo, oracle, steps=20, seed=3, log_every=5, train_metrics=False)
-    assert torch.equal(full.theta, bare.theta)
-    assert all(math.isnan(r["objective"]) and math.isnan(r["grad_norm"]) for r in bare.records + [bare.final])
-    assert [r["epsilon"] for r in bare.records] == [r["epsilon"] for r in full.records]
-    assert all(math.isfinite(r["objective"]) for r in full.records)
+    plain = run(algo, oracle, steps=20, seed=3, log_every=5)
+    full = run(algo, oracle, steps=20, seed=3, log_every=5, diagnostics=True)
+    bare = run(algo, oracle, steps=20, seed=3, log_every=5, diagnostics=True, train_metrics=False)
+    assert torch.equal(full.theta, bare.theta) and torch.equal(full.theta, plain.theta)
+    assert plain.diagnostics is None and plain.records == full.records == bare.records
+    assert full.diagnostics["label"].startswith("NOT PRIVATE")
+    logged = bare.diagnostics["records"] + [bare.diagnostics["final"]]
+    assert all(math.isnan(r["objective"]) and math.isnan(r["grad_norm"]) for r in logged)
+    assert all(math.isfinite(r["objective"]) for r in full.diagnostics["records"])
 
 
 def test_log_metrics_are_measured_at_every_log_point_and_the_output_without_changing_the_run() -> None:
@@ -119,7 +123,7 @@ def test_log_metrics_are_measured_at_every_log_point_and_the_output_without_chan
         return {"theta_norm": float(theta.norm())}
 
     plain = run(algo, oracle, steps=20, seed=3, log_every=5)
-    logged = run(algo, oracle, steps=20, seed=3, log_every=5, log_metrics=norm)
+    logged = run(algo, oracle, steps=20, seed=3, log_every=5, log_metrics=norm, diagnostics=True)
     assert torch.equal(plain.theta, logged.theta) and len(seen) == 4 + 1  # steps 5, 10, 15, 20 and the output
-    assert [r["theta_norm"] for r in logged.records] == [float(t.norm()) for t in seen[:4]]
-    assert logged.final["theta_norm"] == float(plain.theta.norm())
+    assert [r["theta_norm"] for r in logged.diagnostics["records"]] == [float(t.norm()) for t in seen[:4]]
+    assert logged.diagnostics["final"]["theta_norm"] == float(plain.theta.norm())

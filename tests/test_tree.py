@@ -4,6 +4,7 @@ released prefix equal to (number of covering nodes)·σ², the covariance of two
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -15,6 +16,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import optimize, special, stats
 
 from dpopt import clipping, mechanisms
+from dpopt.mechanisms import SeededNoise
 from dpopt.accounting import epsilon_of
 from dpopt.cli import main
 
@@ -29,14 +31,29 @@ def increment(rows: torch.Tensor, clip: float) -> mechanisms.Bounded:
 def test_prefix_sums_are_exact_without_noise():
     gen = torch.Generator().manual_seed(0)
     rows = [torch.randn(3, 4, generator=gen, dtype=torch.float64) for _ in range(11)]
-    tree = mechanisms.TreeAggregator.start(11, 0.0, 1.0, gen)
+    tree = mechanisms.TreeAggregator((11,), 0.0, 2.0)
     running = torch.zeros(4, dtype=torch.float64)
     for batch in rows:
         bounded = increment(batch, 1.0)
-        tree, released = tree.add(bounded)
+        tree, released, _ = tree.add(bounded, SeededNoise(0))
         running += bounded.value
         assert torch.allclose(released, running, rtol=0, atol=1e-12)
     assert tree.count == 11
+
+
+def test_trees_restart_from_zero_and_the_first_release_carries_the_whole_passs_event():
+    """Two trees of lengths (3, 2): the fourth increment starts the second tree from zero; the
+    first release returns the event of both trees, the others no-ops."""
+    tree = mechanisms.TreeAggregator((3, 2), 0.0, 2.0)
+    ones = increment(torch.full((1, 2), 0.5, dtype=torch.float64), 1.0)
+    events, released = [], []
+    for _ in range(5):
+        tree, value, event = tree.add(ones, SeededNoise(0))
+        events.append(event)
+        released.append(float(value[0]))
+    assert released == [0.5, 1.0, 1.5, 0.5, 1.0]
+    assert events[0] == dpa.SingleEpochTreeAggregationDpEvent(0.0, [3, 2])
+    assert all(event == dpa.NoOpDpEvent() for event in events[1:])
 
 
 def nodes_covering(t: int) -> int:
@@ -49,12 +66,13 @@ def test_released_prefix_variance_is_covering_nodes_times_sigma_squared():
     covering t (two-sided 1e-6 bounds, Bonferroni over the 13 positions); c ± 1 is rejected."""
     length, dim, z, clip = 13, 20_000, 1.7, 0.6
     sigma2 = (z * clip) ** 2
-    tree = mechanisms.TreeAggregator.start(length, z, clip, torch.Generator().manual_seed(5))
+    tree, source = mechanisms.TreeAggregator((length,), z, 2 * clip), SeededNoise(5)
+    sigma2 = (z * 2 * clip) ** 2
     zero = torch.zeros(1, dim, dtype=torch.float64)
     lo, hi = stats.chi2.ppf([1e-6 / 26, 1 - 1e-6 / 26], dim)
     released = []
     for t in range(1, length + 1):
-        tree, noised = tree.add(increment(zero, clip))
+        tree, noised, _ = tree.add(increment(zero, clip), source)
         released.append(noised)
         assert len(tree.live) == nodes_covering(t) <= t.bit_length()  # O(log Σ) live nodes
         squares = float(noised.square().sum())
@@ -70,32 +88,44 @@ def test_released_prefix_variance_is_covering_nodes_times_sigma_squared():
         assert abs(mean_product - shared) < 5.5 * std, (s, t, mean_product)
 
 
-def test_node_noise_is_regenerated_from_the_seed():
+def test_node_noise_comes_from_the_source_once_per_node():
+    """Equal sources give equal releases, other sources other ones; a live node keeps its noise:
+    with zero increments, prefix 4 is node [0,4)'s noise and prefix 5 adds node [4,5)'s."""
     zero = torch.zeros(1, 6, dtype=torch.float64)
-    a = mechanisms.TreeAggregator.start(8, 1.0, 1.0, torch.Generator().manual_seed(3))
-    b = mechanisms.TreeAggregator.start(8, 1.0, 1.0, torch.Generator().manual_seed(3))
-    c = mechanisms.TreeAggregator.start(8, 1.0, 1.0, torch.Generator().manual_seed(4))
-    outs = []
+    a, b, c = (mechanisms.TreeAggregator((8,), 1.0, 2.0) for _ in range(3))
+    sa, sb, sc = SeededNoise(3), SeededNoise(3), SeededNoise(4)
+    outs, lives = [], []
     for _ in range(8):
-        a, x = a.add(increment(zero, 1.0))
-        b, y = b.add(increment(zero, 1.0))
-        c, w = c.add(increment(zero, 1.0))
+        a, x, _ = a.add(increment(zero, 1.0), sa)
+        b, y, _ = b.add(increment(zero, 1.0), sb)
+        c, w, _ = c.add(increment(zero, 1.0), sc)
         assert torch.equal(x, y) and not torch.equal(x, w)
         outs.append(x)
-    # prefix 4 = node [0,4); prefix 5 = node [0,4) + node [4,5), regenerated from (seed, ℓ=0, j=4)
-    assert torch.allclose(outs[4] - outs[3], a._node_noise(0, 4, zero[0]), rtol=0, atol=1e-12)
-    assert torch.equal(outs[3], a._node_noise(2, 0, zero[0]))
+        lives.append({(level, index): noise for level, index, noise in a.live})
+    assert set(lives[3]) == {(2, 0)} and torch.equal(outs[3], lives[3][(2, 0)])
+    assert set(lives[4]) == {(2, 0), (0, 4)} and lives[4][(2, 0)] is lives[3][(2, 0)]
+    assert torch.equal(outs[4], lives[4][(2, 0)] + lives[4][(0, 4)])
+
+
+def test_a_release_with_other_settings_than_the_recorded_event_is_refused():
+    """The whole pass's event is recorded with the first release: a later release with another
+    noise multiplier (or sensitivity) would not be covered by it."""
+    tree, _, _ = mechanisms.TreeAggregator((4,), 1.0, 2.0).add(increment(torch.ones(1, 2, dtype=torch.float64), 1.0),
+                                                                 SeededNoise(0))
+    with pytest.raises(ValueError, match="an increment cannot be released with"):
+        dataclasses.replace(tree, noise_multiplier=0.5).add(increment(torch.ones(1, 2, dtype=torch.float64), 1.0),
+                                                            SeededNoise(0))
 
 
 def test_tree_refuses_too_sensitive_or_too_many_increments():
-    tree = mechanisms.TreeAggregator.start(1, 1.0, 0.5, torch.Generator())
+    tree = mechanisms.TreeAggregator((1,), 1.0, 0.5)
     with pytest.raises(ValueError, match="exceeds the tree's 0.5"):
-        tree.add(increment(torch.ones(1, 2, dtype=torch.float64), 1.0))
-    tree, _ = tree.add(increment(torch.ones(1, 2, dtype=torch.float64), 0.5))
-    with pytest.raises(ValueError, match="length=1 increments; it is full"):
-        tree.add(increment(torch.ones(1, 2, dtype=torch.float64), 0.5))
+        tree.add(increment(torch.ones(1, 2, dtype=torch.float64), 1.0), SeededNoise(0))
+    tree, _, _ = tree.add(increment(torch.ones(1, 2, dtype=torch.float64), 0.5), SeededNoise(0))
+    with pytest.raises(ValueError, match=r"lengths=\(1,\) increments; they are full"):
+        tree.add(increment(torch.ones(1, 2, dtype=torch.float64), 0.5), SeededNoise(0))
     with pytest.raises(ValueError, match="finite sensitivity"):
-        mechanisms.TreeAggregator.start(4, 1.0, float("inf"), torch.Generator())
+        mechanisms.TreeAggregator((4,), 1.0, float("inf"))
 
 
 def rdp_epsilon(event: dpa.DpEvent, delta: float) -> float:
@@ -112,7 +142,8 @@ def analytic_epsilon(z: float, delta: float) -> float:
 
 def test_tree_event_is_one_gaussian_of_its_depth_and_disjoint_trees_cost_one_tree():
     """A record enters ⌈log₂(16 + 1)⌉ = 5 nodes: exactly the Gaussian of z/√5 (PLD), below RDP."""
-    one = mechanisms.TreeAggregator.start(16, 2.0, 1.0, torch.Generator()).event
+    one = mechanisms.TreeAggregator((16,), 2.0, 1.0).add(increment(torch.ones(1, 2, dtype=torch.float64), 0.5),
+                                                          SeededNoise(0))[2]
     assert one == dpa.SingleEpochTreeAggregationDpEvent(2.0, [16])
     eps = epsilon_of(one, 1e-5, SPECIAL)
     assert eps == pytest.approx(analytic_epsilon(2.0 / math.sqrt(5), 1e-5), rel=1e-9)

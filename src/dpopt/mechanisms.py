@@ -17,7 +17,7 @@ import os
 import random
 from dataclasses import InitVar, dataclass, field, replace
 from fractions import Fraction
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import dp_accounting as dpa
 import numpy as np
@@ -47,6 +47,7 @@ class Bounded:
             raise ValueError(f"sensitivity={self.sensitivity} must be >= 0")
 
 
+@runtime_checkable
 class NoiseSource(Protocol):
     """Where the randomness of a run comes from: the noise of every release and the other
     random draws the guarantee relies on (random points, directions, output picks).
@@ -61,8 +62,12 @@ class NoiseSource(Protocol):
     def gaussian(self, like: Tensor, std: float) -> Tensor:
         """N(0, std² I) shaped like ``like``, in its dtype and on its device."""
 
-    def uniform(self, like: Tensor) -> Tensor:
-        """Uniforms on the open interval (0, 1) shaped like ``like``."""
+    def gumbel(self, like: Tensor, scale: float) -> Tensor:
+        """i.i.d. Gumbel(0, scale) shaped like ``like`` (−scale·log(−log U), U uniform on (0, 1))."""
+
+
+def _gumbel(uniform: Tensor, scale: float) -> Tensor:
+    return -torch.log(-torch.log(uniform)).mul_(scale)
 
 
 @dataclass
@@ -86,9 +91,9 @@ class SeededNoise:
         draws = torch.randn(like.shape, generator=self.generator, dtype=like.dtype)
         return draws.mul_(std).to(like.device)
 
-    def uniform(self, like: Tensor) -> Tensor:
+    def gumbel(self, like: Tensor, scale: float) -> Tensor:
         draws = torch.rand(like.shape, generator=self.generator, dtype=like.dtype)
-        return draws.clamp_(min=torch.finfo(like.dtype).tiny).to(like.device)
+        return _gumbel(draws.clamp_(min=torch.finfo(like.dtype).tiny), scale).to(like.device)
 
 
 @dataclass
@@ -103,9 +108,9 @@ class SystemNoise:
         draws = torch.from_numpy(secure_normals(like.numel())).reshape(like.shape)
         return draws.mul_(std).to(dtype=like.dtype, device=like.device)
 
-    def uniform(self, like: Tensor) -> Tensor:
+    def gumbel(self, like: Tensor, scale: float) -> Tensor:
         draws = torch.from_numpy(secure_uniforms(like.numel())).reshape(like.shape)
-        return draws.to(dtype=like.dtype, device=like.device)
+        return _gumbel(draws, scale).to(dtype=like.dtype, device=like.device)
 
 
 @dataclass(frozen=True)
@@ -172,8 +177,7 @@ def noisy_argmin(scores: Bounded, rho: float, source: NoiseSource) -> tuple[int,
     if math.isinf(rho):
         return int(torch.argmin(scores.value)), dpa.NonPrivateDpEvent()
     scale = scores.sensitivity / math.sqrt(2 * rho)
-    gumbel = -torch.log(-torch.log(source.uniform(scores.value)))
-    return int(torch.argmax(-scores.value + scale * gumbel)), dpa.ZCDpEvent(rho)
+    return int(torch.argmax(-scores.value + source.gumbel(scores.value, scale))), dpa.ZCDpEvent(rho)
 
 
 def secure_uniforms(count: int) -> np.ndarray:
@@ -290,7 +294,8 @@ class TreeAggregator:
     Privacy event: the noise of every node of every tree is fixed by z up front (Algorithm 1 of
     the single-pass oracle), so the first :meth:`add` returns the event of the whole pass,
     :func:`tree_event` (z, ``lengths``), and every later one ``NoOpDpEvent`` (nothing more is
-    spent). Immutable: :meth:`add` returns the next aggregator. Only the ≤ ⌊log₂ t⌋ + 1 live
+    spent) — provided z, the sensitivity and the lengths are those of that event: a later
+    :meth:`add` with other ones is refused. Immutable: :meth:`add` returns the next aggregator. Only the ≤ ⌊log₂ t⌋ + 1 live
     nodes of the current prefix are held; a node's noise is drawn from the run's noise source
     when it first becomes live. With z = 0 the prefix sums are exact.
     """
@@ -302,6 +307,7 @@ class TreeAggregator:
     count: int = 0     # increments added to the current tree
     total: Tensor | None = None
     live: tuple[tuple[int, int, Tensor], ...] = ()   # (level ℓ, index j, noise) per set bit of count
+    committed: tuple[float, float, tuple[int, ...]] | None = None  # (z, Δ, lengths) of the recorded event
 
     def __post_init__(self) -> None:
         if not self.lengths or min(self.lengths) < 1:
@@ -320,12 +326,15 @@ class TreeAggregator:
             raise ValueError(f"the trees hold lengths={self.lengths} increments; they are full")
         if x.sensitivity > self.sensitivity:
             raise ValueError(f"an increment of sensitivity {x.sensitivity} exceeds the tree's {self.sensitivity}")
-        first = tree == 0 and count == 0
-        event = tree_event(self.noise_multiplier, list(self.lengths)) if first else dpa.NoOpDpEvent()
+        settings = (self.noise_multiplier, self.sensitivity, self.lengths)
+        if self.committed is not None and self.committed != settings:
+            raise ValueError(f"the trees' event was recorded for (z, sensitivity, lengths)={self.committed}; "
+                             f"an increment cannot be released with {settings}")
+        event = tree_event(self.noise_multiplier, list(self.lengths)) if self.committed is None else dpa.NoOpDpEvent()
         count += 1
         total = x.value.clone() if total is None else total + x.value
         if self.noise_multiplier == 0:
-            return replace(self, tree=tree, count=count, total=total), total, event
+            return replace(self, tree=tree, count=count, total=total, committed=settings), total, event
         kept = {(level, index): noise for level, index, noise in live}
         std = self.noise_multiplier * self.sensitivity
         nodes = []
@@ -335,4 +344,5 @@ class TreeAggregator:
                 noise = kept.get((level, index))
                 nodes.append((level, index, source.gaussian(total, std) if noise is None else noise))
         noised = total + sum(noise for _, _, noise in nodes)
-        return replace(self, tree=tree, count=count, total=total, live=tuple(nodes)), noised, event
+        return (replace(self, tree=tree, count=count, total=total, live=tuple(nodes), committed=settings), noised,
+                event)

@@ -12,6 +12,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import dp_accounting as dpa
 import torch
@@ -32,6 +33,12 @@ class FullBatch:
     @property
     def expected_size(self) -> float:
         return float(self.n)
+
+    @classmethod
+    @functools.lru_cache(maxsize=64)  # samplers are immutable: one per configuration
+    def of(cls, n: int, batch_size: int) -> FullBatch:
+        """All n records (``batch_size`` is ignored)."""
+        return cls(n)
 
     def sample(self, gen: torch.Generator) -> Tensor:
         return torch.arange(self.n)
@@ -58,7 +65,8 @@ class Poisson:
         _validate.unit_interval("sampling_rate", self.rate)
 
     @classmethod
-    def from_batch_size(cls, n: int, batch_size: int) -> Poisson:
+    @functools.lru_cache(maxsize=64)
+    def of(cls, n: int, batch_size: int) -> Poisson:
         """Rate ``batch_size / n`` (the expected batch size is ``batch_size``)."""
         _validate.positive_int("batch_size", batch_size, maximum=n, maximum_name="n")
         return cls(n, batch_size / n)
@@ -109,6 +117,11 @@ class FixedSize:
     def __post_init__(self) -> None:
         _validate.positive_int("batch_size", self.size, maximum=self.n, maximum_name="n")
 
+    @classmethod
+    @functools.lru_cache(maxsize=64)
+    def of(cls, n: int, batch_size: int) -> FixedSize:
+        return cls(n, batch_size)
+
     @property
     def expected_size(self) -> float:
         return float(self.size)
@@ -133,8 +146,8 @@ class SinglePass:
     drawn from the public ``seed``, independent of the data): consecutive steps given consecutive
     slices see disjoint records, so every record is used at most once in the run.
 
-    Replace-special adjacency (one record replaced by a null record, the relation of the tree
-    mechanism in dp_accounting); no amplification: ``wrap`` returns the event unchanged.
+    Replace-one adjacency (n is public; a replaced record sits at the same position of the order,
+    so it changes one batch); no amplification: ``wrap`` returns the event unchanged.
     """
 
     n: int
@@ -142,7 +155,7 @@ class SinglePass:
     size: int
     seed: int = 0
 
-    relation = NeighboringRelation.REPLACE_SPECIAL
+    relation = NeighboringRelation.REPLACE_ONE
 
     def __post_init__(self) -> None:
         _validate.positive_int("batch_size", self.size)
@@ -156,6 +169,9 @@ class SinglePass:
 
     def sample(self, gen: torch.Generator) -> Tensor:
         return _permutation(self.n, self.seed)[self.start : self.start + self.size]
+
+    def wrap(self, event: dpa.DpEvent) -> dpa.DpEvent:
+        return event
 
 
 @dataclass(frozen=True)
@@ -172,7 +188,10 @@ class Clients:
     own arrangement of their data, not a release.
 
     Privacy is per client data set D_p, record-level, under replace-one adjacency (each client's
-    m is public). A round's sum of clipped vectors over all used records has sensitivity 2C with
+    m is public). The split stands for a federation whose clients already hold their data: the
+    guarantee is for each D_p as the split gives it, not for a pooled data set that is split by
+    this class ("label": one changed label can move the label boundaries and so change several
+    shards; "iid" does not look at the data). A round's sum of clipped vectors over all used records has sensitivity 2C with
     respect to any D_p (a record lives in exactly one shard); dividing by the public m·count
     gives (1/P) Σ_p ClippedMean(D_p), whose sensitivity is 2C/(n_min·P) with n_min = m. No
     amplification (``wrap`` is the identity).
@@ -223,25 +242,35 @@ class Clients:
         return event
 
 
-Sampler = FullBatch | Poisson | FixedSize | SinglePass | Clients
+@runtime_checkable
+class Sampler(Protocol):
+    """Which records a step sees: the relation its guarantee is under, the public divisor of a
+    noised sum, the draw, and the amplification the draw buys (the only place it enters)."""
 
-SAMPLINGS = ("poisson", "fixed", "full")
-_KINDS = {"poisson": Poisson, "fixed": FixedSize, "full": FullBatch}
+    relation: NeighboringRelation
+
+    @property
+    def expected_size(self) -> float: ...
+
+    def sample(self, gen: torch.Generator) -> Tensor: ...
+
+    def wrap(self, event: dpa.DpEvent) -> dpa.DpEvent: ...
 
 
-def relation(kind: str) -> NeighboringRelation:
-    """The neighbouring relation the sampler named ``kind`` guarantees privacy under."""
-    _validate.one_of("sampling", kind, SAMPLINGS)
-    return _KINDS[kind].relation
+#: How a batch algorithm draws its batches: one of these classes, passed in (``sampling=Poisson``);
+#: ``Kind.of(n, batch_size)`` is the sampler of a step and ``Kind.relation`` its guarantee's relation.
+BatchSampling = type[FullBatch] | type[Poisson] | type[FixedSize]
+BATCH_SAMPLINGS: dict[str, BatchSampling] = {"poisson": Poisson, "fixed": FixedSize, "full": FullBatch}
 
 
-@functools.lru_cache(maxsize=256)
-def make(kind: str, n: int, batch_size: int) -> Sampler:
-    """The sampler named ``kind`` ("poisson", "fixed" or "full") for n records (samplers are
-    immutable, so one per configuration is made and reused)."""
-    _validate.one_of("sampling", kind, SAMPLINGS)
-    if kind == "full":
-        return FullBatch(n)
-    if kind == "poisson":
-        return Poisson.from_batch_size(n, batch_size)
-    return FixedSize(n, batch_size)
+def check(name: str, kind: object, allowed: tuple[BatchSampling, ...] = (Poisson, FixedSize, FullBatch)) -> None:
+    """``kind`` must be one of the ``allowed`` sampler classes (an error naming the argument)."""
+    if kind not in allowed:
+        names = ", ".join(f"dpopt.sampling.{c.__name__}" for c in allowed)
+        raise _validate.DpoptError(f"{name}={kind!r} must be one of: {names}")
+
+
+def by_name(name: str) -> BatchSampling:
+    """The batch sampling named ``name`` at the edge (CLI): "poisson", "fixed" or "full"."""
+    _validate.one_of("sampling", name, tuple(BATCH_SAMPLINGS))
+    return BATCH_SAMPLINGS[name]

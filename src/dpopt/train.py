@@ -28,28 +28,19 @@ from . import _validate, checkpoint
 from .accounting import Ledger, epsilon_of, guarantee
 from .algorithms._common import Batch
 from .mechanisms import Discrete, NoiseSource, SeededNoise
+from .outputs import NOT_PRIVATE
 from .oracles import Oracle
-
-#: What a run writes by default: private (θ, the guarantee, test error on data outside the training
-#: set, and public, planned quantities). ``expected_passes`` = Σ_t (expected batch size)/n.
-PRIVATE_METRICS = ("epsilon", "test_error", "expected_passes")
-#: Computed from the training data without noise: only with ``diagnostics=True``, kept apart in
-#: :attr:`History.diagnostics` and labelled as not private wherever written. ``passes`` counts
-#: the realised (private) batch sizes; times depend on them too.
-DIAGNOSTIC_METRICS = ("objective", "grad_norm", "passes", "cpu_time_s", "wall_time_s")
-NOT_PRIVATE = ("NOT PRIVATE: computed from the training data without noise; these numbers carry no "
-               "differential-privacy guarantee and must not be released")
-
 
 @dataclasses.dataclass
 class History:
     """A run's private outputs, and its non-private diagnostics if they were asked for.
 
-    ``records``: per logged step, ``step`` and :data:`PRIVATE_METRICS`; ``final``: the same at the
-    output. ``epsilon`` is the run's guarantee (:func:`dpopt.accounting.guarantee`): the ε of
+    ``records``: per logged step, ``step`` and :data:`~dpopt.outputs.PRIVATE_METRICS`; ``final``:
+    the same at the output. ``epsilon`` is the run's guarantee (:func:`dpopt.accounting.guarantee`): the ε of
     the events recorded so far, or for a privacy filter (DP-AGD) the filter's total.
     ``diagnostics``: None, or ``{"label": NOT_PRIVATE, "records": [...], "final": {...}}`` with
-    :data:`DIAGNOSTIC_METRICS`, ``log_metrics`` and the algorithm's own diagnostics.
+    :data:`~dpopt.outputs.DIAGNOSTIC_METRICS`, ``log_metrics`` and the algorithm's own diagnostics
+    (:mod:`dpopt.outputs` classifies every field).
     ``randomness`` says where the noise came from and what the guarantee then rests on.
     """
 
@@ -152,7 +143,7 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int | None = None, 
     release noise.
 
     Logged every ``log_every`` steps (default ~50 points) and at the end, the private
-    :data:`PRIVATE_METRICS`: the guarantee ε(δ) so far, ``test_error(θ_t)`` (θ_t:
+    :data:`~dpopt.outputs.PRIVATE_METRICS`: the guarantee ε(δ) so far, ``test_error(θ_t)`` (θ_t:
     ``algorithm.running_output(state)`` for an algorithm that outputs an average, else the
     current iterate; the test data must lie outside the training set) and the expected data
     passes. ``final`` holds the same at the algorithm's output. After every logged step the

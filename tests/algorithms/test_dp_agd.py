@@ -8,11 +8,12 @@ import dp_accounting as dpa
 import pytest
 import torch
 
-from dpopt import accounting, train
+from dpopt import accounting, clipping, mechanisms, train
 from dpopt._validate import DpoptError
 from dpopt.algorithms import DPAGD
 from dpopt.algorithms._common import Batch
 from dpopt.algorithms.dp_agd import _candidate_scores, _round
+from dpopt.mechanisms import SeededNoise
 from dpopt.oracles import Logistic, NonconvexLogistic
 
 DELTA = 1e-5
@@ -40,12 +41,12 @@ def _algo(**overrides) -> DPAGD:
 def _run_with_ledger(algo: DPAGD, oracle, steps: int, seed: int = 0):
     """train.run's loop, keeping the ledger and every state."""
     ledger = accounting.Ledger(algo.relation(), "rdp")
-    gen = torch.Generator().manual_seed(seed)
-    state = algo.init(torch.zeros(oracle.dim, dtype=torch.float64), steps, gen)
+    source = SeededNoise(seed)
+    state = algo.init(torch.zeros(oracle.dim, dtype=torch.float64), steps, source.generator)
     states, events = [state], []
     for t in range(steps):
         sampler = algo.sampler(t, oracle.n)
-        state, event = algo.step(state, Batch(t, sampler.sample(gen), sampler), oracle, gen)
+        state, event = algo.step(state, Batch(t, sampler.sample(source.generator), sampler), oracle, source)
         ledger.record(event)
         states.append(state)
         events.append(event)
@@ -53,12 +54,11 @@ def _run_with_ledger(algo: DPAGD, oracle, steps: int, seed: int = 0):
 
 
 def _rho_sum(event: dpa.DpEvent) -> float:
+    """Σρ of the recorded events: the Gaussians' 1/(2z²) and the noisy argmins' ZCDpEvent(ρ)."""
     total = 0.0
     for atom, count in accounting.run_length([event]):
-        if isinstance(atom, dpa.NoOpDpEvent):
-            continue
-        assert isinstance(atom, dpa.ZCDpEvent) and atom.xi == 0, atom
-        total += count * atom.rho
+        assert isinstance(atom, dpa.ZCDpEvent | dpa.GaussianDpEvent), atom
+        total += count * (atom.rho if isinstance(atom, dpa.ZCDpEvent) else 1 / (2 * atom.noise_multiplier**2))
     return total
 
 
@@ -91,7 +91,7 @@ def test_train_run_ledger_epsilon_equals_planned(oracle):
     expected = accounting.epsilon_of(algo.planned_event(oracle.n, steps), DELTA, algo.relation())
     assert history.accountant == "rdp" and history.neighboring_relation == "replace-one"
     assert history.final["epsilon"] == pytest.approx(expected, rel=1e-9)
-    assert history.final["objective"] < float(oracle.loss(torch.zeros(oracle.dim, dtype=torch.float64)))
+    assert float(oracle.loss(history.theta)) < float(oracle.loss(torch.zeros(oracle.dim, dtype=torch.float64)))
 
 
 def test_last_round_spends_exactly_the_remainder():
@@ -150,22 +150,27 @@ def test_noise_zero_reproduces_non_private_line_search(make):
     steps = 15
     _, states, events = _run_with_ledger(algo, oracle, steps)
     reference = _reference_gd_line_search(oracle, steps, **settings)
-    assert all(isinstance(e, dpa.NonPrivateDpEvent) for e in events)
+    assert all(math.isinf(accounting.epsilon_of(e, 1e-5, algo.relation())) for e in events)
     assert any(s.max_step != settings["max_step"] for s in states)  # the Φ update ran
     for t, (state, expected) in enumerate(zip(states[1:], reference)):
         torch.testing.assert_close(state.theta, expected, rtol=0, atol=1e-10, msg=f"step {t}")
 
 
 def test_noisy_min_is_the_exponential_mechanism(oracle):
-    """P(k) ∝ exp(−u_k/b) with b = C_obj/√(2ρ): the law the ρ = ε²/8 accounting assumes."""
+    """P(k) ∝ exp(−u_k/b) with b = C_obj/√(2ρ): the law the ρ = ε²/8 accounting assumes; the
+    mechanism returns ZCDpEvent(ρ)."""
     algo = _algo()
-    scores = torch.tensor([3.0, 2.0, 2.5, 6.0], dtype=torch.float64)
+    losses = torch.tensor([[3.0, 2.0, 2.5, 6.0]], dtype=torch.float64) / 10
+    scores = clipping.clip_loss_sums(losses, algo.obj_clip, public_offset=torch.zeros(4, dtype=torch.float64))
     rho = 0.5
-    gen = torch.Generator().manual_seed(7)
+    source = SeededNoise(7)
     draws = 6000
     counts = torch.zeros(4)
     for _ in range(draws):
-        counts[algo._noisy_argmin(scores, rho, gen, [])] += 1
+        pick, event = mechanisms.noisy_argmin(scores, rho, source)
+        counts[pick] += 1
+    assert event == dpa.ZCDpEvent(rho) and scores.sensitivity == algo.obj_clip
+    scores = scores.value
     scale = algo.obj_clip / math.sqrt(2 * rho)
     expected = torch.softmax(-scores / scale, dim=0)
     assert torch.allclose(counts / draws, expected.float(), atol=0.02)
@@ -180,7 +185,8 @@ def test_candidate_scores_have_bounded_sensitivity(oracle):
     indices = torch.arange(len(y))
     a = _candidate_scores(Logistic(X, y), thetas, indices, 0.7, len(y))
     b = _candidate_scores(Logistic(neighbour_X, neighbour_y), thetas, indices, 0.7, len(y))
-    assert (a - b).abs().max() <= 0.7 + 1e-12
+    assert a.sensitivity == b.sensitivity == 0.7
+    assert (a.value - b.value).abs().max() <= 0.7 + 1e-12
 
 
 @pytest.mark.parametrize("overrides, name", [

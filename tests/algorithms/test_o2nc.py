@@ -16,21 +16,22 @@ from dpopt import accounting, mechanisms
 from dpopt._validate import DpoptError
 from dpopt.algorithms._common import Batch
 from dpopt.oracles import zeroth_order as zo
+from dpopt.mechanisms import SeededNoise
 from tests.contracts.test_algorithms import DELTA, DIM, N, TABLE, oracle, replay
 
-SPECIAL = NeighboringRelation.REPLACE_SPECIAL
+REPLACE_ONE = NeighboringRelation.REPLACE_ONE
 
 
 def test_single_pass_epsilon_is_one_periods_tree():
     algo = accounting.calibrate(TABLE["o2nc-zeroth-single"].make(1.0, 1.0), epsilon=2.0, delta=DELTA, n=N, steps=35)
     history = dpopt.run(algo, oracle(), steps=35, delta=DELTA, log_every=35)
-    one_period = accounting.epsilon_of(mechanisms.tree_event(algo.noise_multiplier, [10]), DELTA, SPECIAL)
+    one_period = accounting.epsilon_of(mechanisms.tree_event(algo.noise_multiplier, [10]), DELTA, REPLACE_ONE)
     assert history.final["epsilon"] == pytest.approx(one_period, rel=1e-12)
     assert history.final["epsilon"] == pytest.approx(2.0, rel=0.01)
-    assert history.neighboring_relation == "replace-special" and history.accountant == "pld"
+    assert history.neighboring_relation == "replace-one" and history.accountant == "pld"
     # sequential composition of the 4 periods would cost far more
     four = dpa.SelfComposedDpEvent(mechanisms.tree_event(algo.noise_multiplier, [10]), 4)
-    assert accounting.epsilon_of(four, DELTA, SPECIAL) > 1.8 * one_period
+    assert accounting.epsilon_of(four, DELTA, REPLACE_ONE) > 1.8 * one_period
     assert algo.planned_event(N, 35).events[0] == dpa.SingleEpochTreeAggregationDpEvent(
         algo.noise_multiplier, [10, 10, 10, 5])
 
@@ -63,7 +64,7 @@ def test_multi_pass_noise_is_z_times_twice_the_clip_over_n():
     state = noisy.init(torch.zeros(DIM, dtype=torch.float64), 10, torch.Generator())
     sampler = noisy.sampler(0, N)
     batch = Batch(0, sampler.sample(torch.Generator()), sampler)
-    (a, event), (b, _) = (algo.step(state, batch, oracle(), torch.Generator().manual_seed(8)) for algo in (noisy, clean))
+    (a, event), (b, _) = (algo.step(state, batch, oracle(), SeededNoise(8)) for algo in (noisy, clean))
     gen = torch.Generator().manual_seed(8)
     torch.rand((), generator=gen, dtype=torch.float64)
     zo.sphere(gen, N, noisy.directions, DIM)
@@ -74,10 +75,10 @@ def test_multi_pass_noise_is_z_times_twice_the_clip_over_n():
 
 
 def test_single_pass_noise_is_the_trees_with_the_larger_increment_sensitivity():
-    """Tree node std z·max(C1/B1, C2/B2): here C1/B1 = 1/40 < C2/B2 = (1/4)/4."""
+    """Tree node std z·2·max(C1/B1, C2/B2) (replace-one): here C1/B1 = 1/40 < C2/B2 = (1/4)/4."""
     noisy = TABLE["o2nc-first-single"].make(2.0, 1.0)
     clean = dataclasses.replace(noisy, noise_multiplier=0.0)
-    assert noisy.tree_sensitivity() == pytest.approx(1 / 16)
+    assert noisy.tree_sensitivity() == pytest.approx(2 / 16)
     state = noisy.init(torch.zeros(DIM, dtype=torch.float64), 30, torch.Generator())
     released = []
     for algo in (noisy, clean):
@@ -85,14 +86,15 @@ def test_single_pass_noise_is_the_trees_with_the_larger_increment_sensitivity():
         for t in range(1):
             sampler = algo.sampler(t, N)
             batch = Batch(t, sampler.sample(torch.Generator()), sampler)
-            current, _ = algo.step(current, batch, oracle(), torch.Generator().manual_seed(8 + t))
+            current, _ = algo.step(current, batch, oracle(), SeededNoise(8 + t))
         released.append((current.released, current.tree))
     (noisy_g, tree), (clean_g, _) = released
-    zero = torch.zeros(DIM, dtype=torch.float64)
-    assert tree.count == 1 and tree.noise_multiplier * tree.sensitivity == pytest.approx(2.0 / 16)
-    # the period's first release is covered by the leaf node [0, 1)
-    assert torch.allclose(noisy_g - clean_g, tree._node_noise(0, 0, zero), rtol=1e-10, atol=1e-14)
-    assert float(tree._node_noise(0, 0, zero).norm()) > 0
+    assert tree.count == 1 and tree.noise_multiplier * tree.sensitivity == pytest.approx(2.0 * 2 / 16)
+    # the period's first release is covered by the leaf node [0, 1), whose noise the tree holds
+    (level, index, leaf), = tree.live
+    assert (level, index) == (0, 0)
+    assert torch.allclose(noisy_g - clean_g, leaf, rtol=1e-10, atol=1e-14)
+    assert float(leaf.norm()) > 0
 
 
 @pytest.mark.parametrize(("batch_size0", "clip0"), [(5, 0.1), (7, 0.1), (5, 3.3), (3, 0.7)])
@@ -101,8 +103,8 @@ def test_tree_sensitivity_is_the_increments_to_the_last_bit(batch_size0, clip0):
     clip_sum builds (sensitivity (1/B)·C) rather than refuse it as too sensitive."""
     algo = dataclasses.replace(TABLE["o2nc-zeroth-single"].make(1.0, 1.0), batch_size0=batch_size0, clip0=clip0,
                                clip=1e-3)
-    assert algo.tree_sensitivity() == (1.0 / batch_size0) * clip0
+    assert algo.tree_sensitivity() == ((1.0 / batch_size0) * clip0) * 2.0
     state = algo.init(torch.zeros(DIM, dtype=torch.float64), 30, torch.Generator())
     sampler = algo.sampler(0, N)
-    state, _ = algo.step(state, Batch(0, sampler.sample(torch.Generator()), sampler), oracle(), torch.Generator())
+    state, _ = algo.step(state, Batch(0, sampler.sample(torch.Generator()), sampler), oracle(), SeededNoise(0))
     assert state.tree.count == 1

@@ -5,7 +5,7 @@
 (c) calibrate, then run: the run's ε is within the target;
 (d) hyper-parameter validation: a bad value raises DpoptError naming the field.
 
-The run is replayed by hand with ``train._generators`` (the generators ``dpopt.run`` uses), so
+The run is replayed by hand with ``train._generators`` (the generator and noise source ``dpopt.run`` uses), so
 the replay's ledger is the run's ledger; the replay is checked against ``dpopt.run``'s output.
 """
 
@@ -27,7 +27,9 @@ import dpopt
 from dpopt import accounting, train
 from dpopt._validate import DpoptError
 from dpopt.accounting import Ledger, canonical, epsilon_of
-from dpopt.algorithms._common import Batch
+from dpopt.algorithms._common import Algorithm, Batch
+from dpopt.mechanisms import NoiseSource, SeededNoise
+from dpopt.sampling import FixedSize, FullBatch, Poisson, Sampler
 from dpopt.oracles import NonconvexLogistic
 from dpopt.oracles import zeroth_order as zo
 
@@ -59,7 +61,7 @@ CLIENTS = dpopt.sampling.Clients(N, 4)  # P = 4 clients of m = 100 records
 TABLE: dict[str, Case] = {
     "dpsgd-poisson": Case(lambda z, c: dpopt.DPSGD(lr=0.5, clip=c, noise_multiplier=z, batch_size=40), 30),
     "dpsgd-fixed": Case(lambda z, c: dpopt.DPSGD(lr=0.5, clip=c, noise_multiplier=z, batch_size=40,
-                                                 sampling="fixed"), 30),
+                                                 sampling=FixedSize), 30),
     "dp_gd": Case(lambda z, c: dpopt.dp_gd(lr=0.5, clip=c, noise_multiplier=z), 20),
     "rrpsgd": Case(lambda z, c: dpopt.rrpsgd(lr=0.5, clip=c, noise_multiplier=z, batch_size=40), 30),
     "dpsrm-poisson": Case(lambda z, c: dpopt.DPSRM(lr=0.5, clip=c, clip_diff=c / 10 if c < INF else INF, gamma=0.3,
@@ -67,7 +69,7 @@ TABLE: dict[str, Case] = {
                                                    batch_size=40), 30),
     "dpsrm-fixed": Case(lambda z, c: dpopt.DPSRM(lr=0.5, clip=c, clip_diff=c / 10 if c < INF else INF, gamma=0.3,
                                                  noise_multiplier0=z, noise_multiplier=z, batch_size0=80,
-                                                 batch_size=40, sampling="fixed"), 30),
+                                                 batch_size=40, sampling=FixedSize), 30),
     "storm": Case(lambda z, c: dpopt.Storm(lr=0.5, momentum=0.3, batch_size0=80, batch_size=40), 30, private=False),
     "aclip": Case(lambda z, c: dpopt.AClip(lr=0.5, clip=c / 4, noise_multiplier=z, batch_size=40), 30),
     "aclip-projected": Case(lambda z, c: dpopt.AClip(lr=0.5, clip=c / 10, noise_multiplier=z, batch_size=40,
@@ -79,16 +81,19 @@ TABLE: dict[str, Case] = {
                   adaptive=True),
     "diff2-gd": Case(lambda z, c: dpopt.DIFF2(lr=0.5, clip=c, clip_diff=2 * c, restart=5, noise_multiplier1=z,
                                               noise_multiplier2=z, clients=CLIENTS), 20),
-    "diff2-bvr": Case(lambda z, c: dpopt.DIFF2BVR(lr=0.5, clip=c, clip_diff=2 * c, restart=5, noise_multiplier1=z,
-                                                  noise_multiplier2=z, clients=CLIENTS, local_steps=3, local_batch=20,
-                                                  clip_local=2 * c, noise_multiplier3=z), 20),
+    "diff2-bvr": Case(lambda z, c: dpopt.DIFF2(lr=0.5, clip=c, clip_diff=2 * c, restart=5, noise_multiplier1=z,
+                                               noise_multiplier2=z, clients=CLIENTS,
+                                               local=dpopt.LocalSteps(steps=3, batch=20, clip=2 * c),
+                                               noise_multiplier3=z), 20),
 }
 
 
 def o2nc(estimator: str, passes: str) -> Callable[[float, float], Any]:
+    if passes == "multi":
+        return lambda z, c: dpopt.O2NCMulti(lr=0.5, radius=0.05, window=5, alpha=0.1, period=10, clip0=c, clip=c / 4,
+                                            noise_multiplier=z, estimator=estimator, directions=3)
     return lambda z, c: dpopt.O2NC(lr=0.5, radius=0.05, window=5, alpha=0.1, period=10, clip0=c, clip=c / 4,
-                                   noise_multiplier=z, estimator=estimator, passes=passes, directions=3,
-                                   batch_size0=40, batch_size=4)
+                                   noise_multiplier=z, estimator=estimator, directions=3, batch_size0=40, batch_size=4)
 
 
 TABLE |= {f"o2nc-{estimator}-{passes}": Case(o2nc(estimator, passes), 30)
@@ -108,7 +113,7 @@ class Replay:
 
 def replay(algo: Any, steps: int, seed: int = SEED, track_epsilon: bool = False) -> Replay:
     """``dpopt.run``'s loop, by hand: the same generators, samplers, steps and ledger."""
-    sample_gen, noise_gen = train._generators(seed)
+    sample_gen, source = train._generators(seed)
     theta0 = torch.zeros(DIM, dtype=torch.float64)
     state = algo.init(theta0, steps, sample_gen)
     ledger = Ledger(algo.relation())
@@ -116,7 +121,7 @@ def replay(algo: Any, steps: int, seed: int = SEED, track_epsilon: bool = False)
     for t in range(steps):
         sampler = algo.sampler(t, N)
         indices = sampler.sample(sample_gen)
-        state, event = algo.step(state, Batch(t, indices, sampler), oracle(), noise_gen)
+        state, event = algo.step(state, Batch(t, indices, sampler), oracle(), source)
         ledger.record(event)
         thetas.append(state.theta.clone())
         batches.append(indices)
@@ -164,13 +169,18 @@ def test_double_entry(name):
 
 
 def test_dpagd_records_only_zcdp_that_sums_to_the_budget():
+    """The ledger holds what the mechanisms returned: Gaussians (ρ = 1/(2z²)) and the noisy
+    argmin's ``ZCDpEvent(ρ_s)``, summing to the filter's budget; the run claims the budget."""
     algo = TABLE["dpagd"].make(1.0, 1.0)
     manual = replay(algo, TABLE["dpagd"].steps)
     runs = accounting.run_length([manual.ledger.event()])
-    spent = sum(event.rho * count for event, count in runs if isinstance(event, dpa.ZCDpEvent))
-    assert all(isinstance(event, dpa.ZCDpEvent | dpa.NoOpDpEvent) for event, _ in runs)
-    assert spent == pytest.approx(algo.rho_total, rel=1e-12) and algo.rho_total == 0.5
-    assert manual.ledger.accountant == "rdp"
+    gaussian = sum(count / (2 * event.noise_multiplier**2) for event, count in runs
+                   if isinstance(event, dpa.GaussianDpEvent))
+    selection = sum(event.rho * count for event, count in runs if isinstance(event, dpa.ZCDpEvent))
+    assert all(isinstance(event, dpa.ZCDpEvent | dpa.GaussianDpEvent) for event, _ in runs)
+    assert gaussian > 0 and selection > 0
+    assert gaussian + selection == pytest.approx(algo.rho_total, rel=1e-12) and algo.rho_total == 0.5
+    assert accounting.guarantee(manual.ledger.event(), algo.planned_event(N, 40)) == dpa.ZCDpEvent(0.5)
 
 
 @pytest.mark.parametrize(("name", "factor"), [
@@ -186,7 +196,7 @@ def test_dpsgd_noise_is_z_times_sensitivity_divided_by_public_size(name, factor)
     steps = []
     for algo in (noisy, clean):
         state = algo.init(theta0, 5, torch.Generator().manual_seed(0))
-        steps.append(algo.step(state, Batch(0, indices, sampler), oracle(), torch.Generator().manual_seed(8)))
+        steps.append(algo.step(state, Batch(0, indices, sampler), oracle(), SeededNoise(8)))
     xi = torch.randn(DIM, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
     want = -0.5 * z * factor * clip * xi / sampler.expected_size
     assert torch.allclose(steps[0][0].theta - steps[1][0].theta, want, rtol=1e-12, atol=1e-15)
@@ -203,8 +213,8 @@ def test_dpsrm_noise_is_z_times_sensitivity_divided_by_public_size(name, factor)
     for t, (z, sensitivity) in enumerate([(1.3, algo.clip), (2.1, 0.3 * algo.clip + 0.7 * algo.clip_diff)]):
         sampler = algo.sampler(t, N)
         batch = Batch(t, sampler.sample(sample_gen), sampler)
-        noisy_state, event = algo.step(state, batch, oracle(), torch.Generator().manual_seed(8 + t))
-        state, _ = clean.step(state, batch, oracle(), torch.Generator().manual_seed(8 + t))
+        noisy_state, event = algo.step(state, batch, oracle(), SeededNoise(8 + t))
+        state, _ = clean.step(state, batch, oracle(), SeededNoise(8 + t))
         xi = torch.randn(DIM, generator=torch.Generator().manual_seed(8 + t), dtype=torch.float64)
         want = z * factor * sensitivity * xi / sampler.expected_size
         assert torch.allclose(noisy_state.momentum - state.momentum, want, rtol=1e-12, atol=1e-15)
@@ -220,7 +230,7 @@ def sgd_reference(lr: float, batch_size: int, sampling: str, steps: int, seed: i
     sampler's expected batch size, batches drawn exactly as dpopt.run draws them."""
     sample_gen, _ = train._generators(seed)
     pick = int(torch.randint(steps, (1,), generator=sample_gen)) if uniform_output else -1
-    sampler = dpopt.sampling.make(sampling, N, batch_size)
+    sampler = dpopt.sampling.by_name(sampling).of(N, batch_size)
     theta = torch.zeros(DIM, dtype=torch.float64)
     thetas = [theta]
     for _ in range(steps):
@@ -266,7 +276,7 @@ def test_rrpsgd_outputs_the_sgd_iterate_at_the_predrawn_round():
     assert torch.allclose(algo.output(manual.state), want[pick], rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize(("name", "sampling"), [("dpsrm-poisson", "poisson"), ("dpsrm-fixed", "fixed")])
+@pytest.mark.parametrize(("name", "sampling"), [("dpsrm-poisson", Poisson), ("dpsrm-fixed", FixedSize)])
 def test_dpsrm_without_noise_or_clipping_is_storm(name, sampling):
     case = TABLE[name]
     algo = case.make(0.0, INF)
@@ -322,10 +332,11 @@ def o2nc_reference(algo: Any, steps: int, seed: int = SEED) -> list[torch.Tensor
     g_t = batch mean of estimates at z_t (period start) or g_{t−1} + batch mean of (estimate at z_t −
     estimate at z_{t−1}); Δ_{t+1} = clip(Δ_t − ηg_t, D); output the mean of z over the pre-drawn
     window. First-order estimates by autograd on ``oracle.loss`` one record and one point at a time.
-    Random draws in the algorithm's order (the window from the sampling generator; per step s_t,
-    the directions or points, and a period's tree seed from the noise generator). Returns
+    Random draws in the algorithm's order (the window from the sampling generator; per step s_t
+    and the directions or points from the noise source's generator). Returns
     x_0 … x_T and the output."""
-    sample_gen, noise_gen = train._generators(seed)
+    sample_gen, source = train._generators(seed)
+    noise_gen = source.generator
     pick = int(torch.randint(steps // algo.window, (1,), generator=sample_gen))
 
     def estimates(point: torch.Tensor, indices: torch.Tensor, count: int) -> torch.Tensor:
@@ -349,8 +360,6 @@ def o2nc_reference(algo: Any, steps: int, seed: int = SEED) -> list[torch.Tensor
         z, x = x + s * delta, x + delta
         if t % algo.period == 0:
             g = estimates(z, indices, algo.directions if algo.estimator == "zeroth" else 1).mean(dim=0)
-            if algo.passes == "single":
-                torch.randint(2**62, (1,), generator=noise_gen)  # the period's tree seed (unused: no noise)
         else:
             g = g + (estimates(z, indices, algo.directions) - estimates(previous, indices, algo.directions)).mean(0)
         step = delta - algo.lr * g
@@ -387,7 +396,7 @@ def mean_clipping_reference(stages: list[tuple[int, int, float, float]], radius:
     theta = torch.zeros(DIM, dtype=torch.float64)
     thetas = [theta]
     for count, batch_size, clip, lr in stages:
-        sampler = dpopt.sampling.make("poisson", N, batch_size)
+        sampler = Poisson.of(N, batch_size)
         total = torch.zeros_like(theta)
         for _ in range(count):
             indices = sampler.sample(sample_gen)
@@ -437,10 +446,10 @@ def test_aclip_noise_is_z_times_two_lambda():
     sampler = noisy.sampler(0, N)
     batch = Batch(0, sampler.sample(torch.Generator().manual_seed(1)), sampler)
     state = noisy.init(torch.full((DIM,), 0.2, dtype=torch.float64), 5, torch.Generator())
-    base, _ = clean.step(state, batch, oracle(), torch.Generator())
-    gen, draws = torch.Generator().manual_seed(8), []
+    base, _ = clean.step(state, batch, oracle(), SeededNoise(0))
+    source, draws = SeededNoise(8), []
     for _ in range(5_000):
-        moved, event = noisy.step(state, batch, oracle(), gen)
+        moved, event = noisy.step(state, batch, oracle(), source)
         draws.append((moved.theta - base.theta) / (-lr * z * 2 * clip))
     samples = torch.cat(draws).numpy()
     assert stats.kstest(samples, "norm").pvalue > 0.01
@@ -474,32 +483,31 @@ def test_calibrating_a_non_private_method_fails_clearly():
 BAD_VALUES: dict[str, list[tuple[str, Any]]] = {
     "dpsgd-poisson": [("lr", 0.0), ("lr", -1.0), ("lr", INF), ("lr", math.nan), ("clip", 0.0), ("clip", -2.0),
                       ("clip", math.nan), ("noise_multiplier", -0.5), ("noise_multiplier", INF),
-                      ("batch_size", 0), ("batch_size", 2.5), ("batch_size", True), ("sampling", "shuffle"),
-                      ("output_rule", "best"), ("noise", "fast"), ("noise", "discrete")],
+                      ("batch_size", 0), ("batch_size", 2.5), ("batch_size", True), ("sampling", "fixed"),
+                      ("output_rule", "best"), ("noise", "torch"), ("noise", dpopt.mechanisms.DISCRETE)],
     "dpsrm-poisson": [("lr", 0.0), ("clip", -1.0), ("clip_diff", 0.0), ("gamma", 0.0), ("gamma", 1.5),
                       ("noise_multiplier0", -1.0), ("noise_multiplier", -1.0), ("batch_size0", 0),
-                      ("batch_size", 0), ("sampling", "full"), ("step_rule", "adam"), ("zeta", 0.0),
-                      ("n0", -1.0), ("smoothness", 0.0), ("output_rule", "best"), ("noise", "discrete")],
+                      ("batch_size", 0), ("sampling", FullBatch), ("step_rule", "adam"), ("zeta", 0.0),
+                      ("n0", -1.0), ("smoothness", 0.0), ("output_rule", "best"), ("noise", dpopt.mechanisms.DISCRETE)],
     "storm": [("lr", 0.0), ("momentum", 0.0), ("momentum", 1.5), ("batch_size0", 0), ("batch_size", -3),
-              ("sampling", "full"), ("step_rule", "adam"), ("k", 0.0), ("w", -1.0), ("c", 0.0)],
+              ("sampling", FullBatch), ("step_rule", "adam"), ("k", 0.0), ("w", -1.0), ("c", 0.0)],
     "dpagd": [("noise_multiplier", -1.0), ("clip", 0.0), ("obj_clip", -1.0), ("clip", INF), ("obj_clip", INF),
               ("grad_fraction", 0.0), ("grad_fraction", 1.0), ("select_fraction", 1.5), ("gamma", 0.0),
               ("max_step", 0.0), ("num_candidates", 0), ("adapt_every", 0), ("step_growth", -0.1)],
 }
 BAD_VALUES["aclip"] = [("lr", 0.0), ("lr", math.nan), ("clip", 0.0), ("clip", -1.0), ("noise_multiplier", -1.0),
                        ("noise_multiplier", INF), ("batch_size", 0), ("batch_size", 1.5), ("radius", 0.0),
-                       ("radius", -1.0), ("noise", "discrete")]
+                       ("radius", -1.0), ("noise", dpopt.mechanisms.DISCRETE)]
 BAD_VALUES["aclip-restarted"] = [("noise_multiplier", -1.0), ("radius", 0.0), ("stages", ()), ("stages", (1, 2))]
 BAD_VALUES["o2nc-zeroth-single"] = [
     ("lr", 0.0), ("radius", -1.0), ("window", 0), ("alpha", 0.0), ("period", 0), ("clip0", 0.0), ("clip", -1.0),
-    ("noise_multiplier", -1.0), ("noise_multiplier0", 1.0), ("estimator", "second"), ("passes", "two"),
-    ("directions", 0), ("batch_size0", 0), ("batch_size", 1.5), ("order_seed", -1)]
+    ("noise_multiplier", -1.0), ("estimator", "second"), ("directions", 0), ("batch_size0", 0), ("batch_size", 1.5),
+    ("order_seed", -1)]
 BAD_VALUES["o2nc-zeroth-multi"] = [("noise_multiplier0", -1.0), ("noise_multiplier", INF)]
 BAD_VALUES["diff2-gd"] = [("lr", 0.0), ("clip", 0.0), ("clip_diff", -1.0), ("restart", 0), ("restart", 2.5),
                           ("noise_multiplier1", -1.0), ("noise_multiplier2", INF), ("clients", 4),
                           ("output_rule", "best"), ("noise_ratios", (1.0,)), ("noise_ratios", (1.0, 0.0))]
-BAD_VALUES["diff2-bvr"] = [("local_steps", 0), ("local_batch", 0), ("local_batch", 101), ("clip_local", 0.0),
-                           ("noise_multiplier3", -1.0)]
+BAD_VALUES["diff2-bvr"] = [("noise_multiplier3", -1.0), ("noise_multiplier3", None), ("noise_ratios", (1.0, 1.0))]
 BAD_VALUES["dpsgd-fixed"] = BAD_VALUES["dpsgd-poisson"]
 BAD_VALUES["dpsrm-fixed"] = BAD_VALUES["dpsrm-poisson"]
 BAD_CASES = [(name, field, bad) for name, bads in BAD_VALUES.items() for field, bad in bads]
@@ -521,6 +529,8 @@ def test_bad_hyper_parameter_is_named(name, field, bad):
     (dpopt.rrpsgd, {"lr": 0.0, "clip": 1.0, "noise_multiplier": 1.0, "batch_size": 4}, "lr"),
     (dpopt.rrpsgd, {"lr": 0.1, "clip": 1.0, "noise_multiplier": 1.0, "batch_size": 0}, "batch_size"),
     (dpopt.rrpsgd, {"lr": 0.1, "clip": 1.0, "noise_multiplier": 1.0, "batch_size": 4, "sampling": "x"}, "sampling"),
+    (dpopt.rrpsgd, {"lr": 0.1, "clip": 1.0, "noise_multiplier": 1.0, "batch_size": 4, "sampling": FullBatch.of},
+     "sampling"),
 ])
 def test_factory_validation(factory, kwargs, field):
     with pytest.raises(DpoptError, match=re.escape(f"{field}={kwargs[field]!r}")):
@@ -535,10 +545,20 @@ def test_dpagd_budget_fractions_must_fit():
 def test_the_table_covers_every_exported_algorithm():
     built = {type(case.make(1.0, 1.0)) for case in TABLE.values()}
     assert built == {dpopt.DPSGD, dpopt.DPSRM, dpopt.Storm, dpopt.DPAGD, dpopt.AClip, dpopt.RestartedAClip, dpopt.O2NC,
-                     dpopt.DIFF2, dpopt.DIFF2BVR}
-    assert {"rrpsgd", "dp_gd"} <= set(TABLE)
+                     dpopt.O2NCMulti, dpopt.DIFF2}
+    assert {"rrpsgd", "dp_gd", "diff2-bvr"} <= set(TABLE)
     assert TABLE["rrpsgd"].make(1.0, 1.0).output_rule == "uniform"
-    assert TABLE["dp_gd"].make(1.0, 1.0).sampling == "full"
+    assert TABLE["dp_gd"].make(1.0, 1.0).sampling is FullBatch
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_algorithm_implements_the_protocols(name):
+    """Algorithm, its samplers and the noise source are explicit protocols, checked at run time."""
+    algo = TABLE[name].make(1.0, 1.0)
+    assert isinstance(algo, Algorithm)
+    assert all(isinstance(algo.sampler(t, N), Sampler) for t in range(3))
+    assert isinstance(oracle(), dpopt.oracles.Oracle)
+    assert isinstance(train._generators(0)[1], NoiseSource) and isinstance(dpopt.SystemNoise(), NoiseSource)
 
 
 # ------------------------------------------------------------------------------------- DIFF2
@@ -576,8 +596,8 @@ def test_diff2_noise_is_z_times_two_c_over_m_p():
         if sensitivity is None:
             sensitivity = 2 * algo.clip_diff * float((state.theta - state.prev).norm())
         batch = Batch(t, sampler.sample(torch.Generator()), sampler)
-        noisy, event = algo.step(state, batch, oracle(), torch.Generator().manual_seed(8 + t))
-        state, _ = clean.step(state, batch, oracle(), torch.Generator().manual_seed(8 + t))
+        noisy, event = algo.step(state, batch, oracle(), SeededNoise(8 + t))
+        state, _ = clean.step(state, batch, oracle(), SeededNoise(8 + t))
         xi = torch.randn(DIM, generator=torch.Generator().manual_seed(8 + t), dtype=torch.float64)
         want = -0.5 * z * sensitivity * xi / (CLIENTS.size * CLIENTS.count)
         assert torch.allclose(noisy.theta - state.theta, want, rtol=1e-10, atol=1e-15)
@@ -585,7 +605,8 @@ def test_diff2_noise_is_z_times_two_c_over_m_p():
 
 
 def test_diff2_bvr_with_one_local_step_is_diff2_gd():
-    bvr = dataclasses.replace(TABLE["diff2-bvr"].make(1.0, 0.5), local_steps=1)
+    base = TABLE["diff2-bvr"].make(1.0, 0.5)
+    bvr = dataclasses.replace(base, local=dataclasses.replace(base.local, steps=1))
     gd = TABLE["diff2-gd"].make(1.0, 0.5)
     got, want = replay(bvr, 20), replay(gd, 20)
     for a, b in zip(got.thetas, want.thetas):

@@ -14,6 +14,7 @@ from dpopt.experiments import dp_srm_cnn
 from dpopt.experiments._runner import steps_for_passes
 from dpopt.experiments.reproduce import reproduce
 from dpopt.train import History
+from dpopt.sampling import Poisson
 
 
 def _check_payload(payload: dict, epsilons: dict[str, tuple[float, ...]]) -> None:
@@ -82,7 +83,7 @@ def test_cifar10_methods_follow_the_papers_settings():
     assert (srm.clip, srm.clip_diff, srm.gamma, srm.batch_size0, srm.batch_size, srm.lr) == (2.0, 0.3, 0.3, 256, 64, 0.1)
     assert steps == 1 + (100 * 50_000 - 256) // 64
     sgd, steps = methods["DP-SGD"].build(50_000, {"lr": 0.05, "batch_size": 128})
-    assert (sgd.clip, sgd.batch_size, sgd.sampling, steps) == (2.0, 128, "poisson", 100 * 50_000 // 128)
+    assert (sgd.clip, sgd.batch_size, sgd.sampling, steps) == (2.0, 128, Poisson, 100 * 50_000 // 128)
 
 
 def test_mnist_methods_use_the_tuned_settings_at_every_epsilon():
@@ -101,7 +102,7 @@ def test_time_to_target_is_the_first_logged_point_below_the_target():
     records = [{"test_error": e, "wall_time_s": t, "cpu_time_s": c, "passes": p}
                for e, t, c, p in ((0.1, 1.0, 0.9, 0.5), (0.031, 2.0, 1.8, 1.0), (0.03, 3.5, 3.0, 1.5),
                                   (0.02, 5.0, 4.1, 2.0))]
-    history = History(records, {}, torch.zeros(1), 1e-5, "pld", "add/remove-one", 4)
+    history = History(records, {}, torch.zeros(1), 1e-5, "pld", "add/remove-one", 4, randomness="seed 0")
     assert dp_srm_cnn.time_to_target(history, target_error=0.03) == {
         "time_to_target_s": 3.5, "cpu_time_to_target_s": 3.0, "epochs_to_target": 1.5, "reached_target": 1.0}
     missed = dp_srm_cnn.time_to_target(history, target_error=0.01)

@@ -116,7 +116,7 @@ def test_a_derived_curve_is_the_mean_of_the_function_over_seeds() -> None:
     def history(norms: list[float]) -> History:
         records = [{"passes": float(k), "grad_norm": g} for k, g in enumerate(norms)]
         return History(records=records, final={}, theta=torch.zeros(1), delta=1e-5, accountant="pld",
-                       neighboring_relation="replace_one", steps_done=2)
+                       neighboring_relation="replace_one", steps_done=2, randomness="seed 0")
 
     xs, values = mean_curve([history([1.0, 2.0]), history([3.0, 4.0])], "grad_norm_sq")
     assert xs.tolist() == [0.0, 1.0] and values == pytest.approx([5.0, 10.0])

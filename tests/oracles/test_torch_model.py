@@ -246,7 +246,7 @@ def sgd_reference(o: TorchModel, lr: float, batch_size: int, steps: int, seed: i
     """Plain minibatch SGD with autograd through the module on the batches dpopt.run draws:
     θ ← θ − η·Σ_{i∈B} ∇ℓ_i(θ)/b, b the sampler's expected batch size."""
     sample_gen, _ = train._generators(seed)
-    sampler = sampling.make("poisson", o.n, batch_size)
+    sampler = sampling.Poisson.of(o.n, batch_size)
     module = copy.deepcopy(o.module)
     params = list(module.parameters())
     X, y = o.X, o.y

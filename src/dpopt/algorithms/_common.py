@@ -1,17 +1,46 @@
-"""What every algorithm shares: the batch it is handed, output rules, step-size rules."""
+"""What every algorithm shares: the :class:`Algorithm` protocol, the batch it is handed, output
+rules, noise checks."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
+from dp_accounting import DpEvent, NeighboringRelation
 from torch import Tensor
 
 from .. import _validate, mechanisms
-from ..sampling import Sampler
+from ..sampling import BatchSampling, FullBatch, Sampler
 
 OUTPUT_RULES = ("last", "uniform")
+
+
+@runtime_checkable
+class Algorithm(Protocol):
+    """A private optimiser: a frozen dataclass of hyper-parameters, validated in ``__post_init__``.
+
+    ``step`` returns the new state and the event of everything it released, built only from what
+    its mechanisms returned (wrapped by the batch's sampler); ``planned_event(n, steps)`` is the
+    independent description of the whole run that calibrates the noise and that the ledger is
+    checked against (:func:`dpopt.accounting.guarantee`). ``NOISE_FIELDS`` name the noise
+    multipliers :func:`dpopt.accounting.calibrate` scales, in the ratios ``noise_ratios``.
+    """
+
+    NOISE_FIELDS: tuple[str, ...]
+    noise_ratios: tuple[float, ...]
+
+    def relation(self) -> NeighboringRelation: ...
+
+    def sampler(self, t: int, n: int) -> Sampler: ...
+
+    def init(self, theta0: Tensor, steps: int, gen: torch.Generator) -> Any: ...
+
+    def step(self, state: Any, batch: Batch, oracle: Any, source: mechanisms.NoiseSource) -> tuple[Any, DpEvent]: ...
+
+    def output(self, state: Any) -> Tensor: ...
+
+    def planned_event(self, n: int, steps: int) -> DpEvent: ...
 
 
 @dataclass(frozen=True)
@@ -50,12 +79,12 @@ def output_value(out: Output, theta_last: Tensor) -> Tensor:
     return theta_last if out.pick < 0 else out.chosen
 
 
-def check_noise(noise: mechanisms.Noise, sampling: str) -> None:
+def check_noise(noise: mechanisms.Noise, sampling: BatchSampling) -> None:
     """``noise`` must be a :data:`mechanisms.Noise` object; noise that cannot be amplified by
     sampling (:class:`~dpopt.mechanisms.Discrete`: its zCDP event has no amplification bound in
-    dp_accounting) only without sampling (``sampling="full"``)."""
+    dp_accounting) only without sampling (:class:`~dpopt.sampling.FullBatch`)."""
     if not isinstance(noise, mechanisms.Continuous | mechanisms.Discrete):
         raise _validate.DpoptError(f"noise={noise!r} must be dpopt.mechanisms.CONTINUOUS or dpopt.mechanisms.DISCRETE")
-    if not noise.amplifiable and sampling != "full":
-        raise _validate.DpoptError(f"noise={noise!r} needs sampling='full', not sampling={sampling!r}: the discrete "
+    if not noise.amplifiable and sampling is not FullBatch:
+        raise _validate.DpoptError(f"noise={noise!r} needs sampling=FullBatch, not sampling={sampling!r}: the discrete "
                                    "Gaussian is accounted as zCDP, which dp_accounting cannot amplify by sampling")

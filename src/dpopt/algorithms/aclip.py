@@ -109,14 +109,14 @@ class AClip:
     def __post_init__(self) -> None:
         _validate.non_negative("noise_multiplier", self.noise_multiplier)
         _validate.positive("radius", self.radius, allow_inf=True)
-        check_noise(self.noise, "poisson")
+        check_noise(self.noise, sampling.Poisson)
         Stage(1, self.batch_size, self.clip, self.lr)  # validates lr, clip and batch_size
 
     def relation(self) -> dpa.NeighboringRelation:
         return dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
 
     def sampler(self, t: int, n: int) -> sampling.Sampler:
-        return sampling.make("poisson", n, self.batch_size)
+        return sampling.Poisson.of(n, self.batch_size)
 
     def init(self, theta0: Tensor, steps: int, gen: torch.Generator) -> AClipState:
         return _start(_project(theta0, self.radius))
@@ -156,7 +156,7 @@ class RestartedAClip:
             raise _validate.DpoptError(f"stages={self.stages!r} must be a non-empty tuple of Stage")
         _validate.non_negative("noise_multiplier", self.noise_multiplier)
         _validate.positive("radius", self.radius, allow_inf=True)
-        check_noise(self.noise, "poisson")
+        check_noise(self.noise, sampling.Poisson)
 
     @property
     def total_steps(self) -> int:
@@ -175,7 +175,7 @@ class RestartedAClip:
         return dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
 
     def sampler(self, t: int, n: int) -> sampling.Sampler:
-        return sampling.make("poisson", n, self._stage_of(t)[0].batch_size)
+        return sampling.Poisson.of(n, self._stage_of(t)[0].batch_size)
 
     def init(self, theta0: Tensor, steps: int, gen: torch.Generator) -> AClipState:
         if steps != self.total_steps:
@@ -203,7 +203,7 @@ class RestartedAClip:
             raise _validate.DpoptError(f"steps={steps} must equal the stages' total, {self.total_steps}")
         gaussian = self.noise.event(self.noise_multiplier)
         return dpa.ComposedDpEvent([
-            dpa.SelfComposedDpEvent(sampling.make("poisson", n, stage.batch_size).wrap(gaussian), stage.steps)
+            dpa.SelfComposedDpEvent(sampling.Poisson.of(n, stage.batch_size).wrap(gaussian), stage.steps)
             for stage in self.stages])
 
 

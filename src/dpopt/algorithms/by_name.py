@@ -8,13 +8,13 @@ from typing import Any
 
 from .. import _validate
 from ..mechanisms import CONTINUOUS, DISCRETE, Noise, NoiseSource, SystemNoise
-from ..sampling import Clients
+from ..sampling import Clients, by_name
 from .aclip import AClip
 from .diff2 import DIFF2, LocalSteps
 from .dp_agd import DPAGD
 from .dp_sgd import DPSGD, dp_gd
 from .dp_srm import DPSRM
-from .o2nc import O2NC
+from .o2nc import O2NC, O2NCMulti
 from .rrpsgd import rrpsgd
 from .storm import Storm
 
@@ -54,27 +54,30 @@ def build(name: str, *, n: int, batch_size: int = 256, lr: float = 0.5, clip: fl
     if name == "storm" or name.startswith(("o2nc", "diff2")):
         _validate.one_of("noise", noise, ("torch", "secure"))
     noise, _ = noise_of(noise)
+    kind = by_name(sampling)
     if name in ("dp-sgd", "rrpsgd", "dp-srm", "storm", "aclip", "o2nc-zeroth", "o2nc-first", "o2nc-multi"):
         _validate.positive_int("batch_size", batch_size, maximum=n, maximum_name="n (training records)")
     first = min(n, 2 * batch_size)
     if name == "dp-sgd":
-        return DPSGD(lr=lr, clip=clip, noise_multiplier=1.0, batch_size=batch_size, sampling=sampling, noise=noise)
+        return DPSGD(lr=lr, clip=clip, noise_multiplier=1.0, batch_size=batch_size, sampling=kind, noise=noise)
     if name == "rrpsgd":
-        return rrpsgd(lr=lr, clip=clip, noise_multiplier=1.0, batch_size=batch_size, sampling=sampling, noise=noise)
+        return rrpsgd(lr=lr, clip=clip, noise_multiplier=1.0, batch_size=batch_size, sampling=kind, noise=noise)
     if name == "dp-gd":
         return dp_gd(lr=lr, clip=clip, noise_multiplier=1.0, noise=noise)
     if name == "dp-srm":
         return DPSRM(lr=lr, clip=clip, clip_diff=clip_diff, gamma=gamma, noise_multiplier0=1.0, noise_multiplier=1.0,
-                     batch_size0=first, batch_size=batch_size, sampling=sampling, noise=noise)
+                     batch_size0=first, batch_size=batch_size, sampling=kind, noise=noise)
     if name == "storm":
-        return Storm(lr=lr, momentum=gamma, batch_size0=first, batch_size=batch_size, sampling=sampling)
+        return Storm(lr=lr, momentum=gamma, batch_size0=first, batch_size=batch_size, sampling=kind)
     if name == "aclip":
         return AClip(lr=lr, clip=clip, noise_multiplier=1.0, batch_size=batch_size, radius=radius, noise=noise)
     if name.startswith("o2nc"):
-        return O2NC(lr=lr, radius=o2nc_radius, window=window, alpha=alpha, period=batch_size, clip0=clip,
-                    clip=clip_diff, noise_multiplier=1.0, estimator="first" if name == "o2nc-first" else "zeroth",
-                    passes="multi" if name == "o2nc-multi" else "single", directions=directions,
-                    batch_size0=batch_size, batch_size=1)
+        common = dict(lr=lr, radius=o2nc_radius, window=window, alpha=alpha, period=batch_size, clip0=clip,
+                      clip=clip_diff, noise_multiplier=1.0, directions=directions)
+        if name == "o2nc-multi":
+            return O2NCMulti(**common)
+        return O2NC(**common, estimator="first" if name == "o2nc-first" else "zeroth", batch_size0=batch_size,
+                    batch_size=1)
     if name in ("diff2-gd", "diff2-bvr"):
         split = Clients(n, clients)
         extra = {} if backend is None else {"backend": backend}

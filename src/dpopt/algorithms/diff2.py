@@ -48,6 +48,7 @@ import torch
 from torch import Tensor
 
 from .. import _validate, clipping, mechanisms, sampling
+from ..accounting import PlanMismatch
 from ..clipping import PerRecord
 from ..distributed import Local
 from ..oracles import Oracle
@@ -81,7 +82,8 @@ class LocalSteps:
     only in the rounds that raise that maximum (t mod P = 0), so it always holds the privacy of
     the most exposed client (max over p of each client's composition, exactly); in the other
     rounds the local releases are run but not recorded, as they cost that client no more than
-    the recorded ones. The local steps are accounted by RDP (sampling without replacement).
+    the recorded ones (the step checks that each equals the planned local event). The local
+    steps are accounted by RDP (sampling without replacement).
     """
 
     steps: int = 2
@@ -221,7 +223,17 @@ class DIFF2:
             if k == pick:
                 chosen = theta
             before, theta = theta, theta - self.lr * direction
-        return theta, chosen, events if local.counted(t, self.clients) else []
+        if local.counted(t, self.clients):
+            return theta, chosen, events
+        planned = self._local_event()
+        if any(event != planned for event in events):  # uncounted only because it equals the counted ones
+            raise PlanMismatch(f"a local release of round {t + 1} returned {events}, not the planned {planned}: "
+                               "the most exposed client's ledger no longer bounds this client's")
+        return theta, chosen, []
+
+    def _local_event(self) -> dpa.DpEvent:
+        """One local step's planned event: ``SampledWithoutReplacement(m, b, Gaussian(z3))``."""
+        return self.local.sampler(self.clients).wrap(dpa.GaussianDpEvent(self.noise_multiplier3))
 
     def step(self, state: DIFF2State, batch: Batch, oracle: Oracle,
              source: mechanisms.NoiseSource) -> tuple[DIFF2State, dpa.DpEvent]:
@@ -244,9 +256,7 @@ class DIFF2:
         for t in range(steps):
             rounds.append(dpa.GaussianDpEvent(self.noise_multiplier1 if self.restarts(t) else self.noise_multiplier2))
             if self.local is not None and self.local.counted(t, self.clients):
-                local = dpa.SampledWithoutReplacementDpEvent(self.clients.size, self.local.batch,
-                                                             dpa.GaussianDpEvent(self.noise_multiplier3))
-                rounds.append(dpa.SelfComposedDpEvent(local, self.local.steps - 1))
+                rounds.append(dpa.SelfComposedDpEvent(self._local_event(), self.local.steps - 1))
         return dpa.ComposedDpEvent(rounds)
 
 

@@ -141,7 +141,7 @@ class DPAGD:
         _validate.positive_int("num_candidates", self.num_candidates)
         _validate.positive_int("adapt_every", self.adapt_every)
         _validate.non_negative("step_growth", self.step_growth)
-        check_noise(self.noise, "full")
+        check_noise(self.noise, sampling.FullBatch)
 
     @property
     def private(self) -> bool:
@@ -153,7 +153,7 @@ class DPAGD:
         return 1 / (2 * self.noise_multiplier**2) if self.private else math.inf
 
     def relation(self) -> dpa.NeighboringRelation:
-        return sampling.relation("full")
+        return sampling.FullBatch.relation
 
     def sampler(self, t: int, n: int) -> sampling.Sampler:
         return sampling.FullBatch(n)

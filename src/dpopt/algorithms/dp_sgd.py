@@ -7,7 +7,7 @@ Step t, on a batch B_t from the sampler:
 with b the sampler's public expected batch size and Δ the clipped sum's sensitivity (C under
 add/remove-one, 2C under replace-one). Privacy event per step: ``sampler.wrap(Gaussian(z))``.
 
-* DP-GD: ``sampling="full"`` (replace-one, no amplification).
+* DP-GD: ``sampling=FullBatch`` (replace-one, no amplification).
 * RRPSGD (Zhang et al. 2017, "random round private SGD"): DP-SGD whose output is θ^R for R
   uniform on {0, …, T−1}; R is drawn before training, so it costs no privacy, and all T
   steps are accounted (their noise was calibrated for T).
@@ -37,14 +37,15 @@ class DPSGDState(NamedTuple):
 class DPSGD:
     """Keyword-only hyper-parameters: step size ``lr`` (η), clip norm ``clip`` (C),
     ``noise_multiplier`` (z), ``batch_size`` (b, expected size under Poisson), ``sampling``
-    ("poisson", "fixed" or "full"), ``output_rule`` ("last" or "uniform") and ``noise`` (the
+    (:class:`~dpopt.sampling.Poisson`, :class:`~dpopt.sampling.FixedSize` or
+    :class:`~dpopt.sampling.FullBatch`, the class), ``output_rule`` ("last" or "uniform") and ``noise`` (the
     kind of noise, :data:`dpopt.mechanisms.Noise`)."""
 
     lr: float
     clip: float
     noise_multiplier: float
     batch_size: int = 1
-    sampling: str = "poisson"
+    sampling: sampling.BatchSampling = sampling.Poisson
     output_rule: str = "last"
     noise: mechanisms.Noise = mechanisms.CONTINUOUS
 
@@ -56,15 +57,15 @@ class DPSGD:
         _validate.positive("clip", self.clip, allow_inf=True)
         _validate.non_negative("noise_multiplier", self.noise_multiplier)
         _validate.positive_int("batch_size", self.batch_size)
-        _validate.one_of("sampling", self.sampling, sampling.SAMPLINGS)
+        sampling.check("sampling", self.sampling)
         _validate.one_of("output_rule", self.output_rule, OUTPUT_RULES)
         check_noise(self.noise, self.sampling)
 
     def relation(self) -> dpa.NeighboringRelation:
-        return sampling.relation(self.sampling)
+        return self.sampling.relation
 
     def sampler(self, t: int, n: int) -> sampling.Sampler:
-        return sampling.make(self.sampling, n, self.batch_size)
+        return self.sampling.of(n, self.batch_size)
 
     def init(self, theta0: Tensor, steps: int, gen: torch.Generator) -> DPSGDState:
         return DPSGDState(theta0.clone(), output_init(self.output_rule, theta0, steps, gen))
@@ -89,5 +90,5 @@ class DPSGD:
 def dp_gd(*, lr: float, clip: float, noise_multiplier: float, output_rule: str = "last",
           noise: mechanisms.Noise = mechanisms.CONTINUOUS) -> DPSGD:
     """DP-GD: DP-SGD on the full batch every step (replace-one adjacency)."""
-    return DPSGD(lr=lr, clip=clip, noise_multiplier=noise_multiplier, sampling="full", output_rule=output_rule,
+    return DPSGD(lr=lr, clip=clip, noise_multiplier=noise_multiplier, sampling=sampling.FullBatch, output_rule=output_rule,
                  noise=noise)

@@ -57,7 +57,7 @@ class DPSRM:
     noise_multiplier: float
     batch_size0: int
     batch_size: int
-    sampling: str = "poisson"
+    sampling: sampling.BatchSampling = sampling.Poisson
     step_rule: str = "plain"
     zeta: float = 1.0
     n0: float = 1.0
@@ -77,7 +77,7 @@ class DPSRM:
         _validate.non_negative("noise_multiplier", self.noise_multiplier)
         _validate.positive_int("batch_size0", self.batch_size0)
         _validate.positive_int("batch_size", self.batch_size)
-        _validate.one_of("sampling", self.sampling, ("poisson", "fixed"))
+        sampling.check("sampling", self.sampling, (sampling.Poisson, sampling.FixedSize))
         _validate.one_of("step_rule", self.step_rule, STEP_RULES)
         for name in ("zeta", "n0", "smoothness"):
             _validate.positive(name, getattr(self, name))
@@ -85,10 +85,10 @@ class DPSRM:
         check_noise(self.noise, self.sampling)
 
     def relation(self) -> dpa.NeighboringRelation:
-        return sampling.relation(self.sampling)
+        return self.sampling.relation
 
     def sampler(self, t: int, n: int) -> sampling.Sampler:
-        return sampling.make(self.sampling, n, self.batch_size0 if t == 0 else self.batch_size)
+        return self.sampling.of(n, self.batch_size0 if t == 0 else self.batch_size)
 
     def init(self, theta0: Tensor, steps: int, gen: torch.Generator) -> DPSRMState:
         zeros = torch.zeros_like(theta0)

@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass
 
 from .. import _validate
-from .o2nc import O2NC
+from .o2nc import O2NC, O2NCMulti
 
 
 @dataclass(frozen=True)
@@ -102,8 +102,8 @@ def single_pass(*, n: int, d: int, epsilon: float, delta: float, alpha: float, l
     clip0, clip = clips(estimator, d, L, radius, alpha, directions, period if estimator == "zeroth" else 1, delta,
                         c.concentration)
     algo = O2NC(lr=radius / (L * math.sqrt(window)), radius=radius, window=window, alpha=alpha, period=period,
-                clip0=clip0, clip=clip, noise_multiplier=1.0, estimator=estimator, passes="single",
-                directions=directions, batch_size0=period, batch_size=1)
+                clip0=clip0, clip=clip, noise_multiplier=1.0, estimator=estimator, directions=directions,
+                batch_size0=period, batch_size=1)
     return algo, steps
 
 
@@ -116,7 +116,7 @@ def zhang2024(*, n: int, d: int, epsilon: float, delta: float, alpha: float, lip
 
 
 def multi_pass(*, n: int, d: int, epsilon: float, delta: float, alpha: float, beta: float, lipschitz: float,
-               phi: float, max_steps: int | None = None, constants: Constants = Constants()) -> tuple[O2NC, int]:
+               phi: float, max_steps: int | None = None, constants: Constants = Constants()) -> tuple[O2NCMulti, int]:
     """Theorem 4.1 (zeroth order, every record every step): (algorithm, T) with
 
         D = αβ²/L²,  T = ΦL²/(αβ³) (= Φ/(Dβ)),  Σ = ⌈α/(D√d)⌉,  M = ⌊α/4D⌋,
@@ -142,7 +142,7 @@ def multi_pass(*, n: int, d: int, epsilon: float, delta: float, alpha: float, be
     window = max(1, min(steps, math.floor(alpha / (4 * radius))))
     clip0, clip = clips("zeroth", d, L, radius, alpha, directions, n, delta, c.concentration)
     ratio = (sigma1 / (2 * clip0)) / (sigma2 / (2 * clip))
-    algo = O2NC(lr=radius / (L * math.sqrt(window)), radius=radius, window=window, alpha=alpha, period=period,
-                clip0=clip0, clip=clip, noise_multiplier=1.0, noise_multiplier0=ratio, estimator="zeroth",
-                passes="multi", directions=directions)
+    algo = O2NCMulti(lr=radius / (L * math.sqrt(window)), radius=radius, window=window, alpha=alpha, period=period,
+                     clip0=clip0, clip=clip, noise_multiplier=1.0, noise_multiplier0=ratio, estimator="zeroth",
+                     directions=directions)
     return algo, steps

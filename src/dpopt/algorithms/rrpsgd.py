@@ -8,11 +8,12 @@ and the ledger charged, for all T rounds (the most R can be).
 from __future__ import annotations
 
 from .. import mechanisms
+from ..sampling import BatchSampling, Poisson
 from .dp_sgd import DPSGD
 
 
 def rrpsgd(*, lr: float, clip: float, noise_multiplier: float, batch_size: int,
-           sampling: str = "poisson", noise: mechanisms.Noise = mechanisms.CONTINUOUS) -> DPSGD:
+           sampling: BatchSampling = Poisson, noise: mechanisms.Noise = mechanisms.CONTINUOUS) -> DPSGD:
     """DP-SGD with ``output_rule="uniform"``."""
     return DPSGD(lr=lr, clip=clip, noise_multiplier=noise_multiplier, batch_size=batch_size,
                  sampling=sampling, output_rule="uniform", noise=noise)

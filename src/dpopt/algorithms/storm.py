@@ -42,7 +42,7 @@ class Storm:
     momentum: float = 0.1
     batch_size0: int = 1
     batch_size: int = 1
-    sampling: str = "poisson"
+    sampling: sampling.BatchSampling = sampling.Poisson
     step_rule: str = "constant"
     k: float = 0.1
     w: float = 0.1
@@ -56,16 +56,16 @@ class Storm:
         _validate.unit_interval("momentum", self.momentum)
         _validate.positive_int("batch_size0", self.batch_size0)
         _validate.positive_int("batch_size", self.batch_size)
-        _validate.one_of("sampling", self.sampling, ("poisson", "fixed"))
+        sampling.check("sampling", self.sampling, (sampling.Poisson, sampling.FixedSize))
         _validate.one_of("step_rule", self.step_rule, STEP_RULES)
         for name in ("k", "w", "c"):
             _validate.positive(name, getattr(self, name))
 
     def relation(self) -> dpa.NeighboringRelation:
-        return sampling.relation(self.sampling)
+        return self.sampling.relation
 
     def sampler(self, t: int, n: int) -> sampling.Sampler:
-        return sampling.make(self.sampling, n, self.batch_size0 if t == 0 else self.batch_size)
+        return self.sampling.of(n, self.batch_size0 if t == 0 else self.batch_size)
 
     def init(self, theta0: Tensor, steps: int, gen: torch.Generator) -> StormState:
         return StormState(theta0.clone(), theta0.clone(), torch.zeros_like(theta0), 0.0, self.momentum)

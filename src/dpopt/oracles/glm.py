@@ -18,7 +18,7 @@ same form. Losses (per record, averaged):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -48,6 +48,7 @@ def product(a: Tensor, b: Tensor) -> Tensor:
         torch.set_num_threads(threads)
 
 
+@runtime_checkable
 class Oracle(Protocol):
     """What an algorithm may ask about the training data."""
 

@@ -1,0 +1,59 @@
+"""Every number dpopt writes is classified: private, or a labelled, opt-in non-private diagnostic.
+
+Private: θ and what it gives on data outside the training set (test error), the privacy
+guarantee and its accounting facts, public settings and planned quantities (e.g. the expected
+data passes Σ_t b_t/n). Non-private diagnostics: anything computed from the training data
+without noise (training objective, gradient norm, realised batch sizes and passes, the times
+they take, clip rates, dropped-record counts). Diagnostics are computed only when asked for,
+written apart (under ``"diagnostics"``, with :data:`NOT_PRIVATE` as their label) and labelled
+wherever they are shown.
+
+:func:`unclassified` walks a written payload and names every field that is in neither list, or a
+diagnostic outside the ``"diagnostics"`` section: a test runs it over everything ``dpopt run``
+and ``dpopt.fit`` write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+NOT_PRIVATE = ("NOT PRIVATE: computed from the training data without noise; these numbers carry no "
+               "differential-privacy guarantee and must not be released")
+
+#: Private metrics of a run, logged at every log point and at the output.
+PRIVATE_METRICS = ("epsilon", "test_error", "expected_passes")
+#: Non-private diagnostics of a run (only with ``diagnostics=True``).
+DIAGNOSTIC_METRICS = ("objective", "grad_norm", "passes", "cpu_time_s", "wall_time_s", "clip_rate")
+
+#: Every other private field: settings, the output θ, the accounting facts, the structure.
+PRIVATE_FIELDS = frozenset(PRIVATE_METRICS) | {
+    "step", "records", "final", "theta", "delta", "accountant", "neighboring_relation", "steps_done", "stopped",
+    "randomness", "algorithm", "dataset", "model", "epsilon_target", "hyperparameters", "processes", "out",
+    "diagnostics",
+}
+#: Fields of the ``"diagnostics"`` section.
+DIAGNOSTIC_FIELDS = frozenset(DIAGNOSTIC_METRICS) | {"label", "records", "final", "step"}
+
+
+def _keys(payload: Any, inside: bool, path: str) -> Iterator[tuple[str, bool]]:
+    if isinstance(payload, dict):
+        for key, value in payload.items():
+            yield f"{path}.{key}".lstrip("."), inside
+            yield from _keys(value, inside or key == "diagnostics", f"{path}.{key}")
+    elif isinstance(payload, list):
+        for item in payload:
+            yield from _keys(item, inside, f"{path}[]")
+
+
+def unclassified(payload: Any, extra_diagnostics: frozenset[str] = frozenset()) -> list[str]:
+    """The fields of ``payload`` that are not classified where they stand: a private field must
+    be in :data:`PRIVATE_FIELDS`; inside ``"diagnostics"`` a field must be in
+    :data:`DIAGNOSTIC_FIELDS` (or ``extra_diagnostics``, measurements the caller added)."""
+    wrong = []
+    for path, inside in _keys(payload, False, ""):
+        key = path.rsplit(".", 1)[-1].removesuffix("[]")
+        allowed = DIAGNOSTIC_FIELDS | extra_diagnostics if inside else PRIVATE_FIELDS
+        if key not in allowed:
+            wrong.append(path)
+    return wrong
