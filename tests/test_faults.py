@@ -118,7 +118,7 @@ def test_a_read_only_output_directory_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoint.tempfile, "mkstemp", read_only)
     with pytest.raises(_validate.DpoptError, match=r"out='.*' must be a writable directory \(Read-only file system\)"):
         run(tmp_path / "ckpt.pt")
-    assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt.lock"]  # the run's lock, nothing else
 
 
 # ----------------------------------------------------------------- a dead data-parallel process

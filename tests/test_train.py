@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dpopt import _validate
+from dpopt import _validate, checkpoint
 from dpopt.accounting import epsilon_of
 from dpopt.algorithms import DPSGD
 from dpopt.oracles import Logistic
@@ -38,7 +38,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
     process.send_signal(signal.SIGKILL)
     assert process.wait() == -signal.SIGKILL, "the run finished before it could be killed: make it longer"
     assert not (killed / "history.json").exists()
-    saved = torch.load(checkpoint_file, weights_only=False)
+    saved = checkpoint.load(checkpoint_file)
     assert 0 < saved["step"] < 1500
 
     resumed = subprocess.run(RUN + ["--out", str(killed)], capture_output=True, text=True, timeout=300)
@@ -67,7 +67,8 @@ def test_resume_refuses_a_different_configuration(tmp_path: Path) -> None:
     oracle, path = _problem(), tmp_path / "ckpt.pt"
     run(DPSGD(lr=0.5, clip=1.0, noise_multiplier=1.0, batch_size=30), oracle, steps=20, seed=0,
         checkpoint_path=path, checkpoint_every=5)
-    with pytest.raises(_validate.DpoptError, match="different configuration"):
+    with pytest.raises(_validate.DpoptError, match=r"belongs to another run: its algorithm.lr is 0.5, this run's is "
+                                                   r"0.25; resume with the same settings, or use another --out"):
         run(DPSGD(lr=0.25, clip=1.0, noise_multiplier=1.0, batch_size=30), oracle, steps=20, seed=0,
             checkpoint_path=path, checkpoint_every=5)
 

@@ -1,20 +1,37 @@
-"""Atomic files: a reader sees the old file or the new one, never half of one.
+"""Files of a run: atomic writes, and checkpoints that load without running code.
 
-Write to a temporary file in the same directory, flush and fsync it, ``os.replace`` it over
-the target (atomic on POSIX), then fsync the directory so the rename survives a crash.
+Atomic: write to a temporary file in the same directory, flush and fsync it, ``os.replace``
+it over the target (atomic on POSIX), then fsync the directory so the rename survives a crash.
+A reader sees the old file or the new one, never half of one.
+
+Checkpoint format (version 1), one file::
+
+    b"dpopt-checkpoint 1\n"
+    sha256 of the payload, 64 hex digits, b"\n"
+    payload = JSON length (8 bytes, little-endian) + JSON (UTF-8) + safetensors
+
+The JSON is the checkpointed value encoded by :mod:`dpopt.codec`, referring to the tensors of
+the safetensors part by name. :func:`load` checks the digest before parsing anything, so a
+flipped bit or a truncated file is refused with one line, and parsing never runs code (no
+pickle). The digest detects corruption, not forgery: whoever can write the file can recompute
+it (resuming checks the contents against the run's plan, see :mod:`dpopt.train`).
 """
 
 from __future__ import annotations
 
-import io
+import hashlib
+import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
+import safetensors
+import safetensors.torch
 
-from . import _validate
+from . import _validate, codec
+
+MAGIC = b"dpopt-checkpoint 1\n"
 
 
 def write_bytes(path: Path, data: bytes) -> None:
@@ -49,19 +66,42 @@ def write_text(path: Path, text: str) -> None:
 
 
 def save(path: Path, obj: Any) -> None:
-    """Atomically ``torch.save`` ``obj`` to ``path``."""
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    write_bytes(path, buffer.getvalue())
+    """Atomically write ``obj`` (a value :mod:`dpopt.codec` can encode) to ``path`` as a checkpoint."""
+    data, tensors = codec.encode(obj)
+    text = json.dumps(data, allow_nan=False, separators=(",", ":")).encode()
+    payload = len(text).to_bytes(8, "little") + text + safetensors.torch.save(tensors)
+    write_bytes(path, MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
 
 
 def load(path: Path) -> Any:
-    """Load a checkpoint written by :func:`save` (trusted input: it is unpickled)."""
-    return torch.load(path, weights_only=False)
+    """The value :func:`save` wrote to ``path``; a one-line :class:`~dpopt._validate.DpoptError` if
+    the file is not such a checkpoint, is corrupt or truncated, or cannot be read."""
+    name = f"checkpoint={str(path)!r}"
+    try:
+        data = Path(path).read_bytes()
+    except OSError as err:
+        raise _validate.DpoptError(f"{name} cannot be read ({err.strerror})") from None
+    if not data.startswith(MAGIC):
+        raise _validate.DpoptError(f"{name} is not a dpopt checkpoint of format 1 (checkpoints of earlier "
+                                   "versions were pickles, which are not loaded: loading one can run code)")
+    digest, payload = data[len(MAGIC):len(MAGIC) + 64], data[len(MAGIC) + 65:]
+    if data[len(MAGIC) + 64:len(MAGIC) + 65] != b"\n" or hashlib.sha256(payload).hexdigest().encode() != digest:
+        raise _validate.DpoptError(f"{name} is corrupt or truncated (its sha256 does not match its contents); "
+                                   "it was not used")
+    size = int.from_bytes(payload[:8], "little")
+    try:
+        tensors = safetensors.torch.load(payload[8 + size:])
+        return codec.decode(json.loads(payload[8:8 + size]), tensors)
+    except (ValueError, TypeError, RecursionError, safetensors.SafetensorError) as err:
+        reason = str(err).partition("\n")[0][:200]
+        raise _validate.DpoptError(f"{name} is malformed ({reason}); it was not used") from None
 
 
 def remove_stale(path: Path) -> None:
-    """Delete temporary files a killed writer of ``path`` left behind (never ``path`` itself)."""
+    """Delete temporary files a killed writer of ``path`` left behind (never ``path`` itself).
+
+    Only while holding :func:`dpopt.lock.held` of ``path``: a live writer's temporary file
+    looks the same."""
     path = Path(path)
     for stale in path.parent.glob(f".{path.name}.*.tmp"):
         stale.unlink(missing_ok=True)

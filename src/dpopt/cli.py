@@ -7,9 +7,10 @@ line, ``dpopt: error: <argument>=<value> must be …``, and exits with code 2; n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -17,7 +18,7 @@ import dp_accounting as dpa
 import torch
 from dp_accounting import NeighboringRelation
 
-from . import _validate, data, distributed, mechanisms, report
+from . import _validate, data, distributed, lock, mechanisms, report
 from .accounting import ACCOUNTANTS, RELATION_NAMES, accountant_for, calibrate, epsilon_of, solve_noise
 from .algorithms.by_name import NAMES as ALGORITHMS
 from .algorithms.by_name import NOISES, NON_PRIVATE, noise_of
@@ -122,7 +123,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
         return distributed.launch(_run, nproc, args)[0]
     created = distributed.init_from_env()
     try:
-        return _train(args)
+        with _holding_out(args):
+            return _train(args)
     finally:
         if created:
             torch.distributed.destroy_process_group()
@@ -136,12 +138,34 @@ def _shared_noise(processes: int, noise: str) -> None:
                                    f"({processes} processes) need noise='torch' (one draw from the shared seed)")
 
 
-def _train(args: argparse.Namespace) -> dict[str, Any] | None:
+def _out(args: argparse.Namespace) -> Path:
+    """``--out``; by default named after the (checked) algorithm and data set."""
     _validate.one_of("algorithm", args.algorithm, ALGORITHMS)
     _validate.one_of("dataset", args.dataset, data.names())
     if args.algorithm in NON_PRIVATE:
         raise _validate.DpoptError(f"algorithm={args.algorithm!r} is not private (ε = ∞) and cannot meet "
                                    f"epsilon={args.epsilon!r}: train it in Python (dpopt.run) as a non-private reference")
+    return Path(args.out or f"results/run-{args.algorithm}-{args.dataset}")
+
+
+@contextlib.contextmanager
+def _holding_out(args: argparse.Namespace) -> Iterator[None]:
+    """Rank 0, which alone writes ``--out``, holds its lock for the whole run: before anything
+    there is touched, until the results are written. Results whose checkpoint is gone are not
+    overwritten (a new run would start from ε = 0 and replace the record of a spent budget)."""
+    if distributed.rank() != 0:
+        yield
+        return
+    out = _out(args)
+    with lock.held(out / "checkpoint.pt"):
+        if (out / "history.json").exists() and not (out / "checkpoint.pt").exists():
+            raise _validate.DpoptError(f"out={str(out)!r} holds the results of a run (history.json) but not its "
+                                       "checkpoint.pt, so it cannot be resumed; use another --out for a new run")
+        yield
+
+
+def _train(args: argparse.Namespace) -> dict[str, Any] | None:
+    out = _out(args)
     epsilon = _validate.positive("epsilon", args.epsilon)
     delta = _validate.open_unit("delta", args.delta)
     steps = _validate.positive_int("steps", args.steps)
@@ -172,7 +196,6 @@ def _train(args: argparse.Namespace) -> dict[str, Any] | None:
     algorithm = calibrate(algorithm, epsilon=epsilon, delta=delta, n=oracle.n, steps=steps,
                           accountant=args.accountant, ratios=ratios)
     seed = args.seed if args.seed is not None or processes == 1 else distributed.shared_secret_seed()
-    out = Path(args.out or f"results/run-{args.algorithm}-{args.dataset}")
     with distributed.resumable(out / "checkpoint.pt") as checkpoint_path:  # rank 0 alone writes out/
         theta0 = oracle.flat_params() if args.model == "mlp" else None  # the network's initialisation
         history = run(algorithm, oracle, steps=steps, seed=seed, delta=delta, accountant=args.accountant,

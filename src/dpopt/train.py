@@ -4,14 +4,16 @@ Each step t asks the algorithm for its sampler, draws the batch from the run's s
 generator, calls ``algorithm.step`` and records the event it returns in the :class:`Ledger`
 (double entry: after the run the ledger equals ``algorithm.planned_event(n, steps)``).
 A checkpoint holds θ and the algorithm state, both generators, the step, the ledger and the
-history so far, written atomically; resuming refuses a checkpoint of another configuration.
+history so far, written atomically (:mod:`dpopt.checkpoint`) under the lock of the checkpoint
+(:mod:`dpopt.lock`); resuming refuses a checkpoint of another run or whose ledger is not the
+plan's (:mod:`dpopt.resume`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
-import json
 import math
 import os
 import time
@@ -24,7 +26,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from . import _validate, checkpoint
+from . import _validate, checkpoint, lock, resume
 from .accounting import Ledger, epsilon_of, guarantee
 from .algorithms._common import Batch
 from .mechanisms import Discrete, NoiseSource, SeededNoise
@@ -86,14 +88,6 @@ def _generators(seed: int) -> tuple[torch.Generator, NoiseSource]:
     """The sampling generator and noise source of a run seeded with ``seed``."""
     sample_gen, source, _ = randomness(seed)
     return sample_gen, source
-
-
-def fingerprint(algorithm: Any, oracle: Oracle, **settings: Any) -> str:
-    """A hash of everything that determines a run, for refusing foreign checkpoints."""
-    oracle = getattr(oracle, "oracle", oracle)  # a data-parallel wrapper runs the same problem
-    described = {"algorithm": repr(algorithm), "oracle": f"{type(oracle).__name__}(n={oracle.n}, dim={oracle.dim}, "
-                 f"reg={getattr(oracle, 'reg', None)})", **{k: repr(v) for k, v in settings.items()}}
-    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
 
 
 def affordable_steps(algorithm: Any, n: int, steps: int, delta: float, max_epsilon: float, accountant: str) -> int:
@@ -176,12 +170,27 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int | None = None, 
         _validate.positive("max_epsilon", max_epsilon)
         stop_at = affordable_steps(algorithm, n, steps, delta, max_epsilon, accountant)
     theta0_digest = hashlib.sha256(theta0.cpu().numpy().tobytes()).hexdigest()
-    key = fingerprint(algorithm, oracle, steps=steps, seed="from the operating system" if seed is None else seed,
-                      delta=delta, theta0=theta0_digest, accountant=accountant, max_epsilon=max_epsilon,
-                      log_every=log_every, noise_source=type(noise_source).__name__, diagnostics=diagnostics)
+    described = resume.describe(algorithm, oracle, steps=steps, seed="from the operating system" if seed is None else seed,
+                                delta=delta, theta0=theta0_digest, accountant=accountant, max_epsilon=max_epsilon,
+                                log_every=log_every, noise_source=type(noise_source).__name__, diagnostics=diagnostics)
     path = Path(checkpoint_path) if checkpoint_path else None
-    planned = algorithm.planned_event(n, steps)
+    with lock.held(path) if path is not None else contextlib.nullcontext():
+        return _train(algorithm, oracle, steps=steps, stop_at=stop_at, seed=seed, noise_source=noise_source,
+                      delta=delta, theta0=theta0, accountant=accountant, test_error=test_error, log_every=log_every,
+                      path=path, checkpoint_every=checkpoint_every, max_epsilon=max_epsilon, progress=progress,
+                      diagnostics=diagnostics, train_metrics=train_metrics, log_metrics=log_metrics,
+                      described=described)
 
+
+def _train(algorithm: Any, oracle: Oracle, *, steps: int, stop_at: int, seed: int | None,
+           noise_source: NoiseSource | None, delta: float, theta0: Tensor, accountant: str,
+           test_error: Callable[[Tensor], float] | None, log_every: int, path: Path | None,
+           checkpoint_every: int | None, max_epsilon: float | None, progress: bool, diagnostics: bool,
+           train_metrics: bool, log_metrics: Callable[[Tensor], dict[str, float]] | None,
+           described: dict[str, str]) -> History:
+    """:func:`run` once its arguments are checked (and with ``path``, its lock held)."""
+    n = oracle.n
+    planned = algorithm.planned_event(n, steps)
     sample_gen, source, origin = randomness(seed, noise_source)
     state = algorithm.init(theta0, steps, sample_gen)
     ledger = Ledger(algorithm.relation(), accountant)
@@ -189,17 +198,14 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int | None = None, 
     logged: list[dict[str, float]] = []
     start, visited, expected, cpu_spent, wall_spent = 0, 0, 0.0, 0.0, 0.0
     if path is not None:
-        checkpoint.remove_stale(path)
+        checkpoint.remove_stale(path)  # under the lock: no live writer of path
     if path is not None and path.exists():
         saved = checkpoint.load(path)
-        if saved["fingerprint"] != key:
-            raise _validate.DpoptError(f"checkpoint={str(path)!r} was written by a different configuration; "
-                                       "use another --out or delete it")
+        ledger = resume.check(path, saved, described, algorithm, n=n, steps=steps, stop_at=stop_at, delta=delta)
         state, start, visited, records = saved["state"], saved["step"], saved["visited"], saved["records"]
         expected, logged = saved["expected"], saved["diagnostics"]
         sample_gen.set_state(saved["sample_gen"])
         source.generator.set_state(saved["noise_gen"])
-        ledger = Ledger.from_state(saved["ledger"])
         cpu_spent, wall_spent = saved["cpu_time_s"], saved["wall_time_s"]
 
     # what is logged: the algorithm's output so far where it defines one (averaging), else θ_t
@@ -221,7 +227,7 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int | None = None, 
 
     def save(t: int) -> None:
         checkpoint.save(path, {
-            "fingerprint": key, "step": t, "state": state, "visited": visited, "expected": expected,
+            "settings": described, "step": t, "state": state, "visited": visited, "expected": expected,
             "records": records, "diagnostics": logged, "sample_gen": sample_gen.get_state(),
             "noise_gen": source.generator.get_state(), "ledger": ledger.state(),
             "cpu_time_s": cpu_spent, "wall_time_s": wall_spent})

@@ -1,6 +1,7 @@
 """Tests of the CIFAR-10 reader and its registry entry, on tiny fake archives with the layout of
 ``cifar-10-python.tar.gz`` (the real 170 MB archive is not in the shared data)."""
 
+import dataclasses
 import io
 import pickle
 import struct
@@ -174,7 +175,7 @@ def test_registry_entry():
     meta = info("cifar10")
     assert (meta["task"], meta["n_train"], meta["n_test"], meta["dim"]) == ("multiclass", 50_000, 10_000, 3072)
     assert meta["bundled"] is False
-    assert meta["files"] == [{"name": ARCHIVE, "sha256": SHA256, "content_sha256": None,
+    assert meta["files"] == [{"name": ARCHIVE, "size": 170_498_071, "sha256": SHA256, "content_sha256": None,
                               "url": "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"}]
 
 
@@ -192,13 +193,19 @@ def test_missing_archive_says_how_to_fetch(tmp_path):
     assert "run `dpopt data fetch cifar10` or pass --data-dir/DPOPT_DATA" in message
 
 
-def test_load_checks_the_sha256_before_unpickling_anything(tmp_path):
+def test_load_checks_the_size_and_sha256_before_unpickling_anything(tmp_path, monkeypatch):
     marker = tmp_path / "pwned"
     members, _ = fake_members()
     members[TRAIN_MEMBERS[0]] = evil_pickle("os", "system", marker)
     folder = tmp_path / "cifar10"
     folder.mkdir()
-    write_archive(folder / ARCHIVE, members)
+    size = write_archive(folder / ARCHIVE, members).stat().st_size
+    with pytest.raises(DataError, match=f"{ARCHIVE} is corrupt: size {size:,} bytes != expected 170,498,071; "
+                                        "run `dpopt data fetch cifar10` to download it again$"):
+        load("cifar10", tmp_path)
+    spec = registry._REGISTRY["cifar10"]  # an archive of the registered size: its sha256 refuses it
+    monkeypatch.setitem(registry._REGISTRY, "cifar10",
+                        dataclasses.replace(spec, files=(dataclasses.replace(spec.files[0], size=size),)))
     with pytest.raises(DataError, match=f"{ARCHIVE} is corrupt: sha256 [0-9a-f]{{64}} != expected {SHA256}; "
                                         "run `dpopt data fetch cifar10` to download it again$"):
         load("cifar10", tmp_path)
@@ -208,8 +215,9 @@ def test_load_checks_the_sha256_before_unpickling_anything(tmp_path):
 def test_fetch_refuses_an_archive_that_does_not_match_the_pin(server, tmp_path, fake):
     path, _ = fake
     (server.root / ARCHIVE).write_bytes(path.read_bytes())
-    with pytest.raises(DataError, match=rf"^download {server.url}/{ARCHIVE} is corrupt: sha256 [0-9a-f]{{64}} "
-                                        rf"!= expected {SHA256}; nothing was written to "):
+    size = path.stat().st_size
+    with pytest.raises(DataError, match=rf"^download {server.url}/{ARCHIVE} is corrupt: size {size:,} bytes "
+                                        rf"!= expected 170,498,071; nothing was written to "):
         fetch("cifar10", tmp_path / "data", base_url=server.url)
     assert server.requests == [f"/{ARCHIVE}"]
     assert list((tmp_path / "data" / "cifar10").iterdir()) == []  # no file and no temporary file

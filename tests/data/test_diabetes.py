@@ -65,7 +65,7 @@ def test_info_and_names():
     meta = info("diabetes")
     assert (meta["task"], meta["n_train"], meta["n_test"], meta["dim"]) == ("binary", 500, 268, 8)
     assert meta["bundled"] is False
-    assert meta["files"] == [{"name": CSV, "sha256": SHA256, "content_sha256": None, "url": None}]
+    assert meta["files"] == [{"name": CSV, "size": 23_078, "sha256": SHA256, "content_sha256": None, "url": None}]
     assert "GPL-2" in meta["licence"] and "mlbench" in meta["source"]
 
 

@@ -1,28 +1,34 @@
 """Registry of the real data sets: where their files come from, how to check, fetch and load them.
 
-Every data file is pinned by its sha256, which is checked on every :func:`load` and on
-every download. A compressed file may instead be pinned by the sha256 of its decompressed
-content (``RemoteFile.content_sha256``): then any compression of the same bytes is accepted
-(MNIST: the mirror's original ``.gz`` files and the re-compressed shared copies differ only in
-their gzip wrapper). Files live in ``<data dir>/<data set>/``; the data dir is ``data_dir`` if
-given, else :func:`default_data_dir`. Data sets marked ``bundled`` ship inside the
-package and load without any data dir (a copy in the data dir is used first).
+Every data file is pinned by its size and sha256, which are checked on every :func:`load` and
+on every download: the size first (from the file system, so a huge or growing file is refused
+before it is read), then the sha256 of the bytes as they are copied into a private temporary
+file, which is what gets parsed (so a file swapped in after the check is never parsed). Only
+regular files are read: a FIFO, a device or a directory in place of a data file is refused.
+A compressed file may instead be pinned by the sha256 of its decompressed content
+(``RemoteFile.content_sha256``): then any compression of the same bytes is accepted (MNIST: the
+mirror's original ``.gz`` files and the re-compressed shared copies differ only in their gzip
+wrapper), up to a size bound derived from the content's size. Files live in
+``<data dir>/<data set>/``; the data dir is ``data_dir`` if given, else
+:func:`default_data_dir`. Data sets marked ``bundled`` ship inside the package and load without
+any data dir (a copy in the data dir is used first).
 """
 
 from __future__ import annotations
 
 import bz2
-import functools
+import contextlib
 import gzip
 import hashlib
 import http.client
 import lzma
 import os
+import stat
 import tempfile
 import urllib.request
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -122,13 +128,26 @@ class RemoteFile:
     With ``content_sha256`` (the sha256 of the file decompressed by its suffix: ``.gz``,
     ``.bz2``, ``.xz``), a file whose own sha256 differs is still accepted when its content has
     that hash: the same data in another compressed wrapper. ``sha256`` is then the hash of one
-    known copy (checked first, since it is cheaper).
+    known copy (checked first, since it is cheaper). ``size``: the bytes of the known copy, the
+    only size accepted unless the file is pinned by its content (then up to :attr:`max_size`;
+    ``content_size``, the bytes of the content, also bounds its decompression).
     """
 
     name: str
     sha256: str
     url: str | None
     content_sha256: str | None = None
+    _: KW_ONLY
+    size: int
+    content_size: int | None = None
+
+    @property
+    def max_size(self) -> int:
+        """The largest file accepted: the known copy's size; for a file pinned by its content, its
+        content's size plus 1 % and 1 KiB (what gzip, bzip2 or xz add at worst to incompressible data)."""
+        if self.content_size is None:
+            return self.size
+        return max(self.size, self.content_size + self.content_size // 100 + 1024)
 
 
 @dataclass(frozen=True)
@@ -220,9 +239,9 @@ _SPECS = (
         task="binary",
         files=(
             RemoteFile("a9a.bz2",
-                       "1dcb2b4aedea0b5a9e964192dd211675d16cf05ab6477ddd0702d87c1d1af8da", None),
+                       "1dcb2b4aedea0b5a9e964192dd211675d16cf05ab6477ddd0702d87c1d1af8da", None, size=100_552),
             RemoteFile("a9a.t.bz2",
-                       "e55725b53c3c47f7053bd3ef12e41555539eac4c0fe989e69345cc4dd0ea6e8d", None),
+                       "e55725b53c3c47f7053bd3ef12e41555539eac4c0fe989e69345cc4dd0ea6e8d", None, size=50_548),
         ),
         parse=_libsvm_split(123),
         description="UCI Adult binarised by LIBSVM (a9a, a9a.t): 123 binary features, "
@@ -242,10 +261,10 @@ _SPECS = (
         files=(
             RemoteFile("ijcnn1.trn.bz2",
                        "b38a4198ce142d43e96fb86d17b87211feec1f909ac344fa057455c69de29de3",
-                       _TICK_IJCNN1 + "ijcnn1.trn.bz2"),
+                       _TICK_IJCNN1 + "ijcnn1.trn.bz2", size=1_395_175),
             RemoteFile("ijcnn1.tst.bz2",
                        "acd1db430684fdd3f0c768ecc49aa8e749d0004fc117611220c2aa576a7b6a24",
-                       _TICK_IJCNN1 + "ijcnn1.tst.bz2"),
+                       _TICK_IJCNN1 + "ijcnn1.tst.bz2", size=2_597_597),
         ),
         parse=_libsvm_split(22),
         description="IJCNN 2001 challenge, winner's transformation (LIBSVM ijcnn1, ijcnn1.t): "
@@ -270,19 +289,23 @@ _SPECS = (
             RemoteFile("train-images-idx3-ubyte.gz",
                        "0b367032e93c5d0cea0925647cfdb18614af8ee15f83e6f2fc2ad904a6835971",
                        _MNIST_MIRROR + "train-images-idx3-ubyte.gz",
-                       "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db"),
+                       "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
+                       size=9_719_438, content_size=47_040_016),
             RemoteFile("train-labels-idx1-ubyte.gz",
                        "ec02e7948609e5754d47881c09b8afdd8dfa60600b9e5388c8c54a67069ec772",
                        _MNIST_MIRROR + "train-labels-idx1-ubyte.gz",
-                       "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5"),
+                       "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
+                       size=28_881, content_size=60_008),
             RemoteFile("t10k-images-idx3-ubyte.gz",
                        "167310007f03058885c7e95e6c0b19c20de5c7fd3031f4cbdadc9014a523d80b",
                        _MNIST_MIRROR + "t10k-images-idx3-ubyte.gz",
-                       "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7"),
+                       "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
+                       size=1_648_877, content_size=7_840_016),
             RemoteFile("t10k-labels-idx1-ubyte.gz",
                        "fc607395669ec21321ea83e4b82c0544b7e8e63ff5b34337c06bc0a17cc0da3c",
                        _MNIST_MIRROR + "t10k-labels-idx1-ubyte.gz",
-                       "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2"),
+                       "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
+                       size=4_542, content_size=10_008),
         ),
         parse=_mnist,
         description="MNIST handwritten digits: 28x28 grey images flattened row-major to 784 "
@@ -303,7 +326,7 @@ _SPECS = (
         # hand, or `fetch(..., base_url=...)` from a server holding it.
         files=(
             RemoteFile("pima_indians_diabetes.csv",
-                       "fb921ad6e7a338044c272cede111fa19a433b9cc86e41a0347e83753869a19b5", None),
+                       "fb921ad6e7a338044c272cede111fa19a433b9cc86e41a0347e83753869a19b5", None, size=23_078),
         ),
         parse=_pima,
         description="Pima Indians Diabetes (= LIBSVM diabetes): 8 raw features (pregnant, "
@@ -326,7 +349,7 @@ _SPECS = (
         files=(
             RemoteFile("cifar-10-python.tar.gz",
                        "6d958be074577803d12ecdefd02955f39262c83c16fe9348329d7fe0b5c001ce",
-                       _CIFAR10_URL),
+                       _CIFAR10_URL, size=170_498_071),
         ),
         parse=_cifar10,
         description="CIFAR-10 (Krizhevsky 2009): 32x32 colour images flattened channel-major "
@@ -344,7 +367,8 @@ _SPECS = (
         name="california_housing",
         task="regression",
         files=(RemoteFile("cal_housing.data.xz",
-                          "ccfafab957dc5ff54007c5ac1704c39e88cb75316ddbffc510849dbc71504182", None),),
+                          "ccfafab957dc5ff54007c5ac1704c39e88cb75316ddbffc510849dbc71504182", None,
+                          size=330_584),),
         parse=tabular.california_housing,
         description="California Housing (Pace & Barry 1997, StatLib cal_housing.data): 8 raw features, target "
                     "median house value; random 80/20 split (seed 0)",
@@ -358,12 +382,12 @@ _SPECS = (
     _Spec(
         name="gas_turbine",
         task="regression",
-        files=tuple(RemoteFile(f"gt_{year}.csv.xz", digest, None) for year, digest in (
-            (2011, "d15f7181ca41039588b3879988c51a86626fbfa6a1310c0963ed3567a9dd28e8"),
-            (2012, "3b1c06b2f018f89ef3645ebafed844a1b667c0fde4a93b245d95ccd784b1f474"),
-            (2013, "377c21b18f8cf8878de73090e4b578db9a5a3a25c1a5ce7cff06ae9aae689d63"),
-            (2014, "3d8ea744332b84d0fcd531b634e564d6fae214c941a69c94c375c932366ba82a"),
-            (2015, "3a32ba15827305fce9cf76f85b0bd3291b60441d23547287e113a6990d80c937"))),
+        files=tuple(RemoteFile(f"gt_{year}.csv.xz", digest, None, size=size) for year, digest, size in (
+            (2011, "d15f7181ca41039588b3879988c51a86626fbfa6a1310c0963ed3567a9dd28e8", 172_452),
+            (2012, "3b1c06b2f018f89ef3645ebafed844a1b667c0fde4a93b245d95ccd784b1f474", 178_336),
+            (2013, "377c21b18f8cf8878de73090e4b578db9a5a3a25c1a5ce7cff06ae9aae689d63", 167_860),
+            (2014, "3d8ea744332b84d0fcd531b634e564d6fae214c941a69c94c375c932366ba82a", 165_160),
+            (2015, "3a32ba15827305fce9cf76f85b0bd3291b60441d23547287e113a6990d80c937", 173_716))),
         parse=tabular.gas_turbine,
         description="Gas Turbine CO and NOx Emission (UCI 551), 2011-2015: 9 features (AT, AP, AH, AFDP, GTEP, "
                     "TIT, TAT, TEY, CDP), target CO, NOx removed; random 80/20 split (seed 0)",
@@ -379,7 +403,8 @@ _SPECS = (
         name="blogfeedback",
         task="regression",
         files=(RemoteFile("BlogFeedback.zip",
-                          "d802b5ad26e333ba0f8ad5ceb878f5b4a26ec19797a0284612f7795a601ce0b8", None),),
+                          "d802b5ad26e333ba0f8ad5ceb878f5b4a26ec19797a0284612f7795a601ce0b8", None,
+                          size=2_583_739),),
         parse=tabular.blogfeedback,
         description="BlogFeedback (UCI, Buza 2014): train and the 60 test files stacked, 280 features, target "
                     "comments in the next 24 h; random 80/20 split (seed 0)",
@@ -395,7 +420,8 @@ _SPECS = (
         task="multiclass",
         files=(RemoteFile("kddcup.data_10_percent.gz",
                           "8045aca0d84e70e622d1148d7df782496f6333bf6eb979a1b0837c42a9fd9561",
-                          "http://kdd.ics.uci.edu/databases/kddcup99/kddcup.data_10_percent.gz"),),
+                          "http://kdd.ics.uci.edu/databases/kddcup99/kddcup.data_10_percent.gz",
+                          size=2_144_903),),
         parse=tabular.kddcup99,
         description="KDD Cup 1999, 10 % subset: 38 numeric attributes + one-hot protocol_type, service, flag "
                     "(118 features); labels the 23 classes in sorted order; random 80/20 split (seed 0)",
@@ -422,9 +448,9 @@ def default_data_dir() -> Path:
 
 
 def info(name: str) -> dict[str, Any]:
-    """Metadata of data set ``name``: task, files (sha256, content_sha256, url), licence, sizes."""
+    """Metadata of data set ``name``: task, files (size, sha256, content_sha256, url), licence, sizes."""
     spec = _spec(name)
-    files = [{"name": f.name, "sha256": f.sha256, "content_sha256": f.content_sha256, "url": f.url}
+    files = [{"name": f.name, "size": f.size, "sha256": f.sha256, "content_sha256": f.content_sha256, "url": f.url}
              for f in spec.files]
     return {"name": spec.name, "task": spec.task, "description": spec.description,
             "licence": spec.licence, "source": spec.source, "bundled": spec.bundled,
@@ -434,16 +460,20 @@ def info(name: str) -> dict[str, Any]:
 def load(name: str, data_dir: PathLike | None = None) -> Dataset:
     """Load data set ``name`` from ``data_dir`` (default :func:`default_data_dir`).
 
-    Every file's sha256 is checked on each call; parsing is cached in-process. The returned
-    arrays are fresh copies, so callers may modify them.
+    On each call every file is checked (a regular file of its registered size, then its sha256)
+    while it is copied into a private temporary directory, and the copies are parsed: what is
+    parsed is exactly what was verified. Parsing is cached in-process by the files' digests. The
+    returned arrays are fresh copies, so callers may modify them.
     """
     spec = _spec(name)
-    paths = tuple(_locate(spec, _resolve(data_dir)))
-    for path, file in zip(paths, spec.files):
-        _verify(path, file, spec)
-    cached = _parse(spec.name, paths)
-    return Dataset(cached.name, cached.task, cached.X_train.copy(), cached.y_train.copy(),
-                   cached.X_test.copy(), cached.y_test.copy(), cached.source)
+    paths = _locate(spec, _resolve(data_dir))
+    with tempfile.TemporaryDirectory(prefix="dpopt-data-") as private:
+        copies = [Path(private, file.name) for file in spec.files]
+        digests = tuple(_verified_copy(path, file, spec, copy) for path, file, copy in zip(paths, spec.files, copies))
+        X_train, y_train, X_test, y_test = _parse(spec, digests, copies)
+    where = ", ".join(str(path) for path in paths)
+    return Dataset(spec.name, spec.task, X_train.copy(), y_train.copy(), X_test.copy(), y_test.copy(),
+                   f"{spec.source}; read from {where}")
 
 
 def fetch(name: str, data_dir: PathLike | None = None, *,
@@ -469,7 +499,7 @@ def fetch(name: str, data_dir: PathLike | None = None, *,
     paths = []
     for file in spec.files:
         target = folder / file.name
-        if not (target.is_file() and _mismatch(target, file) is None):
+        if not (target.exists() and _check(target, file)[1] is None):
             _download(_url(file, base_url), target, file)
         paths.append(target)
     return paths
@@ -493,59 +523,114 @@ def _locate(spec: _Spec, data_dir: Path) -> list[Path]:
     paths = []
     for file in spec.files:
         path = data_dir / spec.name / file.name
-        if not path.is_file() and spec.bundled:
+        if not path.exists() and spec.bundled:
             path = _BUNDLED_DIR / file.name
-        if not path.is_file():
+        if not path.exists():
             raise DataError(f"data file {path} is missing: run `dpopt data fetch {spec.name}` "
                             "or pass --data-dir/DPOPT_DATA")
         paths.append(path)
     return paths
 
 
-def _verify(path: Path, file: RemoteFile, spec: _Spec) -> None:
-    """Raise :class:`DataError` unless ``path`` has the sha256 (or content sha256) of ``file``."""
-    problem = _mismatch(path, file)
+def _verified_copy(path: Path, file: RemoteFile, spec: _Spec, copy: Path) -> str:
+    """Copy ``path`` to ``copy`` as it is verified to be ``file``; its sha256, or a :class:`DataError`."""
+    actual, problem = _check(path, file, copy)
     if problem is not None:
         fix = ("delete it to use the bundled copy" if spec.bundled
                else f"run `dpopt data fetch {spec.name}` to download it again")
         raise DataError(f"data file {path} is corrupt: {problem}; {fix}")
+    return actual
 
 
-def _mismatch(path: Path, file: RemoteFile, actual: str | None = None) -> str | None:
-    """Why the file at ``path`` is not ``file`` (``None`` if it is); ``actual``: its sha256 if known."""
-    actual = _sha256(path) if actual is None else actual
+def _check(path: Path, file: RemoteFile, copy: Path | None = None) -> tuple[str | None, str | None]:
+    """The sha256 of the file at ``path`` (``None`` if its size already rules it out) and why it
+    is not ``file`` (``None`` if it is); a :class:`DataError` if it is not a regular file.
+
+    Its size is checked before a byte is read; with ``copy`` its bytes are written there as they
+    are hashed, and a content check reads the copy, so ``copy`` holds exactly what was verified.
+    """
+    with _open_regular(path) as source:
+        expected = os.fstat(source.fileno()).st_size
+        if (problem := _size_problem(expected, file)) is not None:
+            return None, problem
+        with (open(copy, "xb") if copy is not None else contextlib.nullcontext()) as target:
+            actual, size = _copy(source, target, file.max_size)
+    if size != expected:
+        return actual, f"its size changed from {expected:,} bytes while it was read"
+    return actual, _mismatch(copy or path, file, actual)
+
+
+def _open_regular(path: Path) -> IO[bytes]:
+    """``path`` opened for reading, if it is a regular file (a FIFO is opened without waiting for a
+    writer, then refused); a :class:`DataError` naming what it is otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise DataError(f"data file {path} cannot be read ({exc.strerror})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kinds = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+                 (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket"))
+        kind = next((name for test, name in kinds if test(mode)), "not a file")
+        raise DataError(f"data file {path} is {kind}, not a regular file: put the data file itself there")
+    return os.fdopen(fd, "rb")
+
+
+def _size_problem(size: int, file: RemoteFile) -> str | None:
+    """Why a file of ``size`` bytes cannot be ``file`` (``None`` if it can)."""
+    if size == file.size or (file.content_sha256 is not None and size <= file.max_size):
+        return None
+    if file.content_sha256 is None:
+        return f"size {size:,} bytes != expected {file.size:,}"
+    return f"size {size:,} bytes exceeds {file.max_size:,}, more than any compression of its content takes"
+
+
+def _copy(source: IO[bytes], target: IO[bytes] | None, limit: int) -> tuple[str, int]:
+    """Hex sha256 and length of ``source``, read to its end or to just past ``limit`` bytes,
+    written to ``target`` (if any) as it is hashed."""
+    digest, size = hashlib.sha256(), 0
+    while size <= limit and (chunk := source.read(min(_CHUNK, limit + 1 - size))):
+        digest.update(chunk)
+        size += len(chunk)
+        if target is not None:
+            target.write(chunk)
+    return digest.hexdigest(), size
+
+
+def _mismatch(path: Path, file: RemoteFile, actual: str) -> str | None:
+    """Why the file at ``path``, of sha256 ``actual``, is not ``file`` (``None`` if it is)."""
     if actual == file.sha256:
         return None
     if file.content_sha256 is None:
         return f"sha256 {actual} != expected {file.sha256}"
     suffix = Path(file.name).suffix
     try:
-        content = _sha256(path, _DECOMPRESS.get(suffix, open))
+        with _DECOMPRESS.get(suffix, open)(path, "rb") as stream:
+            content, size = _copy(stream, None, file.content_size)
     except (OSError, EOFError, lzma.LZMAError, zlib.error) as exc:
         return f"its sha256 {actual} is not the known copy's and it cannot be decompressed ({exc})"
+    if size > file.content_size:
+        return f"it decompresses to more than the {file.content_size:,} bytes of the expected content"
     if content == file.content_sha256:
         return None
     return (f"sha256 of its decompressed content {content} != expected {file.content_sha256} "
             f"(and its sha256 {actual} is not the known copy's {file.sha256})")
 
 
-def _sha256(path: Path, opener: Callable[..., IO[bytes]] = open) -> str:
-    """Hex sha256 of the file at ``path`` (of its content decompressed by ``opener`` if given)."""
-    digest = hashlib.sha256()
-    with opener(path, "rb") as stream:
-        while chunk := stream.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+#: Parsed data sets by (name, the sha256 of each file): the same bytes parse to the same arrays.
+_PARSED: dict[tuple[str, tuple[str, ...]], Arrays] = {}
+_PARSED_MAX = 4
 
 
-@functools.lru_cache(maxsize=4)
-def _parse(name: str, paths: tuple[Path, ...]) -> Dataset:
-    """Parse the (already verified) files of data set ``name``; cached per file paths."""
-    spec = _REGISTRY[name]
-    X_train, y_train, X_test, y_test = spec.parse(paths)
-    where = ", ".join(str(path) for path in paths)
-    return Dataset(spec.name, spec.task, X_train, y_train, X_test, y_test,
-                   f"{spec.source}; read from {where}")
+def _parse(spec: _Spec, digests: tuple[str, ...], copies: Sequence[Path]) -> Arrays:
+    """The arrays of the (verified) files ``copies`` of ``spec``, whose sha256s are ``digests``."""
+    key = (spec.name, digests)
+    if key not in _PARSED:
+        if len(_PARSED) >= _PARSED_MAX:
+            del _PARSED[next(iter(_PARSED))]  # the oldest
+        _PARSED[key] = spec.parse(copies)
+    return _PARSED[key]
 
 
 def _url(file: RemoteFile, base_url: str | None) -> str:
@@ -564,8 +649,9 @@ def _download(url: str, target: Path, file: RemoteFile) -> None:
     temp = Path(temp_name)
     try:
         with os.fdopen(handle, "wb") as out:
-            actual = _copy_url(url, out, target)
-        problem = _mismatch(temp, file, actual)
+            actual, size = _copy_url(url, out, target, file.max_size)
+        too_large = f"more than {file.max_size:,} bytes (expected {file.size:,})" if size > file.max_size else None
+        problem = too_large or _size_problem(size, file) or _mismatch(temp, file, actual)
         if problem is not None:
             raise DataError(f"download {url} is corrupt: {problem}; nothing was written to "
                             f"{target.parent}")
@@ -574,15 +660,11 @@ def _download(url: str, target: Path, file: RemoteFile) -> None:
         temp.unlink(missing_ok=True)
 
 
-def _copy_url(url: str, out: IO[bytes], target: Path) -> str:
-    """Stream ``url`` into ``out``; return the hex sha256 of the bytes."""
-    digest = hashlib.sha256()
+def _copy_url(url: str, out: IO[bytes], target: Path, limit: int) -> tuple[str, int]:
+    """Stream ``url`` into ``out`` (at most just past ``limit`` bytes); the hex sha256 and length."""
     try:
         with urllib.request.urlopen(url, timeout=60) as response:
-            while chunk := response.read(_CHUNK):
-                digest.update(chunk)
-                out.write(chunk)
+            return _copy(response, out, limit)
     except (OSError, http.client.HTTPException, ValueError) as exc:
         raise DataError(f"download {url} failed ({exc}); check the network, "
                         f"or copy the file to {target} by hand") from None
-    return digest.hexdigest()

@@ -17,6 +17,7 @@ same form. Losses (per record, averaged):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -25,6 +26,7 @@ from torch import Tensor
 
 from .. import _validate
 from ..clipping import PerRecord
+from .digest import sha256_of
 
 #: Products with fewer entries than this run on one thread (see :func:`product`).
 PARALLEL_MIN = 1 << 16
@@ -139,6 +141,11 @@ class GLM:
     def _design(self, X: Tensor, y: Tensor) -> Tensor:
         """The rows a_i whose margins ⟨a_i, θ⟩ the loss depends on."""
         return X
+
+    @functools.cached_property
+    def data_digest(self) -> str:
+        """sha256 of the training data (X and y), computed once: checkpoints of other data differ."""
+        return sha256_of(self.X, self.y)
 
     def _value(self, margin: Tensor, y: Tensor) -> Tensor:
         """Per-record loss φ(u; y) at margins u = ⟨a, θ⟩."""

@@ -37,6 +37,7 @@ clipped contribution is exactly bounded even so.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -48,6 +49,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from .. import _validate
 from ..clipping import Dense
 from . import ghost
+from .digest import sha256_of
 
 ENGINES = ("vmap", "ghost")
 RECENT = 2  #: per-record results kept for reuse (the two points of a gradient difference)
@@ -140,6 +142,11 @@ class TorchModel:
         self._recent: list[tuple[Tensor, Tensor, Dense | ghost.GhostRows]] = []
 
     # ------------------------------------------------------------------------------ helpers
+
+    @functools.cached_property
+    def data_digest(self) -> str:
+        """sha256 of the training data (X and y), computed once: checkpoints of other data differ."""
+        return sha256_of(self.X, self.y)
 
     def flat_params(self) -> Tensor:
         """θ0: the module's current trainable parameters, flattened (a copy)."""

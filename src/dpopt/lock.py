@@ -1,0 +1,64 @@
+"""One run at a time per checkpoint: the advisory lock of a run's output.
+
+:func:`held` holds an exclusive ``flock`` (via ``filelock``) on ``<checkpoint>.lock`` for as
+long as its context lasts, and writes the holder (pid, host, start time) into that file. A
+second run on the same checkpoint is refused with a line naming the holder. The kernel drops
+the lock of a process that ends, however it ends, so the lock of a killed run is stale by
+construction and the next run takes it over (and replaces the holder line). The lock file is
+left in place: removing it would let two runs lock two different files of the same name.
+
+Within one process the lock is reentrant: ``dpopt run`` holds the lock of ``<out>/checkpoint.pt``
+for the whole run (before anything in ``--out`` is touched, until the results are written) and
+:func:`dpopt.run` takes it again around its checkpoint work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import filelock
+
+from ._validate import DpoptError
+
+
+@contextlib.contextmanager
+def held(checkpoint: Path) -> Iterator[None]:
+    """Hold the lock of ``checkpoint`` (creating its directory), or raise a one-line
+    :class:`~dpopt._validate.DpoptError` naming the run that holds it."""
+    path = Path(checkpoint).with_name(Path(checkpoint).name + ".lock")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = filelock.FileLock(path, is_singleton=True, on_acquired=_write_holder)
+        lock.acquire(blocking=False)
+    except filelock.Timeout:
+        raise DpoptError(f"{str(path)!r} is held by another run ({_holder(path)}): wait for it to end, or use "
+                         "another --out") from None
+    except OSError as err:
+        raise DpoptError(f"out={str(path.parent)!r} must be a writable directory ({err.strerror})") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _write_holder(fd: int) -> None:
+    """Replace the lock file's content by this process's holder line (called once the lock is ours)."""
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    line = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": started}) + "\n"
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, line.encode(), 0)
+
+
+def _holder(path: Path) -> str:
+    """The holder line of the lock file ``path``, in words."""
+    try:
+        holder = json.loads(path.read_text())
+        return f"pid {int(holder['pid'])} on host {holder['host']}, started {holder['started']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "holder unknown"

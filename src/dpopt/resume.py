@@ -1,0 +1,115 @@
+"""Resuming from a checkpoint: only the same run, and only with the ε its steps really spent.
+
+A checkpoint stores the run's settings, described one by one (:func:`describe`); resuming with
+any setting changed is refused with a line naming the first that differs. Its ledger must be
+what the plan says the steps done so far spend (:func:`check`): a ledger that records less
+would make the resumed run report less ε than it spent. Every refusal advises another
+``--out``, never deleting the checkpoint: it is the record of the ε already spent on the data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import dp_accounting as dpa
+
+from ._validate import DpoptError
+from .accounting import Ledger, compose, count_steps, epsilon_of, run_length
+
+#: What a checkpoint holds (:func:`dpopt.train.run` writes these keys).
+KEYS = frozenset({"settings", "step", "state", "visited", "expected", "records", "diagnostics", "sample_gen",
+                  "noise_gen", "ledger", "cpu_time_s", "wall_time_s"})
+
+
+def describe(algorithm: Any, oracle: Any, **settings: Any) -> dict[str, str]:
+    """Everything that determines a run, setting by setting, in a fixed order: the algorithm
+    (its type and each hyper-parameter its repr shows), the oracle (type, n, dim, regulariser and
+    the digest of its training data, where it has one: ``data_digest``) and ``settings``."""
+    oracle = getattr(oracle, "oracle", oracle)  # a data-parallel wrapper runs the same problem
+    if dataclasses.is_dataclass(algorithm):
+        described = {"algorithm": type(algorithm).__qualname__} | {
+            f"algorithm.{f.name}": repr(getattr(algorithm, f.name)) for f in dataclasses.fields(algorithm) if f.repr}
+    else:
+        described = {"algorithm": repr(algorithm)}
+    return described | {
+        "oracle": type(oracle).__name__, "n": str(oracle.n), "dim": str(oracle.dim),
+        "reg": repr(getattr(oracle, "reg", None)), "data": getattr(oracle, "data_digest", "no digest"),
+    } | {name: repr(value) for name, value in settings.items()}
+
+
+def check(path: Path, saved: dict[str, Any], described: dict[str, str], algorithm: Any, *, n: int, steps: int,
+          stop_at: int, delta: float) -> Ledger:
+    """The ledger of checkpoint ``saved`` (read from ``path``), once it is known to belong to this
+    run (settings ``described``) and to record what the plan spends in its ``saved["step"]`` steps.
+
+    Schedules (the plan fixes every step's event): the ledger must equal the first k atomic events
+    of ``canonical(algorithm.planned_event(n, steps))``, k those of the steps done. Budgets (a plan
+    of one event for more than one step: a privacy filter's total, DP-AGD's, whose steps choose
+    their own spending): its ε(δ) must not exceed the plan's.
+    """
+    name = f"checkpoint={str(path)!r}"
+    if not (isinstance(saved, dict) and set(saved) == KEYS):
+        raise DpoptError(f"{name} is not a checkpoint of dpopt.run (it holds other data); it was not used")
+    _check_settings(name, saved["settings"], described)
+    done = saved["step"]
+    if type(done) is not int or not 0 <= done <= stop_at:
+        raise DpoptError(f"{name} records step={done!r}, not a step in [0, {stop_at}] of this run")
+    try:
+        ledger = Ledger.from_state(saved["ledger"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise DpoptError(f"{name} holds no ledger ({err}); it was not used") from None
+    relation = algorithm.relation()
+    plan = algorithm.planned_event(n, steps)
+    if ledger.relation != relation:
+        raise DpoptError(f"{name} records a ledger under {ledger.neighboring_relation} adjacency, this run's is "
+                         f"{Ledger(relation).neighboring_relation}; it was not used")
+    if count_steps(plan) == 1 and steps > 1:
+        budget = epsilon_of(plan, delta, relation, ledger.requested_accountant)
+        if ledger.epsilon(delta) > budget * (1 + 1e-9):
+            raise DpoptError(f"{name} records ε={ledger.epsilon(delta)} after {done} steps, above this run's "
+                             f"budget ε={budget}; it was not used")
+    elif ledger.event() != compose(_prefix(run_length([plan]), _atoms(algorithm, n, done))):
+        raise DpoptError(f"{name} records a ledger of {ledger.steps} events after {done} steps that is not what "
+                         f"the plan spends in those steps; it was not used")
+    return ledger
+
+
+def _check_settings(name: str, saved: Any, described: dict[str, str]) -> None:
+    """Refuse a checkpoint whose settings differ, naming the first setting that does."""
+    if not isinstance(saved, dict):
+        raise DpoptError(f"{name} records no settings; it was not used")
+    for key in [*described, *(k for k in saved if k not in described)]:
+        if saved.get(key) != described.get(key):
+            raise DpoptError(f"{name} belongs to another run: its {key} is {_shown(saved.get(key))}, this run's is "
+                             f"{_shown(described.get(key))}; resume with the same settings, or use another --out "
+                             "for a new run (keep the checkpoint: it records the ε already spent)")
+
+
+def _shown(value: str | None) -> str:
+    return "not set" if value is None else value if len(value) <= 100 else value[:97] + "..."
+
+
+def _atoms(algorithm: Any, n: int, done: int) -> int:
+    """How many atomic events the plan spends in its first ``done`` steps: those of
+    ``planned_event(n, done)``; one per step for a plan that exists only for its whole length
+    (R-AClip's stages). A wrong count fails closed: the genuine checkpoint is refused."""
+    if done == 0:
+        return 0
+    try:
+        return count_steps(algorithm.planned_event(n, done))
+    except DpoptError:
+        return done
+
+
+def _prefix(runs: list[tuple[dpa.DpEvent, int]], atoms: int) -> list[tuple[dpa.DpEvent, int]]:
+    """The first ``atoms`` atomic events of the run-length list ``runs``."""
+    prefix = []
+    for event, count in runs:
+        if atoms <= 0:
+            break
+        prefix.append((event, min(count, atoms)))
+        atoms -= count
+    return prefix
+

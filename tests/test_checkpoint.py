@@ -1,0 +1,305 @@
+"""Checkpoints: loading runs no code, any corruption is a one-line refusal, resuming checks the
+ledger against the plan and the settings (data included) against the run, and every algorithm's
+state survives a checkpoint bit for bit."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import os
+import pickle
+from pathlib import Path
+
+import dp_accounting as dpa
+import pytest
+import torch
+
+import dpopt
+from dpopt import checkpoint, codec
+from dpopt._validate import DpoptError
+from dpopt.accounting import Ledger
+from dpopt.cli import main
+from tests.contracts.test_algorithms import NAMES, TABLE, oracle
+
+STEPS, EVERY = 30, 4
+
+
+def problem(seed: int = 0) -> dpopt.oracles.Logistic:
+    gen = torch.Generator().manual_seed(seed)
+    X = torch.randn(200, 4, generator=gen, dtype=torch.float64)
+    return dpopt.oracles.Logistic(X, torch.where(X[:, 0] > 0, 1.0, -1.0))
+
+
+def dpsgd(lr: float = 0.5) -> dpopt.DPSGD:
+    return dpopt.DPSGD(lr=lr, clip=1.0, noise_multiplier=1.0, batch_size=20)
+
+
+class Stop(Exception):
+    """A run interrupted half-way."""
+
+
+def interrupted(algo, data, path: Path, steps: int, at: int, **settings) -> None:
+    """Run until the ``at``-th log point (log and checkpoint every EVERY steps), then stop: the last
+    checkpoint is of step (at - 1)·EVERY."""
+    def stop(theta: torch.Tensor) -> dict[str, float]:
+        stop.calls += 1
+        if stop.calls == at:
+            raise Stop
+        return {}
+
+    stop.calls = 0
+    with pytest.raises(Stop):
+        dpopt.run(algo, data, steps=steps, log_every=EVERY, checkpoint_path=path, checkpoint_every=EVERY,
+                  log_metrics=stop, **settings)
+
+
+def resumed(algo, data, path: Path, steps: int, **settings) -> dpopt.History:
+    return dpopt.run(algo, data, steps=steps, log_every=EVERY, checkpoint_path=path, checkpoint_every=EVERY,
+                     **settings)
+
+
+def partial_checkpoint(tmp_path: Path) -> Path:
+    """A DP-SGD checkpoint after 12 of STEPS steps."""
+    path = tmp_path / "checkpoint.pt"
+    interrupted(dpsgd(), problem(), path, STEPS, at=4)
+    assert checkpoint.load(path)["step"] == 12
+    return path
+
+
+# ------------------------------------------------------------------ every algorithm, bit for bit
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_algorithm_resumes_to_the_uninterrupted_run(tmp_path, name):
+    case = TABLE[name]
+    algo, path = case.make(1.0, 1.0), tmp_path / "checkpoint.pt"
+    interrupted(algo, oracle(), path, case.steps, at=case.steps // (2 * EVERY) + 1, seed=3)
+    assert 0 < checkpoint.load(path)["step"] < case.steps
+    got = resumed(algo, oracle(), path, case.steps, seed=3)
+    want = dpopt.run(algo, oracle(), steps=case.steps, log_every=EVERY, seed=3)
+    assert torch.equal(got.theta, want.theta)
+    assert [r["epsilon"] for r in got.records] == [r["epsilon"] for r in want.records]
+    assert got.final["epsilon"] == want.final["epsilon"]
+
+
+# ------------------------------------------------------------------ finding 1: no code runs on load
+
+
+class Evil:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.mark.parametrize("writer", ["torch.save", "pickle"])
+def test_a_pickle_in_the_checkpoint_runs_no_code(tmp_path, writer):
+    marker, path = tmp_path / "pwned", tmp_path / "checkpoint.pt"
+    buffer = io.BytesIO()
+    torch.save({"step": Evil(marker)}, buffer) if writer == "torch.save" else pickle.dump(Evil(marker), buffer)
+    path.write_bytes(buffer.getvalue())
+    with pytest.raises(DpoptError, match=r"^checkpoint='.*checkpoint.pt' is not a dpopt checkpoint of format 1 "
+                                         r"\(checkpoints of earlier versions were pickles, which are not loaded"):
+        resumed(dpsgd(), problem(), path, STEPS)
+    assert not marker.exists()
+
+
+def test_the_command_line_refuses_a_pickle_checkpoint_in_one_line(tmp_path, capsys):
+    marker, out = tmp_path / "pwned", tmp_path / "out"
+    out.mkdir()
+    (out / "checkpoint.pt").write_bytes(pickle.dumps(Evil(marker)))
+    argv = ["run", "--algorithm", "dp-sgd", "--dataset", "adult", "--epsilon", "1", "--steps", "5", "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dpopt: error: checkpoint=") and "is not a dpopt checkpoint" in err
+    assert err.count("\n") == 1 and not marker.exists()
+
+
+def test_decoding_builds_only_dpopt_records_and_dp_accounting_events():
+    for node in ({"object": ["os", "system", {"command": "true"}]},
+                 {"object": ["dpopt.checkpoint", "os", {}]},       # a module, not a dpopt class
+                 {"object": ["dpopt.train", "Path", {}]},          # imported into dpopt, defined elsewhere
+                 {"object": ["dpopt._validate", "DpoptError", {}]},  # a dpopt class, neither NamedTuple nor dataclass
+                 {"event": ["PrivacyAccountant", {}]},
+                 {"event": ["os.system", {}]},
+                 {"tensor": "t9"}, {"float": "1e400"}, {"set": []}, {"tuple": [], "dict": {}}):
+        with pytest.raises(codec.CodecError):
+            codec.decode(node, {})
+
+
+def test_the_codec_round_trips_what_a_state_holds():
+    shared = torch.arange(3.0)
+    value = {"floats": (math.inf, -math.inf, 0.1, -0.0, 1e-310), "ints": [0, -1, 2**62, True, None], "s": "é",
+             "shared": (shared, shared), "gen": torch.Generator().manual_seed(5).get_state(),
+             "event": dpa.ComposedDpEvent([dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(1.5), 3),
+                                           dpa.SingleEpochTreeAggregationDpEvent(0.7, [3, 4])]),
+             "state": dpopt.algorithms.dp_agd.DPAGDState(torch.ones(2), math.inf, 0.25, 1.0, (0.5,), False)}
+    data, tensors = codec.encode(value)
+    back = codec.decode(json.loads(json.dumps(data, allow_nan=False)), tensors)
+    assert back["floats"] == value["floats"] and math.copysign(1, back["floats"][3]) == -1
+    assert back["ints"] == value["ints"] and back["s"] == "é" and back["event"] == value["event"]
+    assert back["shared"][0] is back["shared"][1] and torch.equal(back["shared"][0], shared)
+    assert torch.equal(back["gen"], value["gen"]) and back["gen"].dtype == torch.uint8
+    assert type(back["state"]) is type(value["state"]) and back["state"].chosen == (0.5,)
+    assert math.isnan(codec.decode(*codec.encode(math.nan)))
+    with pytest.raises(codec.CodecError, match="cannot hold a value of type builtins.set"):
+        codec.encode({1, 2})
+
+
+# ------------------------------------------------------------------ finding 2: corruption, tampering
+
+
+def flipped(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("where", [0, 25, 100, 0.5, 0.9, -1])
+def test_a_flipped_bit_anywhere_is_a_one_line_refusal(tmp_path, where):
+    path = partial_checkpoint(tmp_path)
+    size = path.stat().st_size
+    flipped(path, where if isinstance(where, int) else int(where * size))
+    with pytest.raises(DpoptError, match=r"^checkpoint='.*' is (corrupt or truncated|not a dpopt checkpoint)") as err:
+        resumed(dpsgd(), problem(), path, STEPS)
+    assert "\n" not in str(err.value) and "delete" not in str(err.value)
+
+
+def test_a_flipped_bit_in_the_ledger_count_no_longer_lowers_epsilon(tmp_path):
+    """The reproduction: one bit of the ledger's step count (12 -> 4) flipped inside the file."""
+    path = partial_checkpoint(tmp_path)
+    data = path.read_bytes()
+    at = data.index(b'"GaussianDpEvent"')
+    at = data.index(b"},12]}", at) + 2  # the count of the ledger's one run
+    flipped(path, at)                    # "12" -> "02"
+    with pytest.raises(DpoptError, match="is corrupt or truncated"):
+        resumed(dpsgd(), problem(), path, STEPS)
+
+
+@pytest.mark.parametrize("keep", [0, 10, 84, 0.5, -1])
+def test_a_truncated_checkpoint_is_a_one_line_refusal(tmp_path, keep):
+    path = partial_checkpoint(tmp_path)
+    data = path.read_bytes()
+    path.write_bytes(data[:keep if isinstance(keep, int) else int(keep * len(data))])
+    with pytest.raises(DpoptError, match=r"^checkpoint='.*' is (corrupt or truncated|not a dpopt checkpoint)"):
+        resumed(dpsgd(), problem(), path, STEPS)
+
+
+def rewritten(path: Path, change) -> None:
+    """``path`` with its content changed by ``change(saved)`` and a valid digest (a forgery)."""
+    saved = checkpoint.load(path)
+    change(saved)
+    checkpoint.save(path, saved)
+
+
+def test_a_ledger_below_the_plan_is_refused_even_with_a_valid_digest(tmp_path):
+    path = partial_checkpoint(tmp_path)
+
+    def fewer(saved):
+        ledger = Ledger.from_state(saved["ledger"])
+        (event, count), = ledger.state()["runs"]
+        saved["ledger"] = ledger.state() | {"runs": [(event, count - 8)]}
+
+    rewritten(path, fewer)
+    with pytest.raises(DpoptError, match=r"records a ledger of 4 events after 12 steps that is not what the plan "
+                                         r"spends in those steps; it was not used$"):
+        resumed(dpsgd(), problem(), path, STEPS)
+
+
+def test_a_ledger_of_other_events_is_refused(tmp_path):
+    path = partial_checkpoint(tmp_path)
+
+    def weaker(saved):
+        (event, count), = saved["ledger"]["runs"]
+        noisier = dpa.PoissonSampledDpEvent(event.sampling_probability, dpa.GaussianDpEvent(50.0))
+        saved["ledger"]["runs"] = [(noisier, count)]
+
+    rewritten(path, weaker)
+    with pytest.raises(DpoptError, match="is not what the plan spends"):
+        resumed(dpsgd(), problem(), path, STEPS)
+
+
+def test_a_budget_ledger_above_its_budget_is_refused(tmp_path):
+    """DP-AGD's plan is a privacy filter's total: its ledger may spend less, never more."""
+    case, path = TABLE["dpagd"], tmp_path / "checkpoint.pt"
+    algo = case.make(1.0, 1.0)
+    interrupted(algo, oracle(), path, case.steps, at=case.steps // (2 * EVERY) + 1)
+
+    def overspent(saved):
+        saved["ledger"]["runs"] = saved["ledger"]["runs"] + [(dpa.ZCDpEvent(algo.rho_total), 1)]
+
+    rewritten(path, overspent)
+    with pytest.raises(DpoptError, match=r"records ε=.* above this run's budget ε="):
+        resumed(algo, oracle(), path, case.steps)
+
+
+def test_a_step_outside_the_run_is_refused(tmp_path):
+    path = partial_checkpoint(tmp_path)
+    rewritten(path, lambda saved: saved.update(step=STEPS + 1))
+    with pytest.raises(DpoptError, match=rf"records step={STEPS + 1}, not a step in \[0, {STEPS}\] of this run"):
+        resumed(dpsgd(), problem(), path, STEPS)
+
+
+# ------------------------------------------------------------------ finding 9: which run it belongs to
+
+
+def test_the_refusal_names_the_first_differing_setting_and_keeps_the_checkpoint(tmp_path):
+    path = partial_checkpoint(tmp_path)
+    before = path.read_bytes()
+    with pytest.raises(DpoptError) as err:
+        resumed(dpsgd(), problem(), path, STEPS, seed=1)
+    assert str(err.value) == (f"checkpoint={str(path)!r} belongs to another run: its seed is 0, this run's is 1; "
+                              "resume with the same settings, or use another --out for a new run (keep the "
+                              "checkpoint: it records the ε already spent)")
+    with pytest.raises(DpoptError, match="its algorithm.noise_multiplier is 1.0, this run's is 2.0;"):
+        resumed(dpopt.DPSGD(lr=0.5, clip=1.0, noise_multiplier=2.0, batch_size=20), problem(), path, STEPS)
+    assert path.read_bytes() == before
+
+
+def test_other_data_of_the_same_shape_is_another_run(tmp_path):
+    path = partial_checkpoint(tmp_path)
+    other = problem(seed=1)
+    assert (other.n, other.dim) == (problem().n, problem().dim)
+    with pytest.raises(DpoptError, match=rf"its data is {problem().data_digest}, this run's is "
+                                         rf"{other.data_digest};"):
+        resumed(dpsgd(), other, path, STEPS)
+
+
+def test_the_data_digest_is_the_sha256_of_the_training_data():
+    data = problem()
+    want = hashlib.sha256()
+    for tensor in (data.X, data.y):
+        want.update(f"torch.float64{tuple(tensor.shape)};".encode() + tensor.numpy().tobytes())
+    assert data.data_digest == want.hexdigest()
+    model = dpopt.oracles.TorchModel(torch.nn.Linear(4, 1).double(), lambda out, y: (out[:, 0] - y) ** 2,
+                                     data.X, data.y)
+    assert model.data_digest == data.data_digest
+
+
+def test_results_without_their_checkpoint_are_not_overwritten(tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["run", "--algorithm", "dp-sgd", "--dataset", "adult", "--epsilon", "1", "--steps", "5", "--out", str(out)]
+    assert main(argv) == 0
+    (out / "checkpoint.pt").unlink()
+    results = (out / "history.json").read_bytes()
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (f"dpopt: error: out={str(out)!r} holds the results of a run (history.json) "
+                                       "but not its checkpoint.pt, so it cannot be resumed; use another --out for a "
+                                       "new run\n")
+    assert (out / "history.json").read_bytes() == results
+
+
+def test_the_command_line_refuses_a_truncated_checkpoint_in_one_line(tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["run", "--algorithm", "dp-sgd", "--dataset", "adult", "--epsilon", "1", "--steps", "5", "--out", str(out)]
+    assert main(argv) == 0
+    data = (out / "checkpoint.pt").read_bytes()
+    (out / "checkpoint.pt").write_bytes(data[:len(data) // 2])
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (f"dpopt: error: checkpoint={str(out / 'checkpoint.pt')!r} is corrupt or "
+                                       "truncated (its sha256 does not match its contents); it was not used\n")
