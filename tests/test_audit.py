@@ -148,15 +148,15 @@ class NoiseOnEveryClient(DIFF2):
     sum (the standard deviation split P ways instead of the variance), and the server adds none. The
     released sum then carries noise of standard deviation zΔ/√P while the ledger claims zΔ."""
 
-    def estimate(self, state: Any, t: int, oracle: Any, gen: torch.Generator) -> torch.Tensor:
+    def estimate(self, state: Any, t: int, oracle: Any, source: Any) -> tuple[torch.Tensor, dpa.DpEvent]:
         assert self.restarts(t), "the mutant is audited on restart rounds only"
         z = self.noise_multiplier1
         total = torch.zeros_like(state.theta)
         for client in range(self.clients.count):
             rows = oracle.per_record(state.theta, self.clients.records([client]))
             clipped, _ = clipping.clip_sum([clipping.Term(1.0, rows, self.clip)], self.relation())
-            total += mechanisms.gaussian(clipped, z / self.clients.count, gen)[0]
-        return total / self.clients.expected_size
+            total += mechanisms.gaussian(clipped, z / self.clients.count, source)[0]
+        return total / self.clients.expected_size, dpa.GaussianDpEvent(z)  # the bug: it claims one draw of zΔ
 
 
 def last_iterate(algo: Any) -> Any:
