@@ -43,16 +43,16 @@ class Stop(Exception):
 def interrupted(algo, data, path: Path, steps: int, at: int, **settings) -> None:
     """Run until the ``at``-th log point (log and checkpoint every EVERY steps), then stop: the last
     checkpoint is of step (at - 1)·EVERY."""
-    def stop(theta: torch.Tensor) -> dict[str, float]:
+    def stop(theta: torch.Tensor) -> float:
         stop.calls += 1
         if stop.calls == at:
             raise Stop
-        return {}
+        return 0.0
 
     stop.calls = 0
     with pytest.raises(Stop):
         dpopt.run(algo, data, steps=steps, log_every=EVERY, checkpoint_path=path, checkpoint_every=EVERY,
-                  log_metrics=stop, **settings)
+                  test_error=stop, **settings)
 
 
 def resumed(algo, data, path: Path, steps: int, **settings) -> dpopt.History:
@@ -251,7 +251,8 @@ def test_the_refusal_names_the_first_differing_setting_and_keeps_the_checkpoint(
     before = path.read_bytes()
     with pytest.raises(DpoptError) as err:
         resumed(dpsgd(), problem(), path, STEPS, seed=1)
-    assert str(err.value) == (f"checkpoint={str(path)!r} belongs to another run: its seed is 0, this run's is 1; "
+    assert str(err.value) == (f"checkpoint={str(path)!r} belongs to another run: its seed is 'from the operating "
+                              "system', this run's is 1; "
                               "resume with the same settings, or use another --out for a new run (keep the "
                               "checkpoint: it records the ε already spent)")
     with pytest.raises(DpoptError, match="its algorithm.noise_multiplier is 1.0, this run's is 2.0;"):

@@ -351,6 +351,13 @@ def _zcdp_rho(atom: dpa.DpEvent) -> float | None:
     return None
 
 
+def is_filter(planned: dpa.DpEvent) -> bool:
+    """Whether ``planned`` is a zCDP privacy filter's budget: one ``ZCDpEvent`` for the whole run,
+    whatever its steps spend (DP-AGD)."""
+    plan = run_length([planned])
+    return len(plan) == 1 and isinstance(plan[0][0], dpa.ZCDpEvent) and plan[0][1] == 1
+
+
 def guarantee(recorded: dpa.DpEvent, planned: dpa.DpEvent) -> dpa.DpEvent:
     """The event whose ε a run may claim, having recorded ``recorded`` under the plan ``planned``
     (the whole run's, from ``algorithm.planned_event(n, steps)``): the second entry of the double
@@ -370,7 +377,7 @@ def guarantee(recorded: dpa.DpEvent, planned: dpa.DpEvent) -> dpa.DpEvent:
     done = run_length([recorded])
     if plan and all(isinstance(atom, dpa.NonPrivateDpEvent) for atom, _ in plan):
         return planned
-    if len(plan) == 1 and isinstance(plan[0][0], dpa.ZCDpEvent) and plan[0][1] == 1:
+    if is_filter(planned):
         rhos = [(_zcdp_rho(atom), count) for atom, count in done]
         if any(rho is None for rho, _ in rhos):
             raise PlanMismatch(f"the run recorded {recorded} under a zCDP filter: only zCDP events may be recorded")

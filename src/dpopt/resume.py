@@ -16,7 +16,7 @@ from typing import Any
 import dp_accounting as dpa
 
 from ._validate import DpoptError
-from .accounting import Ledger, compose, count_steps, epsilon_of, run_length
+from .accounting import Ledger, PlanMismatch, compose, count_steps, guarantee, is_filter, run_length
 
 #: What a checkpoint holds (:func:`dpopt.train.run` writes these keys).
 KEYS = frozenset({"settings", "step", "state", "visited", "expected", "records", "diagnostics", "sample_gen",
@@ -40,14 +40,14 @@ def describe(algorithm: Any, oracle: Any, **settings: Any) -> dict[str, str]:
 
 
 def check(path: Path, saved: dict[str, Any], described: dict[str, str], algorithm: Any, *, n: int, steps: int,
-          stop_at: int, delta: float) -> Ledger:
+          stop_at: int) -> Ledger:
     """The ledger of checkpoint ``saved`` (read from ``path``), once it is known to belong to this
     run (settings ``described``) and to record what the plan spends in its ``saved["step"]`` steps.
 
     Schedules (the plan fixes every step's event): the ledger must equal the first k atomic events
-    of ``canonical(algorithm.planned_event(n, steps))``, k those of the steps done. Budgets (a plan
-    of one event for more than one step: a privacy filter's total, DP-AGD's, whose steps choose
-    their own spending): its ε(δ) must not exceed the plan's.
+    of ``canonical(algorithm.planned_event(n, steps))``, k those of the steps done. A zCDP privacy
+    filter (DP-AGD's budget, whose steps choose their own spending): the ledger must stay within
+    it (:func:`dpopt.accounting.guarantee`).
     """
     name = f"checkpoint={str(path)!r}"
     if not (isinstance(saved, dict) and set(saved) == KEYS):
@@ -65,11 +65,11 @@ def check(path: Path, saved: dict[str, Any], described: dict[str, str], algorith
     if ledger.relation != relation:
         raise DpoptError(f"{name} records a ledger under {ledger.neighboring_relation} adjacency, this run's is "
                          f"{Ledger(relation).neighboring_relation}; it was not used")
-    if count_steps(plan) == 1 and steps > 1:
-        budget = epsilon_of(plan, delta, relation, ledger.requested_accountant)
-        if ledger.epsilon(delta) > budget * (1 + 1e-9):
-            raise DpoptError(f"{name} records ε={ledger.epsilon(delta)} after {done} steps, above this run's "
-                             f"budget ε={budget}; it was not used")
+    if is_filter(plan):
+        try:
+            guarantee(ledger.event(), plan)
+        except PlanMismatch as err:
+            raise DpoptError(f"{name}: {err}; it was not used") from None
     elif ledger.event() != compose(_prefix(run_length([plan]), _atoms(algorithm, n, done))):
         raise DpoptError(f"{name} records a ledger of {ledger.steps} events after {done} steps that is not what "
                          f"the plan spends in those steps; it was not used")

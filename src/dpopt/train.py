@@ -201,7 +201,7 @@ def _train(algorithm: Any, oracle: Oracle, *, steps: int, stop_at: int, seed: in
         checkpoint.remove_stale(path)  # under the lock: no live writer of path
     if path is not None and path.exists():
         saved = checkpoint.load(path)
-        ledger = resume.check(path, saved, described, algorithm, n=n, steps=steps, stop_at=stop_at, delta=delta)
+        ledger = resume.check(path, saved, described, algorithm, n=n, steps=steps, stop_at=stop_at)
         state, start, visited, records = saved["state"], saved["step"], saved["visited"], saved["records"]
         expected, logged = saved["expected"], saved["diagnostics"]
         sample_gen.set_state(saved["sample_gen"])
