@@ -112,6 +112,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     """Train here, in ``--nproc`` data-parallel processes, or as one rank of torchrun's group;
     rank 0's summary (None on the other ranks, which write and print nothing)."""
     nproc = _validate.positive_int("nproc", args.nproc)
+    rank_timeout = _validate.positive("rank_timeout", args.rank_timeout)
     _shared_noise(max(nproc, distributed.world_size()), args.noise)
     _validate.one_of("backend", args.backend, ("local", "torch"))
     if args.backend == "torch" and args.algorithm not in FEDERATED:
@@ -120,8 +121,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.backend == "torch" and nproc == 1 and distributed.world_size() == 1:
         raise _validate.DpoptError("nproc=1 must be >= 2 with backend='torch' (rank 0 is the server)")
     if nproc > 1 and distributed.world_size() == 1:
-        return distributed.launch(_run, nproc, args)[0]
-    created = distributed.init_from_env()
+        return distributed.launch(_run, nproc, args, rank_timeout=rank_timeout)[0]
+    created = distributed.init_from_env(rank_timeout=rank_timeout)
     try:
         return _train(args)
     finally:
@@ -287,6 +288,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--out", help="output directory (default results/run-<algorithm>-<dataset>)")
     sub.add_argument("--nproc", type=int, default=1, help="data-parallel processes (gloo on 127.0.0.1; the same "
                      "run as one process; under torchrun leave it at 1)")
+    sub.add_argument("--rank-timeout", type=float, default=distributed.RANK_TIMEOUT, help="seconds a process of a "
+                     "data-parallel run may stop answering before the run is stopped with an error naming it")
     common(sub)
 
     sub = commands.add_parser("audit", help="empirical ε lower bound by the canary method (see dpopt.audit)")
