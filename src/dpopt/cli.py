@@ -1,13 +1,14 @@
 """The ``dpopt`` command line: ``run | reproduce | account | calibrate | audit | data``.
 
-Every command takes ``--json`` for machine-readable output on stdout. Invalid input prints one
-line, ``dpopt: error: <argument>=<value> must be …``, and exits with code 2; no traceback.
+Every command takes ``--json`` for machine-readable output on stdout (strict JSON: see
+:mod:`dpopt.report`). Exit codes: 0 done; 2 invalid input or a failure, with one line
+``dpopt: error: <argument>=<value> must be …`` and no traceback; 3 a ``run`` that diverged (θ or
+its objective not finite), after writing what it has; 130 interrupted (Ctrl-C), saying what was kept.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -171,7 +172,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any] | None:
         ratios = (_validate.positive("noise_ratio", args.noise_ratio), 1.0) if args.algorithm == "dp-srm" else None
         algorithm = calibrate(algorithm, epsilon=epsilon, delta=delta, n=oracle.n, steps=steps,
                               accountant=args.accountant, ratios=ratios)
-    out = Path(args.out or f"results/run-{args.algorithm}-{args.dataset}")
+    out = _out(args)
     with distributed.resumable(out / "checkpoint.pt") as checkpoint_path:  # rank 0 alone writes out/
         theta0 = oracle.flat_params() if args.model == "mlp" else None  # the network's initialisation
         history = run(algorithm, oracle, steps=steps, seed=args.seed, delta=delta, accountant=args.accountant,
@@ -192,7 +193,12 @@ def _train(args: argparse.Namespace) -> dict[str, Any] | None:
         "gradient norm": {args.algorithm: ([r["passes"] for r in history.records],
                                            [r["grad_norm"] for r in history.records])}}, xlabel="data passes")
     return {k: payload[k] for k in ("algorithm", "dataset", "epsilon_target", "final", "delta", "accountant",
-                                    "neighboring_relation", "steps_done", "stopped")} | {"out": str(out)}
+                                    "neighboring_relation", "steps_done", "stopped", "diverged_at")} | {"out": str(out)}
+
+
+def _out(args: argparse.Namespace) -> Path:
+    """``run``'s output folder."""
+    return Path(args.out or f"results/run-{args.algorithm}-{args.dataset}")
 
 
 def _audit(args: argparse.Namespace) -> dict[str, Any]:
@@ -330,6 +336,10 @@ HANDLERS = {"account": _account, "calibrate": _calibrate, "run": _run, "audit": 
             "data": _data}
 
 
+#: Exit code of a ``run`` that diverged.
+EXIT_DIVERGED = 3
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dpopt`` console script."""
     args = _parser().parse_args(argv)
@@ -338,16 +348,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _validate.DpoptError as err:
         sys.stderr.write(f"dpopt: error: {err}\n")
         return 2
-    except KeyboardInterrupt:
-        sys.stderr.write("dpopt: interrupted; completed checkpoints and results are intact\n")
+    except KeyboardInterrupt as err:
+        kept = _kept(args, err)
+        sys.stderr.write(f"dpopt: interrupted{'; ' + kept if kept else ''}\n")
         return 130
     if result is None:  # a data-parallel rank other than 0 (torchrun): rank 0 prints
         return 0
-    if args.json:
-        print(json.dumps(result, default=str))
-    else:
-        print(_human(args.command, result))
+    print(report.to_json(result) if args.json else _human(args.command, result))
+    if args.command == "run" and result["diverged_at"] is not None:
+        sys.stderr.write(f"dpopt: error: the run {result['stopped']} (try a smaller --lr); its history, "
+                         f"checkpoint and ledger are in {result['out']}\n")
+        return EXIT_DIVERGED
     return 0
+
+
+def _kept(args: argparse.Namespace, interrupt: KeyboardInterrupt) -> str:
+    """What an interrupted command kept: its own account (``reproduce``), ``run``'s checkpoint, or
+    nothing to say."""
+    if str(interrupt):
+        return str(interrupt)
+    if args.command == "run":
+        saved = _out(args) / "checkpoint.pt"
+        return (f"the last checkpoint, {saved}, is intact: run the same command again to resume" if saved.exists()
+                else "no checkpoint was written yet")
+    return ""
 
 
 def _human(command: str, result: Any) -> str:
@@ -368,7 +392,7 @@ def _human(command: str, result: Any) -> str:
                 f"δ = {result['delta']:g} ({result['accountant']}, {result['neighboring_relation']})")
     if command == "reproduce":
         return f"wrote results for {result['experiment']} ({result['seeds']} seeds)"
-    return json.dumps(result, indent=2, default=str)
+    return report.to_json(result, indent=2)
 
 
 if __name__ == "__main__":

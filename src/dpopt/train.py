@@ -43,6 +43,7 @@ class History:
     neighboring_relation: str
     steps_done: int
     stopped: str | None = None
+    diverged_at: int | None = None  # the step after which θ (or F(θ), where computed) was not finite
 
     def to_dict(self) -> dict[str, Any]:
         return {key: value for key, value in dataclasses.asdict(self).items() if key != "theta"} | {
@@ -116,6 +117,11 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int = 0, delta: flo
     full pass, more than many training steps. ``log_metrics(θ) -> {name: value}`` adds more
     measurements at every log point and at the output (measurement only: it must not touch the
     generators).
+
+    Divergence: after every step θ_t is checked for non-finite entries (and, where it is logged,
+    F(θ_t) for finiteness); the first failure is logged and stops the run, with
+    ``History.diverged_at`` = t and ``stopped`` saying why. The checkpoint then holds that step
+    (its ledger covers every step taken), and resuming it does not step again.
     """
     _validate.positive_int("steps", steps)
     _validate.open_unit("delta", delta)
@@ -137,7 +143,7 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int = 0, delta: flo
     state = algorithm.init(theta0, steps, sample_gen)
     ledger = Ledger(algorithm.relation(), accountant)
     records: list[dict[str, float]] = []
-    start, visited, cpu_spent, wall_spent = 0, 0, 0.0, 0.0
+    start, visited, cpu_spent, wall_spent, diverged_at = 0, 0, 0.0, 0.0, None
     if path is not None:
         checkpoint.remove_stale(path)
     if path is not None and path.exists():
@@ -149,7 +155,7 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int = 0, delta: flo
         sample_gen.set_state(saved["sample_gen"])
         noise_gen.set_state(saved["noise_gen"])
         ledger = Ledger.from_state(saved["ledger"])
-        cpu_spent, wall_spent = saved["cpu_time_s"], saved["wall_time_s"]
+        cpu_spent, wall_spent, diverged_at = saved["cpu_time_s"], saved["wall_time_s"], saved.get("diverged_at")
 
     # what is logged: the algorithm's output so far where it defines one (averaging), else θ_t
     current = getattr(algorithm, "running_output", lambda state: state.theta)
@@ -169,25 +175,35 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int = 0, delta: flo
         checkpoint.save(path, {
             "fingerprint": key, "step": t, "state": state, "visited": visited, "records": records,
             "sample_gen": sample_gen.get_state(), "noise_gen": noise_gen.get_state(), "ledger": ledger.state(),
-            "cpu_time_s": cpu_spent, "wall_time_s": wall_spent})
+            "cpu_time_s": cpu_spent, "wall_time_s": wall_spent, "diverged_at": diverged_at})
 
     bar = tqdm(total=stop_at, initial=start, disable=not progress, desc=type(algorithm).__name__, leave=False)
-    for t in range(start, stop_at):
+    for t in range(start, stop_at if diverged_at is None else start):  # (a diverged checkpoint: no step)
         cpu_start, wall_start = time.process_time(), time.perf_counter()
         state, batch_size = step(algorithm, oracle, state, t, ledger, sample_gen, noise_gen)
         visited += batch_size
         cpu_spent += time.process_time() - cpu_start
         wall_spent += time.perf_counter() - wall_start
         bar.update()
-        if (t + 1) % log_every == 0 or t + 1 == stop_at:
+        finite = bool(torch.isfinite(state.theta).all())
+        if not finite or (t + 1) % log_every == 0 or t + 1 == stop_at:
             records.append({"step": t + 1} | measure(current(state)))
+            if not finite or (train_metrics and not math.isfinite(records[-1]["objective"])):
+                diverged_at = t + 1
+                break
         if path is not None and checkpoint_every and (t + 1) % checkpoint_every == 0:
             save(t + 1)
     bar.close()
+    done = stop_at if diverged_at is None else diverged_at
     if path is not None:
-        save(stop_at)
+        save(done)  # a diverged run's too: its ledger holds every step taken
     theta = algorithm.output(state)
     diagnostics = algorithm.diagnostics(state) if hasattr(algorithm, "diagnostics") else {}
+    if diverged_at is not None:
+        why = "θ has non-finite entries" if not torch.isfinite(state.theta).all() else "the objective is not finite"
+        stopped = f"diverged at step {diverged_at}: {why}"
+    else:
+        stopped = None if stop_at == steps else f"max_epsilon={max_epsilon} reached"
     return History(records=records, final=measure(theta) | diagnostics, theta=theta, delta=delta,
                    accountant=ledger.accountant, neighboring_relation=ledger.neighboring_relation,
-                   steps_done=stop_at, stopped=None if stop_at == steps else f"max_epsilon={max_epsilon} reached")
+                   steps_done=done, stopped=stopped, diverged_at=diverged_at)
