@@ -222,7 +222,7 @@ def _reproduce(args: argparse.Namespace) -> dict[str, Any]:
     from .experiments import reproduce
 
     return reproduce(args.name, seeds=args.seeds, quick=args.quick, out=args.out, data_dir=args.data_dir,
-                     retune=args.retune, progress=not args.json, workers=args.workers)
+                     retune=args.retune, progress=not args.json and sys.stderr.isatty(), workers=args.workers)
 
 
 def _data(args: argparse.Namespace) -> Any:
