@@ -1,14 +1,15 @@
 """The ``dpopt`` command line: ``run | reproduce | account | calibrate | audit | data``.
 
-Every command takes ``--json`` for machine-readable output on stdout. Invalid input prints one
-line, ``dpopt: error: <argument>=<value> must be …``, and exits with code 2; no traceback.
+Every command takes ``--json`` for machine-readable output on stdout (strict JSON: see
+:mod:`dpopt.report`). Exit codes: 0 done; 2 invalid input or a failure, with one line
+``dpopt: error: <argument>=<value> must be …`` and no traceback; 3 a ``run`` that diverged (θ or
+its objective not finite), after writing what it has; 130 interrupted (Ctrl-C), saying what was kept.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -112,6 +113,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     """Train here, in ``--nproc`` data-parallel processes, or as one rank of torchrun's group;
     rank 0's summary (None on the other ranks, which write and print nothing)."""
     nproc = _validate.positive_int("nproc", args.nproc)
+    rank_timeout = _validate.positive("rank_timeout", args.rank_timeout)
     _shared_noise(max(nproc, distributed.world_size()), args.noise)
     _validate.one_of("backend", args.backend, ("local", "torch"))
     if args.backend == "torch" and args.algorithm not in FEDERATED:
@@ -120,8 +122,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.backend == "torch" and nproc == 1 and distributed.world_size() == 1:
         raise _validate.DpoptError("nproc=1 must be >= 2 with backend='torch' (rank 0 is the server)")
     if nproc > 1 and distributed.world_size() == 1:
-        return distributed.launch(_run, nproc, args)[0]
-    created = distributed.init_from_env()
+        return distributed.launch(_run, nproc, args, rank_timeout=rank_timeout)[0]
+    created = distributed.init_from_env(rank_timeout=rank_timeout)
     try:
         with _holding_out(args):
             return _train(args)
@@ -218,7 +220,8 @@ def _train(args: argparse.Namespace) -> dict[str, Any] | None:
             passes, [r["objective"] for r in history.diagnostics["records"]])}
     report.curves_figure(out / "curves.png", panels, xlabel="expected data passes")
     return {k: payload[k] for k in ("algorithm", "dataset", "epsilon_target", "final", "delta", "accountant",
-                                    "neighboring_relation", "steps_done", "stopped", "randomness")} | {"out": str(out)}
+                                    "neighboring_relation", "steps_done", "stopped", "diverged_at",
+                                    "randomness")} | {"out": str(out)}
 
 
 def _summary(args: argparse.Namespace, history: Any) -> str:
@@ -255,7 +258,7 @@ def _reproduce(args: argparse.Namespace) -> dict[str, Any]:
     from .experiments import reproduce
 
     return reproduce(args.name, seeds=args.seeds, quick=args.quick, out=args.out, data_dir=args.data_dir,
-                     retune=args.retune, progress=not args.json, workers=args.workers)
+                     retune=args.retune, progress=not args.json and sys.stderr.isatty(), workers=args.workers)
 
 
 def _data(args: argparse.Namespace) -> Any:
@@ -330,6 +333,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--out", help="output directory (default results/run-<algorithm>-<dataset>)")
     sub.add_argument("--nproc", type=int, default=1, help="data-parallel processes (gloo on 127.0.0.1; the same "
                      "run as one process; under torchrun leave it at 1)")
+    sub.add_argument("--rank-timeout", type=float, default=distributed.RANK_TIMEOUT, help="seconds a process of a "
+                     "data-parallel run may stop answering before the run is stopped with an error naming it")
     common(sub)
 
     sub = commands.add_parser("audit", help="empirical ε lower bound by the canary method (see dpopt.audit)")
@@ -370,6 +375,10 @@ HANDLERS = {"account": _account, "calibrate": _calibrate, "run": _run, "audit": 
             "data": _data}
 
 
+#: Exit code of a ``run`` that diverged.
+EXIT_DIVERGED = 3
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dpopt`` console script."""
     args = _parser().parse_args(argv)
@@ -378,16 +387,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _validate.DpoptError as err:
         sys.stderr.write(f"dpopt: error: {err}\n")
         return 2
-    except KeyboardInterrupt:
-        sys.stderr.write("dpopt: interrupted; completed checkpoints and results are intact\n")
+    except KeyboardInterrupt as err:
+        kept = _kept(args, err)
+        sys.stderr.write(f"dpopt: interrupted{'; ' + kept if kept else ''}\n")
         return 130
     if result is None:  # a data-parallel rank other than 0 (torchrun): rank 0 prints
         return 0
-    if args.json:
-        print(json.dumps(result, default=str))
-    else:
-        print(_human(args.command, result))
+    print(report.to_json(result) if args.json else _human(args.command, result))
+    if args.command == "run" and result["diverged_at"] is not None:
+        sys.stderr.write(f"dpopt: error: the run {result['stopped']} (try a smaller --lr); its history, "
+                         f"checkpoint and ledger are in {result['out']}\n")
+        return EXIT_DIVERGED
     return 0
+
+
+def _kept(args: argparse.Namespace, interrupt: KeyboardInterrupt) -> str:
+    """What an interrupted command kept: its own account (``reproduce``), ``run``'s checkpoint, or
+    nothing to say."""
+    if str(interrupt):
+        return str(interrupt)
+    if args.command == "run":
+        saved = _out(args) / "checkpoint.pt"
+        return (f"the last checkpoint, {saved}, is intact: run the same command again to resume" if saved.exists()
+                else "no checkpoint was written yet")
+    return ""
 
 
 def _human(command: str, result: Any) -> str:
@@ -408,7 +431,7 @@ def _human(command: str, result: Any) -> str:
                 f"δ = {result['delta']:g} ({result['accountant']}, {result['neighboring_relation']})")
     if command == "reproduce":
         return f"wrote results for {result['experiment']} ({result['seeds']} seeds)"
-    return json.dumps(result, indent=2, default=str)
+    return report.to_json(result, indent=2)
 
 
 if __name__ == "__main__":

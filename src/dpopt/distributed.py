@@ -35,22 +35,31 @@ Not sharded (computed redundantly, identically, on every rank, by the full oracl
 ``gradient``, ``error``, ``per_record_loss`` (DP-AGD's candidate scores), ``regulariser`` and
 every other attribute. Every rank holds the whole data set.
 
-Launching: ``dpopt run --nproc K`` (:func:`launch`: K processes on this machine, gloo on
-127.0.0.1), or ``torchrun --nproc-per-node K -m dpopt.cli run ...`` (each process joins
-torchrun's group via :func:`init_from_env`). Either way rank 0 alone writes results and
-checkpoints and prints; the other ranks train silently.
+Launching: ``dpopt run --nproc K`` (:func:`launch`: K processes on this machine, meeting
+through a file in a private folder, gloo on the loopback interface; they die with the launcher,
+and a rank that stops answering is reported within ``--rank-timeout``), or
+``torchrun --nproc-per-node K -m dpopt.cli run ...`` (each process joins torchrun's group via
+:func:`init_from_env`). Either way rank 0 alone writes results and checkpoints and prints; the
+other ranks train silently.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
+import ctypes
 import os
 import pickle
 import shutil
+import signal
+import sys
 import tempfile
+import threading
+import time
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
+from multiprocessing import connection
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +69,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor
 
-from ._validate import DpoptError, positive_int
+from ._validate import DpoptError, positive, positive_int
 from .clipping import PerRecord
 
 HOST = "127.0.0.1"
@@ -106,7 +115,7 @@ class Sharded:
 
     def all_reduce(self, local: Tensor) -> Tensor:
         """Σ over ranks of ``local`` (in place; every rank must call this in the same order)."""
-        dist.all_reduce(local, op=dist.ReduceOp.SUM, group=self.group)
+        collective(dist.all_reduce, local, op=dist.ReduceOp.SUM, group=self.group)
         return local
 
     def per_record(self, theta: Tensor, indices: Tensor) -> ShardedRows:
@@ -137,6 +146,16 @@ class Sharded:
         if name == "oracle":  # not set yet (unpickling): no recursion
             raise AttributeError(name)
         return getattr(self.oracle, name)
+
+
+def collective(call: Callable[..., Any], *args: Any, group: dist.ProcessGroup | None = None, **kwargs: Any) -> None:
+    """``call(*args, group=group, **kwargs)``, a collective; a failure (a process died, or none
+    answered within the process group's timeout) is a :class:`~dpopt._validate.DpoptError` saying so."""
+    try:
+        call(*args, group=group, **kwargs)
+    except RuntimeError as err:
+        raise DpoptError(f"rank {dist.get_rank(group)}: {call.__name__} failed, a process of the run died or "
+                         f"stopped answering ({str(err).splitlines()[0]})") from err
 
 
 @dataclass(frozen=True)
@@ -232,7 +251,7 @@ class TorchDistributed:
         """Σ over client ranks of ``local`` on the server (rank order); zeros on a client."""
         local = local.contiguous()
         parts = [torch.empty_like(local) for _ in range(dist.get_world_size(self.group))] if self.is_server else None
-        self._call(dist.gather, local, parts, dst=dist.get_global_rank(self.group, 0) if self.group else 0,
+        collective(dist.gather, local, parts, dst=dist.get_global_rank(self.group, 0) if self.group else 0,
                    group=self.group)
         if parts is None:
             return torch.zeros_like(local)
@@ -245,16 +264,10 @@ class TorchDistributed:
         """The server's x and its release's ``GaussianDpEvent`` on every rank, in one message (x
         in float64 with the noise multiplier appended; a client's own ``event`` is ignored)."""
         packed = torch.cat([x.double().reshape(-1), x.new_tensor([event.noise_multiplier], dtype=torch.float64)])
-        self._call(dist.broadcast, packed, src=dist.get_global_rank(self.group, 0) if self.group else 0,
+        collective(dist.broadcast, packed, src=dist.get_global_rank(self.group, 0) if self.group else 0,
                    group=self.group)
         return packed[:-1].to(x.dtype).reshape(x.shape), dpa.GaussianDpEvent(float(packed[-1]))
 
-    def _call(self, op: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        try:
-            op(*args, **kwargs)
-        except RuntimeError as err:
-            raise DpoptError(f"rank {dist.get_rank(self.group)}: {op.__name__} failed, a process of the run died or "
-                             f"stopped answering ({str(err).splitlines()[0]})") from err
 
 
 @dataclass(frozen=True)
@@ -278,67 +291,199 @@ def backend(name: str) -> Local | TorchDistributed:
     return Local() if name == "local" else TorchDistributed()
 
 
-def init_from_env(backend: str = "gloo") -> bool:
+#: Seconds a launched rank may show no sign of life before the launcher stops the run.
+RANK_TIMEOUT = 60.0
+#: Seconds the ranks get to exit after SIGTERM before they are killed.
+GRACE = 2.0
+#: Signals that stop a launch: the launcher stops its ranks, removes its folder, then raises.
+STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: The loopback interface, for gloo's sockets (``GLOO_SOCKET_IFNAME``).
+LOOPBACK = "lo0" if sys.platform == "darwin" else "lo"
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def init_from_env(backend: str = "gloo", rank_timeout: float = RANK_TIMEOUT) -> bool:
     """Join the process group that ``torchrun`` describes in the environment (``WORLD_SIZE``,
     ``RANK``, ``MASTER_ADDR``, ``MASTER_PORT``; ``env://``), if there is one of more than one
-    process and no group exists yet. Returns whether this call created the group (then the
-    caller destroys it with ``torch.distributed.destroy_process_group()``)."""
+    process and no group exists yet. A collective that waits longer than ``rank_timeout`` seconds
+    for another rank fails with a :class:`~dpopt._validate.DpoptError`. Returns whether this call
+    created the group (then the caller destroys it with ``torch.distributed.destroy_process_group()``)."""
     if dist.is_initialized() or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return False
-    dist.init_process_group(backend, init_method="env://")
+    dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=rank_timeout))
     return True
 
 
-def launch(fn: Callable[..., Any], nproc: int, *args: Any) -> list[Any]:
-    """``fn(*args)`` in ``nproc`` fresh processes (``torch.multiprocessing.spawn``) that form one
-    gloo group on 127.0.0.1 (CPU); returns each rank's return value, by rank.
+def launch(fn: Callable[..., Any], nproc: int, *args: Any, rank_timeout: float = RANK_TIMEOUT) -> list[Any]:
+    """``fn(*args)`` in ``nproc`` fresh processes (spawned) that form one gloo group on this
+    machine (CPU); returns each rank's return value, by rank.
 
     ``fn`` and ``args`` must be picklable (``fn`` a module-level function). Each process uses
-    ``cpu_count // nproc`` torch threads (at least 1). A :class:`~dpopt._validate.DpoptError`
-    raised in a process is raised here with its message; a process that dies (a signal, or an
-    exit without an exception) is noticed as soon as it exits (``mp.spawn`` polls its children
-    while the others wait in a collective), every other process is stopped, and a DpoptError
-    names the rank and the signal; any other failure stops every process and raises
-    ``torch.multiprocessing.ProcessRaisedException``.
+    ``cpu_count // nproc`` torch threads (at least 1).
+
+    Nothing listens beyond this machine or this user: the ranks meet through a file store in a
+    private (0700) temporary folder, and gloo's sockets are bound to the loopback interface.
+    The ranks run in their own process group and die with the launcher (Linux: the kernel kills
+    them when it exits, however it exits; elsewhere they notice within a second). SIGINT, SIGTERM
+    or SIGHUP to the launcher stop the ranks (SIGTERM, then SIGKILL after :data:`GRACE`
+    seconds), remove the folder and raise KeyboardInterrupt (SIGINT) or SystemExit(128 + signal).
+
+    Failures, each a :class:`~dpopt._validate.DpoptError` raised here after every other rank
+    was stopped: the first DpoptError a rank raises, with its message; a rank that dies (a
+    signal, or an exit without an exception), naming the rank and the signal; a rank that shows
+    no sign of life (stopped, or hung outside Python) for ``rank_timeout`` seconds, naming the
+    rank. A collective that waits more than twice ``rank_timeout`` fails on the waiting rank. Any
+    other exception in a rank raises a RuntimeError with that rank's traceback.
     """
     positive_int("nproc", nproc)
+    positive("rank_timeout", rank_timeout)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 or dist.is_initialized():
         raise DpoptError(f"nproc={nproc} needs a process that is not already part of a process group "
                          "(under torchrun, drop --nproc: torchrun starts the processes)")
-    # the rendezvous store lives here, on a port the OS picks: no race for a free port
-    store = dist.TCPStore(HOST, 0, None, is_master=True, wait_for_workers=False)
-    spawn_log = logging.getLogger("torch.multiprocessing.spawn")  # "Terminating process …" on a failure
-    level = spawn_log.level
-    with tempfile.TemporaryDirectory(prefix="dpopt-launch-") as tmp:
-        try:
-            spawn_log.setLevel(logging.ERROR)
-            mp.spawn(_worker, (fn, args, nproc, store.port, tmp), nprocs=nproc)
-        except mp.ProcessExitedException as err:  # killed, or exited without a Python exception
-            cause = f"signal {err.signal_name}" if err.signal_name else f"exit code {err.exit_code}"
-            raise DpoptError(f"rank {err.error_index} died ({cause}); the other ranks were stopped; "
-                             "completed checkpoints are intact") from None
-        except mp.ProcessRaisedException:
-            errors = sorted(Path(tmp).glob("error-*.txt"))
-            if errors:
-                raise DpoptError(errors[0].read_text()) from None
-            raise
-        finally:
-            spawn_log.setLevel(level)
-        return [pickle.loads(Path(tmp, f"result-{r}.pkl").read_bytes()) for r in range(nproc)]
+    context = mp.get_context("spawn")
+    beats = context.RawArray("Q", nproc)  # each rank's heartbeat count, in shared memory
+    folder = tempfile.mkdtemp(prefix="dpopt-launch-")  # 0700: the rendezvous file, results, errors
+    ranks = [context.Process(target=_worker, args=(rank, fn, args, nproc, folder, beats, rank_timeout, os.getpid()),
+                             name=f"dpopt-rank-{rank}") for rank in range(nproc)]
+    try:
+        with _stopped_by_signals():
+            for process in ranks:
+                process.start()
+            _supervise(ranks, beats, rank_timeout, Path(folder))
+        return [pickle.loads(Path(folder, f"result-{rank}.pkl").read_bytes()) for rank in range(nproc)]
+    finally:
+        _stop(ranks)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
-def _worker(rank: int, fn: Callable[..., Any], args: tuple, nproc: int, port: int, tmp: str) -> None:
+def _supervise(ranks: list[Any], beats: Any, rank_timeout: float, folder: Path) -> None:
+    """Wait until every rank has exited 0; raise the first failure (see :func:`launch`)."""
+    seen, alive_at = list(beats), [None] * len(ranks)  # last heartbeat count, and when it changed
+    while any(process.exitcode is None for process in ranks):
+        connection.wait([process.sentinel for process in ranks if process.exitcode is None],
+                        timeout=_beat_interval(rank_timeout))
+        failed = [rank for rank, process in enumerate(ranks) if process.exitcode not in (None, 0)]
+        if failed:  # a rank killed by a signal first: the others' errors are usually its consequence
+            rank = min(failed, key=lambda rank: (ranks[rank].exitcode > 0, rank))
+            raise _failure(rank, ranks[rank].exitcode, folder)
+        now = time.monotonic()
+        for rank, process in enumerate(ranks):
+            if beats[rank] != seen[rank]:
+                seen[rank], alive_at[rank] = beats[rank], now
+            elif alive_at[rank] is not None and process.exitcode is None and now - alive_at[rank] > rank_timeout:
+                raise DpoptError(f"rank {rank} stopped responding: no sign of life for {rank_timeout:g} s (stopped, "
+                                 "or hung outside Python; --rank-timeout sets the limit); the other ranks were "
+                                 "stopped; completed checkpoints are intact")
+
+
+def _failure(rank: int, exitcode: int, folder: Path) -> Exception:
+    """The error that rank ``rank``'s exit with ``exitcode`` means."""
+    error, trace = folder / f"error-{rank}.txt", folder / f"traceback-{rank}.txt"
+    if error.exists():
+        return DpoptError(error.read_text())
+    if trace.exists():
+        return RuntimeError(f"rank {rank} failed:\n{trace.read_text()}")
+    cause = f"exit code {exitcode}" if exitcode > 0 else f"signal {_signal_name(-exitcode)}"
+    return DpoptError(f"rank {rank} died ({cause}); the other ranks were stopped; completed checkpoints are intact")
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:  # a real-time signal
+        return str(signum)
+
+
+def _stop(ranks: list[Any]) -> None:
+    """SIGTERM (and SIGCONT, for a stopped rank) to every live rank; SIGKILL to those alive after
+    :data:`GRACE` seconds; wait for all."""
+    live = [process for process in ranks if process.pid is not None and process.exitcode is None]
+    for process in live:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGTERM)
+            os.kill(process.pid, signal.SIGCONT)
+    deadline = time.monotonic() + GRACE
+    while any(process.exitcode is None for process in live) and time.monotonic() < deadline:
+        connection.wait([process.sentinel for process in live if process.exitcode is None],
+                        timeout=deadline - time.monotonic())
+    for process in live:
+        if process.exitcode is None:
+            process.kill()
+        process.join()
+
+
+@contextlib.contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """While the ranks run, the :data:`STOPPING` signals raise here (so that :func:`launch` stops
+    the ranks and cleans up), except those this process ignores (e.g. SIGINT in a background job);
+    only possible in the main thread, elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.getsignal(signum) for signum in STOPPING}
+    for signum, handler in previous.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(signum, _raise_stop)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _raise_stop(signum: int, frame: Any) -> None:
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise SystemExit(128 + signum)
+
+
+def _beat_interval(rank_timeout: float) -> float:
+    return min(1.0, rank_timeout / 4)
+
+
+def _worker(rank: int, fn: Callable[..., Any], args: tuple, nproc: int, folder: str, beats: Any,
+            rank_timeout: float, launcher: int) -> None:
+    _die_with(launcher)
+    os.setpgid(0, 0)  # a terminal's Ctrl-C reaches the launcher alone, which stops the ranks
+    for signum in STOPPING:  # unwind (temporary files, atomic writes) and exit quietly
+        signal.signal(signum, _raise_stop)
+    threading.Thread(target=_heartbeat, args=(beats, rank, _beat_interval(rank_timeout), launcher),
+                     daemon=True).start()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
-    store = dist.TCPStore(HOST, port, None, is_master=False)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=nproc)
+    os.environ["GLOO_SOCKET_IFNAME"] = LOOPBACK  # this process's own environment: gloo's sockets on loopback
+    store = dist.FileStore(str(Path(folder, "rendezvous")), nproc)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=nproc,
+                            timeout=timedelta(seconds=2 * rank_timeout))
     try:
         result = fn(*args)
     except DpoptError as err:
-        Path(tmp, f"error-{rank}.txt").write_text(str(err))
-        raise
+        Path(folder, f"error-{rank}.txt").write_text(str(err))
+        sys.exit(1)
+    except Exception:
+        Path(folder, f"traceback-{rank}.txt").write_text(traceback.format_exc())
+        sys.exit(1)
     finally:
         dist.destroy_process_group()
-    Path(tmp, f"result-{rank}.pkl").write_bytes(pickle.dumps(result))
+    Path(folder, f"result-{rank}.pkl").write_bytes(pickle.dumps(result))
+
+
+def _die_with(launcher: int) -> None:
+    """Linux: the kernel sends this process SIGKILL when the launcher exits (PR_SET_PDEATHSIG)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != launcher:  # it exited before the line above
+        os._exit(1)
+
+
+def _heartbeat(beats: Any, rank: int, interval: float, launcher: int) -> None:
+    """Count up every ``interval`` seconds (the launcher's sign of life of this rank); exit at once
+    if the launcher is gone (where the kernel does not see to it)."""
+    while True:
+        beats[rank] += 1
+        if os.getppid() != launcher:
+            os._exit(1)
+        time.sleep(interval)
+
 
 
 @contextlib.contextmanager
@@ -357,5 +502,5 @@ def resumable(path: Path) -> Iterator[Path]:
         own = path if rank() == 0 else Path(tmp, path.name)
         if own != path and path.exists():
             shutil.copyfile(path, own)
-        dist.barrier()
+        collective(dist.barrier)
         yield own

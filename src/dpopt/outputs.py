@@ -30,7 +30,7 @@ DIAGNOSTIC_METRICS = ("objective", "grad_norm", "passes", "cpu_time_s", "wall_ti
 PRIVATE_FIELDS = frozenset(PRIVATE_METRICS) | {
     "step", "records", "final", "theta", "delta", "accountant", "neighboring_relation", "steps_done", "stopped",
     "randomness", "algorithm", "dataset", "model", "epsilon_target", "hyperparameters", "processes", "out",
-    "diagnostics",
+    "diagnostics", "diverged_at",
 }
 #: Fields of the ``"diagnostics"`` section.
 DIAGNOSTIC_FIELDS = frozenset(DIAGNOSTIC_METRICS) | {"label", "records", "final", "step"}

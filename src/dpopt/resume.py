@@ -20,7 +20,7 @@ from .accounting import Ledger, PlanMismatch, compose, count_steps, guarantee, i
 
 #: What a checkpoint holds (:func:`dpopt.train.run` writes these keys).
 KEYS = frozenset({"settings", "step", "state", "visited", "expected", "records", "diagnostics", "sample_gen",
-                  "noise_gen", "ledger", "cpu_time_s", "wall_time_s"})
+                  "noise_gen", "ledger", "cpu_time_s", "wall_time_s", "diverged_at"})
 
 
 def describe(algorithm: Any, oracle: Any, **settings: Any) -> dict[str, str]:

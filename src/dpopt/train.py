@@ -56,6 +56,7 @@ class History:
     randomness: str
     stopped: str | None = None
     diagnostics: dict[str, Any] | None = None
+    diverged_at: int | None = None  # the step after which θ was not finite
 
     def to_dict(self) -> dict[str, Any]:
         return {key: value for key, value in dataclasses.asdict(self).items() if key != "theta"} | {
@@ -152,6 +153,11 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int | None = None, 
     With ``checkpoint_path`` the run resumes from that file if it exists and writes it every
     ``checkpoint_every`` steps. With ``max_epsilon`` it stops before the first step whose planned
     ε would exceed it.
+
+    Divergence: after every step θ_t is checked for non-finite entries (a function of the released
+    iterates, so the check releases nothing more); the first failure is logged and stops the run,
+    with ``History.diverged_at`` = t and ``stopped`` saying why. The checkpoint then holds that step
+    (its ledger covers every step taken), and resuming it does not step again.
     """
     _validate.positive_int("steps", steps)
     _validate.open_unit("delta", delta)
@@ -196,7 +202,7 @@ def _train(algorithm: Any, oracle: Oracle, *, steps: int, stop_at: int, seed: in
     ledger = Ledger(algorithm.relation(), accountant)
     records: list[dict[str, float]] = []
     logged: list[dict[str, float]] = []
-    start, visited, expected, cpu_spent, wall_spent = 0, 0, 0.0, 0.0, 0.0
+    start, visited, expected, cpu_spent, wall_spent, diverged_at = 0, 0, 0.0, 0.0, 0.0, None
     if path is not None:
         checkpoint.remove_stale(path)  # under the lock: no live writer of path
     if path is not None and path.exists():
@@ -206,7 +212,7 @@ def _train(algorithm: Any, oracle: Oracle, *, steps: int, stop_at: int, seed: in
         expected, logged = saved["expected"], saved["diagnostics"]
         sample_gen.set_state(saved["sample_gen"])
         source.generator.set_state(saved["noise_gen"])
-        cpu_spent, wall_spent = saved["cpu_time_s"], saved["wall_time_s"]
+        cpu_spent, wall_spent, diverged_at = saved["cpu_time_s"], saved["wall_time_s"], saved["diverged_at"]
 
     # what is logged: the algorithm's output so far where it defines one (averaging), else θ_t
     current = getattr(algorithm, "running_output", lambda state: state.theta)
@@ -230,10 +236,10 @@ def _train(algorithm: Any, oracle: Oracle, *, steps: int, stop_at: int, seed: in
             "settings": described, "step": t, "state": state, "visited": visited, "expected": expected,
             "records": records, "diagnostics": logged, "sample_gen": sample_gen.get_state(),
             "noise_gen": source.generator.get_state(), "ledger": ledger.state(),
-            "cpu_time_s": cpu_spent, "wall_time_s": wall_spent})
+            "cpu_time_s": cpu_spent, "wall_time_s": wall_spent, "diverged_at": diverged_at})
 
     bar = tqdm(total=stop_at, initial=start, disable=not progress, desc=type(algorithm).__name__, leave=False)
-    for t in range(start, stop_at):
+    for t in range(start, stop_at if diverged_at is None else start):  # (a diverged checkpoint: no step)
         cpu_start, wall_start = time.process_time(), time.perf_counter()
         state, batch_size = step(algorithm, oracle, state, t, ledger, sample_gen, source)
         visited += batch_size
@@ -241,22 +247,30 @@ def _train(algorithm: Any, oracle: Oracle, *, steps: int, stop_at: int, seed: in
         cpu_spent += time.process_time() - cpu_start
         wall_spent += time.perf_counter() - wall_start
         bar.update()
-        if (t + 1) % log_every == 0 or t + 1 == stop_at:
+        finite = bool(torch.isfinite(state.theta).all())
+        if not finite or (t + 1) % log_every == 0 or t + 1 == stop_at:
             theta_t = current(state)
             records.append({"step": t + 1} | measure(theta_t))
             if diagnostics:
                 logged.append({"step": t + 1} | diagnose(theta_t))
+            if not finite:
+                diverged_at = t + 1
+                break
         if path is not None and checkpoint_every and (t + 1) % checkpoint_every == 0:
             save(t + 1)
     bar.close()
+    done = stop_at if diverged_at is None else diverged_at
     if path is not None:
-        save(stop_at)
+        save(done)  # a diverged run's too: its ledger holds every step taken
     theta = algorithm.output(state)
     report = None
     if diagnostics:
         own = algorithm.diagnostics(state) if hasattr(algorithm, "diagnostics") else {}
         report = {"label": NOT_PRIVATE, "records": logged, "final": diagnose(theta) | own}
+    if diverged_at is not None:
+        stopped = f"diverged at step {diverged_at}: θ has non-finite entries"
+    else:
+        stopped = None if stop_at == steps else f"max_epsilon={max_epsilon} reached"
     return History(records=records, final=measure(theta), theta=theta, delta=delta,
                    accountant=ledger.accountant, neighboring_relation=ledger.neighboring_relation,
-                   steps_done=stop_at, randomness=origin,
-                   stopped=None if stop_at == steps else f"max_epsilon={max_epsilon} reached", diagnostics=report)
+                   steps_done=done, randomness=origin, stopped=stopped, diagnostics=report, diverged_at=diverged_at)

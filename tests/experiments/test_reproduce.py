@@ -8,10 +8,11 @@ import types
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
-from dpopt import experiments
+from dpopt import experiments, report
 from dpopt.algorithms import DPSGD, Storm, dp_gd
 from dpopt.experiments._runner import Method, Problem, mean_curve, one_sided_p
 from dpopt.train import History
@@ -51,7 +52,7 @@ def toy(monkeypatch: pytest.MonkeyPatch) -> str:
 
 def test_reproduce_writes_the_documented_json(toy: str, tmp_path: Path) -> None:
     payload = reproduce(toy, seeds=3, out=tmp_path, workers=1)
-    written = json.loads((tmp_path / "results.json").read_text())
+    written = json.loads((tmp_path / "results.json").read_text(), parse_constant=_refuse)  # strict JSON
     assert written["experiment"] == payload["experiment"] == "toy"
     assert {(row["algorithm"], row["epsilon"]) for row in written["rows"]} == {
         ("DP-SGD", 1.0), ("DP-GD", 1.0), ("SGD", None), ("DP-SGD", 2.0), ("DP-GD", 2.0)}
@@ -62,14 +63,20 @@ def test_reproduce_writes_the_documented_json(toy: str, tmp_path: Path) -> None:
         if row["epsilon"] is not None:
             assert row["metrics"]["epsilon"]["mean"] <= row["epsilon"]
             assert row["accountant"] in ("pld", "rdp")
+    sgd = next(row for row in written["rows"] if row["algorithm"] == "SGD")
+    assert sgd["metrics"]["epsilon"] == {"mean": "inf", "std": None}  # ε = ∞; its spread is undefined
     assert written["paper"][0]["metrics"]["test_error"] == {"mean": 0.1, "std": 0.01}
     assert written["paper"][0]["metrics"]["passes"] == {"mean": 3, "std": None}
     # ours against each private baseline at the same ε (not against the non-private reference)
     assert {(t["epsilon"], t["baseline"]) for t in written["t_tests"]} == {(1.0, "DP-GD"), (2.0, "DP-GD")}
     assert written["tuning"]["DP-GD ε=1.0"]["chosen"] == {"lr": 1.0}  # 0.01 barely moves θ in 10 steps
     assert {p.name for p in tmp_path.iterdir()} == {"results.json", "results.md", "curves_eps1.0.png",
-                                                   "curves_eps2.0.png"}
+                                                   "curves_eps2.0.png", "runs"}
     assert "toy notes" in (tmp_path / "results.md").read_text()
+
+
+def _refuse(token: str) -> None:
+    raise AssertionError(f"{token} is not JSON")
 
 
 def test_one_sided_p() -> None:
@@ -121,3 +128,96 @@ def test_a_derived_curve_is_the_mean_of_the_function_over_seeds() -> None:
     xs, values = mean_curve([history([1.0, 2.0]), history([3.0, 4.0])], "grad_norm_sq")
     assert xs.tolist() == [0.0, 1.0] and values == pytest.approx([5.0, 10.0])
     assert mean_curve([history([1.0, 2.0]), history([3.0, 4.0])], "grad_norm")[1] == pytest.approx([2.0, 3.0])
+
+
+# ------------------------------------------------------------------ losing no work: --out, resume, progress
+
+#: The toy's runs at seeds=3: DP-GD tuned at ε = 1 and 2 (2 grid points × 1 tuning seed each), then
+#: DP-SGD and DP-GD at 2 ε × 3 seeds, SGD once (non-private) × 3 seeds.
+TOY_RUNS = 2 * 2 + 2 * 2 * 3 + 3
+
+
+def _comparable(payload: dict[str, Any]) -> dict[str, Any]:
+    """A payload as JSON (NaN as null), without what differs between two identical reproductions (times)."""
+    rows = [{**row, "metrics": {k: v for k, v in row["metrics"].items() if not k.endswith("time_s")}}
+            for row in payload["rows"]]
+    tuning = {name: {"chosen": value["chosen"], "scores": value["scores"]} for name, value in payload["tuning"].items()}
+    return json.loads(report.to_json({**payload, "rows": rows, "tuning": tuning, "wall_time_s": None}))
+
+
+def _counting_problem(calls: list[int], interrupt_at: int | None = None):
+    """The toy problem; every finished run appends to ``calls``; run ``interrupt_at`` is interrupted."""
+    def problem(data_dir: str | None, key: None = None) -> tuple[Problem, dict[str, Any]]:
+        made, described = _problem(data_dir)
+
+        def count(theta: torch.Tensor) -> dict[str, float]:
+            calls.append(1)
+            if len(calls) == interrupt_at:
+                raise KeyboardInterrupt
+            return {}
+
+        return Problem(made.oracle, made.test_error, extra_metrics=count), described
+    return problem
+
+
+def test_out_is_checked_before_any_work(toy: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Finding: --out was validated only after all the computation."""
+    from dpopt import _validate
+    from dpopt.cli import main
+
+    calls: list[int] = []
+    monkeypatch.setattr(experiments.EXPERIMENTS[toy], "problem", _counting_problem(calls))
+    a_file = tmp_path / "results.txt"
+    a_file.write_text("not a folder")
+    with pytest.raises(_validate.DpoptError, match=r"out='.*results.txt' must be a directory \(it is a file\)"):
+        reproduce(toy, seeds=1, out=a_file, workers=1)
+    assert main(["reproduce", toy, "--seeds", "1", "--workers", "1", "--out", str(a_file / "below")]) == 2
+    assert capsys.readouterr().err.startswith(f"dpopt: error: out='{a_file / 'below'}' must be a writable directory")
+    assert calls == []  # no run started
+
+
+def test_an_interrupted_reproduction_resumes_to_the_same_results(toy: str, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding: an interrupt lost every finished run. Each run is saved as it finishes; the same
+    command resumes, runs only what is missing, and gives the uninterrupted results."""
+    module = experiments.EXPERIMENTS[toy]
+    calls: list[int] = []
+    monkeypatch.setattr(module, "problem", _counting_problem(calls, interrupt_at=7))
+    out = tmp_path / "interrupted"
+    with pytest.raises(KeyboardInterrupt) as interrupt:
+        reproduce(toy, seeds=3, out=out, workers=1)
+    assert str(interrupt.value) == (f"6 of the 7 runs started are saved in {out / 'runs'}; run the same command "
+                                    "again to resume (saved runs are loaded, not run again); no report was written")
+    assert len(list((out / "runs").glob("*.pt"))) == 6 and not (out / "results.json").exists()
+    calls.clear()
+    monkeypatch.setattr(module, "problem", _counting_problem(calls))
+    resumed = reproduce(toy, seeds=3, out=out, workers=1)
+    assert len(calls) == TOY_RUNS - 6  # the saved runs were not run again
+    assert len(list((out / "runs").glob("*.pt"))) == TOY_RUNS
+    whole = reproduce(toy, seeds=3, out=tmp_path / "whole", workers=1)
+    assert _comparable(resumed) == _comparable(whole)
+    calls.clear()
+    again = reproduce(toy, seeds=3, out=out, workers=1)  # everything saved: nothing runs
+    assert calls == [] and _comparable(again) == _comparable(whole)
+
+
+def test_a_progress_bar_counts_every_run(toy: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Finding: no progress bar over the runs of a reproduction."""
+    reproduce(toy, seeds=3, out=tmp_path, workers=1, progress=True)
+    bar = capsys.readouterr().err
+    assert "runs: 100%" in bar and f"{TOY_RUNS}/{TOY_RUNS}" in bar
+    reproduce(toy, seeds=3, out=tmp_path, workers=1, progress=True)  # resumed: every run is loaded
+    assert f"{TOY_RUNS} loaded from {tmp_path / 'runs'}" in capsys.readouterr().err
+
+
+def test_a_diverged_seed_leaves_a_gap_in_the_mean_curve() -> None:
+    """A run that stopped early (diverged) has fewer records: the mean is NaN where it has none."""
+    def history(values: list[float]) -> History:
+        records = [{"passes": float(k + 1), "objective": v} for k, v in enumerate(values)]
+        return History(records=records, final={}, theta=torch.zeros(1), delta=1e-5, accountant="pld",
+                       neighboring_relation="replace_one", steps_done=len(values))
+
+    xs, values = mean_curve([history([1.0, 2.0, 3.0]), history([3.0])], "objective")
+    assert xs.tolist() == [1.0, 2.0, 3.0]
+    assert values[0] == 2.0 and np.isnan(values[1:]).all()

@@ -8,13 +8,16 @@ the privacy target and its hyper-parameters; private methods are calibrated with
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import math
 import multiprocessing
+import signal
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,9 +25,10 @@ import torch
 from scipy import stats
 from tqdm import tqdm
 
+from .. import checkpoint
 from ..accounting import calibrate
 from ..report import summarise
-from ..train import History, run
+from ..train import History, fingerprint, run
 
 Params = dict[str, Any]
 
@@ -118,28 +122,114 @@ def start_seeds(method: Method, params: Params, problem: Problem, *, epsilon: fl
     settings = {"steps": steps, "delta": delta, "log_every": max(1, steps // log_points)}
     seeds = list(seeds)[:1] if method.deterministic else list(seeds)
     if pool is not None:
-        futures = pool.submit(algorithm, settings, seeds, key)
+        futures = pool.submit(problem, algorithm, settings, seeds, key)
         return lambda: [future.result() for future in futures]
     histories = [problem.run(algorithm, seed, settings) for seed in seeds]
     return lambda: histories
 
 
+def source_digest() -> str:
+    """A hash of dpopt's source files: saved runs of other code are not reused."""
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for source in sorted(package.rglob("*.py")):
+        digest.update(str(source.relative_to(package)).encode() + b"\0" + source.read_bytes())
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Saved:
+    """Finished runs kept as files in ``folder`` (``torch.save`` of the History, written atomically;
+    trusted input, like a checkpoint). A run's file is named by a hash of ``context`` (the
+    experiment's name and :func:`source_digest`) and everything that determines the run: the
+    problem key, its oracle and starting point, the calibrated algorithm, the run's settings and
+    seed. So a file is found again by the same run of the same code only; a changed
+    configuration or a changed dpopt never picks up a stale one."""
+
+    folder: Path
+    context: str
+
+    def path(self, problem: Problem, key: Any, algorithm: Any, settings: dict[str, Any], seed: int) -> Path:
+        theta0 = None if problem.theta0 is None else hashlib.sha256(
+            problem.theta0.detach().cpu().numpy().tobytes()).hexdigest()
+        name = fingerprint(algorithm, problem.oracle, context=self.context, key=key, seed=seed, theta0=theta0,
+                           train_metrics=problem.train_metrics, **settings)
+        return self.folder / f"{name[:32]}.pt"
+
+
 class Pool:
-    """Seeds run in worker processes (spawned, one torch thread each). Each worker builds the
-    problem named ``key`` once, by ``make_problem(*args, key)`` — a module-level function, so it
-    can be pickled — and keeps it for later jobs on the same key."""
+    """Where the runs of a reproduction execute, and where they are kept.
 
-    def __init__(self, workers: int, make_problem: Callable[..., Problem], *args: Any) -> None:
-        context = multiprocessing.get_context("spawn")
-        self._executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init,
-                                             initargs=(make_problem, args))
+    ``workers`` > 1: spawned worker processes (one torch thread each; they ignore SIGINT, the
+    driver stops them); each builds the problem named ``key`` once, by ``make_problem(*args,
+    key)`` — a module-level function, so it can be pickled — and keeps it for later jobs on the
+    same key. ``workers`` = 1: the runs execute in this process, on the problem given.
 
-    def submit(self, algorithm: Any, settings: dict[str, Any], seeds: Sequence[int], key: Any = None) -> list[Future]:
-        """Queue one run per seed; their futures give the histories."""
-        return [self._executor.submit(_worker_run, (key, algorithm, settings, seed)) for seed in seeds]
+    With ``saved``, each finished run is saved as it completes, by the process that ran it, and a
+    run already saved is loaded instead of run again: an interrupted reproduction resumes with the
+    same results. ``progress``: a bar over the runs (with an ETA) whose total is what
+    :meth:`expect` announced; loaded runs leave it.
+    """
 
-    def close(self) -> None:
-        self._executor.shutdown()
+    def __init__(self, workers: int, make_problem: Callable[..., Problem] | None = None, *args: Any,
+                 saved: Saved | None = None, progress: bool = False) -> None:
+        self.saved, self._paths, self._loaded = saved, [], 0
+        self.bar = tqdm(total=0, desc="runs", unit="run", disable=not progress, dynamic_ncols=True)
+        if saved is not None:
+            saved.folder.mkdir(parents=True, exist_ok=True)
+            for stale in saved.folder.glob(".*.tmp"):  # a run killed while it was being saved
+                stale.unlink(missing_ok=True)
+        self._executor = None
+        if workers > 1:
+            context = multiprocessing.get_context("spawn")
+            self._executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init,
+                                                 initargs=(make_problem, args))
+
+    def expect(self, runs: int) -> None:
+        """``runs`` more runs will be submitted (the progress bar's total)."""
+        self.bar.total += runs
+        self.bar.refresh()
+
+    def submit(self, problem: Problem, algorithm: Any, settings: dict[str, Any], seeds: Sequence[int],
+               key: Any = None) -> list[Future]:
+        """One run per seed (queued in the workers, or run now); their futures give the histories."""
+        futures = []
+        for seed in seeds:
+            path = None if self.saved is None else self.saved.path(problem, key, algorithm, settings, seed)
+            self._paths.append(path)
+            if path is not None and path.exists():
+                futures.append(_finished(checkpoint.load(path)))
+                self._loaded += 1
+                self.bar.total = max(self.bar.n, self.bar.total - 1)
+                self.bar.set_postfix_str(f"{self._loaded} loaded from {self.saved.folder}")
+            elif self._executor is not None:
+                futures.append(self._executor.submit(_worker_run, (key, algorithm, settings, seed, path)))
+                futures[-1].add_done_callback(lambda future: self.bar.update())
+            else:
+                futures.append(_finished(_run_and_save(problem, algorithm, settings, seed, path)))
+                self.bar.update()
+        return futures
+
+    def saved_runs(self) -> tuple[int, int]:
+        """(runs saved in the folder, runs submitted so far)."""
+        return sum(path is not None and path.exists() for path in self._paths), len(self._paths)
+
+    def close(self, *, abort: bool = False) -> None:
+        """Wait for the queued runs; with ``abort``, drop them and stop the workers now (a run in
+        progress is lost; every finished one is saved)."""
+        self.bar.close()
+        if self._executor is None:
+            return
+        if abort:  # (Python 3.14: executor.terminate_workers())
+            for process in list((self._executor._processes or {}).values()):
+                process.terminate()
+        self._executor.shutdown(wait=True, cancel_futures=abort)
+
+
+def _finished(history: History) -> Future:
+    future: Future = Future()
+    future.set_result(history)
+    return future
 
 
 _WORKER: dict[str, Any] = {}
@@ -147,15 +237,29 @@ _WORKER: dict[str, Any] = {}
 
 def _worker_init(make_problem: Callable[..., Problem], args: tuple[Any, ...]) -> None:
     torch.set_num_threads(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C: the driver stops the workers,
+    signal.signal(signal.SIGTERM, _unwind)  # by SIGTERM, which unwinds (no temporary file is left)
     _WORKER.update(make=make_problem, args=args, problems={})
 
 
-def _worker_run(job: tuple[Any, Any, dict[str, Any], int]) -> History:
-    key, algorithm, settings, seed = job
+def _unwind(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _worker_run(job: tuple[Any, Any, dict[str, Any], int, Path | None]) -> History:
+    key, algorithm, settings, seed, path = job
     problems = _WORKER["problems"]
     if key not in problems:  # kept: the driver queues the runs of every problem at once
         problems[key] = _WORKER["make"](*_WORKER["args"], key)
-    return problems[key].run(algorithm, seed, settings)
+    return _run_and_save(problems[key], algorithm, settings, seed, path)
+
+
+def _run_and_save(problem: Problem, algorithm: Any, settings: dict[str, Any], seed: int,
+                  path: Path | None) -> History:
+    history = problem.run(algorithm, seed, settings)
+    if path is not None:
+        checkpoint.save(path, history)
+    return history
 
 
 def grid_points(grid: dict[str, Sequence[Any]]) -> list[Params]:
@@ -170,6 +274,8 @@ def tune(method: Method, problem: Problem, *, epsilon: float, delta: float, seed
     every point's score and the cost (runs, wall seconds). Tuning is NOT privacy-accounted."""
     start = time.perf_counter()
     scores = []
+    if pool is not None:
+        pool.expect(len(grid_points(method.grid)) * (1 if method.deterministic else len(seeds)))
     for params in tqdm(grid_points(method.grid), desc=f"tune {method.name} ε={epsilon}", disable=not progress,
                        leave=False):
         histories = run_seeds(method, params, problem, epsilon=epsilon, delta=delta, seeds=seeds, log_points=1,
@@ -201,8 +307,14 @@ DERIVED_CURVES: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]] = {"gr
 def mean_curve(histories: Sequence[History], metric: str, x: str = "passes") -> tuple[np.ndarray, np.ndarray]:
     """(mean of ``x``, mean of ``metric``) over seeds at the logged steps; a metric of
     :data:`DERIVED_CURVES` is the mean of the function of its logged quantity (‖∇F‖²: the mean
-    of the squares)."""
+    of the squares). A run that stopped early (diverged) counts as NaN where it has no record,
+    so the mean of ``metric`` is NaN there (the x of the others is kept)."""
     logged, function = DERIVED_CURVES.get(metric, (metric, np.asarray))
-    xs = np.mean([[r[x] for r in h.records] for h in histories], axis=0)
-    values = np.mean([function(np.array([r[logged] for r in h.records])) for h in histories], axis=0)
+    length = max(len(h.records) for h in histories)
+
+    def padded(values: list[float]) -> np.ndarray:
+        return np.concatenate([np.asarray(values, dtype=float), np.full(length - len(values), np.nan)])
+
+    xs = np.nanmean([padded([r[x] for r in h.records]) for h in histories], axis=0)
+    values = np.mean([function(padded([r[logged] for r in h.records])) for h in histories], axis=0)
     return xs, values

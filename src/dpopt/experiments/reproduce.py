@@ -5,7 +5,10 @@ For each problem (data set and model), ε and method: take the preset's tuned hy
 every seed, and summarise the final metrics. Pairs of methods (by default: the paper's method
 against each private baseline) are compared by one-sided Welch t-tests on the preset's test
 metrics. Written under ``out``: ``results.json`` (the machine-readable form documented in the
-README), ``results.md`` and figures, all atomically.
+README), ``results.md`` and figures, all atomically; and ``runs/``, every finished run, saved as
+it completes, so that an interrupted reproduction resumes where it stopped (the same command
+loads the saved runs instead of running them again, with the same results; runs saved by other
+code are not reused).
 
 A preset module defines ``NAME``, ``EPSILONS``, ``DELTA``, ``PAPER`` (rows of the paper's
 table), ``METRICS``, ``OURS``, ``TUNING_SEEDS``, ``TUNING_COST``, ``problem(data_dir, key)``,
@@ -20,15 +23,18 @@ does not change a run).
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from .. import _validate, report
-from ._runner import Method, Pool, Problem, mean_curve, metrics, one_sided_p, start_seeds, tune
+from ._runner import (Method, Pool, Problem, Saved, mean_curve, metrics, one_sided_p, source_digest,
+                      start_seeds, tune)
 
 
 def _module(name: str) -> ModuleType:
@@ -52,20 +58,45 @@ def reproduce(name: str, *, seeds: int | None = None, quick: bool = False, out: 
     """Run experiment ``name`` and write its report under ``out`` (default ``results/<name>``).
 
     Seeds run in ``workers`` processes (default: one per core); their number defaults to the
-    preset's ``SEEDS`` (10 if it has none), 2 under ``quick``."""
+    preset's ``SEEDS`` (10 if it has none), 2 under ``quick``. ``out`` is checked (a writable
+    folder) before any work; every finished run is saved in ``out/runs`` as it completes, and runs
+    saved there are loaded, not run again. ``progress``: a bar over the runs, with an ETA.
+    Interrupted (KeyboardInterrupt), it stops its workers and raises KeyboardInterrupt saying how
+    many runs are saved and how to resume."""
     exp = _module(name)
     n_seeds = _validate.positive_int("seeds", seeds if seeds is not None else
                                      (2 if quick else getattr(exp, "SEEDS", 10)))
     workers = _validate.positive_int("workers", workers if workers is not None else os.cpu_count() or 1)
-    out_dir = Path(out) if out else Path("results") / name
-    pool = Pool(workers, _problem_of, name, data_dir) if workers > 1 else None
+    out_dir = _writable(Path(out) if out else Path("results") / name)
+    pool = Pool(workers, _problem_of, name, data_dir, saved=Saved(out_dir / "runs", f"{name} {source_digest()}"),
+                progress=progress)
     try:
         payload = _run_all(exp, data_dir, n_seeds, quick, retune, progress, pool)
-    finally:
-        if pool is not None:
-            pool.close()
+    except KeyboardInterrupt:
+        pool.close(abort=True)
+        saved, submitted = pool.saved_runs()
+        raise KeyboardInterrupt(f"{saved} of the {submitted} runs started are saved in {out_dir / 'runs'}; run the "
+                                "same command again to resume (saved runs are loaded, not run again); no report "
+                                "was written") from None
+    except BaseException:
+        pool.close(abort=True)  # a failed run: the others are not waited for (the finished ones are saved)
+        raise
+    pool.close()
     _write(out_dir, payload, exp)
     return {key: value for key, value in payload.items() if key != "_curves"}
+
+
+def _writable(out_dir: Path) -> Path:
+    """``out_dir``, made if missing, once a file could be created in it; else a DpoptError."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise _validate.DpoptError(f"out={str(out_dir)!r} must be a directory (it is a file)")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir):
+            pass
+    except OSError as err:
+        raise _validate.DpoptError(f"out={str(out_dir)!r} must be a writable directory ({err.strerror})") from None
+    return out_dir
 
 
 def _problem_of(name: str, data_dir: str | None, key: Any) -> Problem:
@@ -73,8 +104,22 @@ def _problem_of(name: str, data_dir: str | None, key: Any) -> Problem:
     return _module(name).problem(data_dir, key)[0]
 
 
+def _jobs(exp: ModuleType, keys: tuple[Any, ...], built: dict[Any, Any]) -> list[tuple[Any, Method, float]]:
+    """(problem key, method, ε) of every row, in the order they are queued: the largest problems
+    first, so the workers' last runs are short ones; a non-private method once per problem (it
+    does not depend on ε)."""
+    jobs, seen = [], set()
+    for key in sorted(keys, key=lambda key: -built[key][0].oracle.n * built[key][0].oracle.dim):
+        for epsilon in exp.EPSILONS:
+            for method in exp.methods(epsilon, key):
+                if method.private or (key, method.name) not in seen:
+                    jobs.append((key, method, epsilon))
+                seen.add((key, method.name))
+    return jobs
+
+
 def _run_all(exp: ModuleType, data_dir: str | None, n_seeds: int, quick: bool, retune: bool,
-             progress: bool, pool: Pool | None) -> dict[str, Any]:
+             progress: bool, pool: Pool) -> dict[str, Any]:
     started = time.perf_counter()
     rows, tuning, curves = [], {}, {}
     chosen: dict[tuple[Any, str], dict[str, Any]] = {}  # with TUNE_EPSILON: one tuning per method
@@ -84,21 +129,18 @@ def _run_all(exp: ModuleType, data_dir: str | None, n_seeds: int, quick: bool, r
     keys = _problem_keys(exp, quick)
     built = {key: exp.problem(data_dir, key) for key in keys}
     facts = {str(key): described for key, (_, described) in built.items()}
-    # the largest problems are queued first, so the workers' last runs are short ones
-    for key in sorted(keys, key=lambda key: -built[key][0].oracle.n * built[key][0].oracle.dim):
+    jobs = _jobs(exp, keys, built)
+    pool.expect(sum(1 if method.deterministic else n_seeds for _, method, _ in jobs))
+    for key, method, epsilon in jobs:
         problem = built[key][0]
         delta = exp.delta(key) if hasattr(exp, "delta") else exp.DELTA
-        for epsilon in exp.EPSILONS:
-            for method in exp.methods(epsilon, key):
-                if not method.private and any(run[:2] == (key, method.name) for run in started_runs):
-                    continue  # a non-private reference does not depend on ε: run it once
-                params, tuned = _params(method, epsilon if method.private else None, retune, problem, exp, progress,
-                                        pool, key, delta, chosen)
-                if tuned:
-                    tuning[f"{'' if key is None else f'{key} '}{method.name} ε={epsilon if method.private else None}"] = tuned
-                wait = start_seeds(method, params, problem, epsilon=epsilon, delta=delta, seeds=range(n_seeds),
-                                   log_points=log_points, step_fraction=QUICK_STEPS if quick else 1.0, pool=pool, key=key)
-                started_runs.append((key, method.name, epsilon if method.private else None, delta, params, wait))
+        params, tuned = _params(method, epsilon if method.private else None, retune, problem, exp, progress,
+                                pool, key, delta, chosen)
+        if tuned:
+            tuning[f"{'' if key is None else f'{key} '}{method.name} ε={epsilon if method.private else None}"] = tuned
+        wait = start_seeds(method, params, problem, epsilon=epsilon, delta=delta, seeds=range(n_seeds),
+                           log_points=log_points, step_fraction=QUICK_STEPS if quick else 1.0, pool=pool, key=key)
+        started_runs.append((key, method.name, epsilon if method.private else None, delta, params, wait))
     started_runs.sort(key=lambda run: keys.index(run[0]))  # reported in the preset's order (a stable sort)
     for key, name, epsilon, delta, params, wait in started_runs:
         histories = wait()
@@ -109,8 +151,8 @@ def _run_all(exp: ModuleType, data_dir: str | None, n_seeds: int, quick: bool, r
                      "_final": {m: [h.final[m] for h in histories] for m in test_metrics}})
         curves[(key, name, epsilon)] = histories
         if progress:
-            print(f"  {key or ''} {name:>8} ε={epsilon}: objective "
-                  f"{rows[-1]['metrics']['objective']['mean']:.5f}", flush=True)
+            tqdm.write(f"  {key or ''} {name:>8} ε={epsilon}: objective "
+                       f"{rows[-1]['metrics']['objective']['mean']:.5f}")
     tests = _t_tests(rows, _comparisons(exp, rows), test_metrics)
     for row in rows:
         del row["_final"]
@@ -144,7 +186,7 @@ def _comparisons(exp: ModuleType, rows: list[dict[str, Any]]) -> list[tuple[str,
 
 
 def _params(method: Method, epsilon: float | None, retune: bool, problem: Any, exp: ModuleType,
-            progress: bool, pool: Pool | None, key: Any, delta: float,
+            progress: bool, pool: Pool, key: Any, delta: float,
             chosen: dict[tuple[Any, str], dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The preset's tuned hyper-parameters for ``epsilon`` (None for a non-private method), or tune.
 

@@ -1,0 +1,99 @@
+"""Diverged runs stop: a non-finite θ (or objective, where it is computed) ends the run at that
+step with the history, the checkpoint and the ledger of every step taken; ``dpopt run`` then
+exits with code 3 and one line, having written strict JSON and a figure."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import dpopt
+from dpopt import checkpoint, train
+from dpopt.accounting import Ledger
+from dpopt.cli import EXIT_DIVERGED, main
+
+STEPS = 300
+
+
+def ridge() -> dpopt.oracles.Ridge:
+    gen = torch.Generator().manual_seed(0)
+    X = torch.randn(200, 4, generator=gen, dtype=torch.float64)
+    return dpopt.oracles.Ridge(X, X[:, 0].clone())
+
+
+def gradient_descent() -> dpopt.Storm:
+    """Full-batch gradient descent with a step 100 times too long: F grows geometrically."""
+    return dpopt.Storm(lr=100.0, momentum=1.0, batch_size0=200, batch_size=200, sampling="fixed")
+
+
+def first_non_finite_step(algorithm: dpopt.Storm) -> int:
+    """The step after which θ first has a non-finite entry (the run's loop, replayed)."""
+    sample_gen, noise_gen = train._generators(0)
+    state = algorithm.init(torch.zeros(4, dtype=torch.float64), STEPS, sample_gen)
+    ledger = Ledger(algorithm.relation())
+    for t in range(STEPS):
+        state, _ = train.step(algorithm, ridge(), state, t, ledger, sample_gen, noise_gen)
+        if not torch.isfinite(state.theta).all():
+            return t + 1
+    raise AssertionError("θ stayed finite")
+
+
+def test_a_non_finite_theta_stops_the_run_and_keeps_its_ledger(tmp_path: Path) -> None:
+    """θ is checked after every step, not only where it is logged."""
+    path = tmp_path / "checkpoint.pt"
+    settings = {"steps": STEPS, "seed": 0, "log_every": 50, "train_metrics": False, "checkpoint_path": path,
+                "checkpoint_every": 1}
+    history = dpopt.run(gradient_descent(), ridge(), **settings)
+    at = first_non_finite_step(gradient_descent())
+    assert 100 < at < STEPS and at % 50  # between two log points
+    assert history.diverged_at == history.steps_done == at
+    assert history.stopped == f"diverged at step {at}: θ has non-finite entries"
+    assert [r["step"] for r in history.records] == [50, 100, at]  # the step it diverged at is logged
+    saved = checkpoint.load(path)
+    assert saved["step"] == at and saved["diverged_at"] == at
+    assert Ledger.from_state(saved["ledger"]).steps == at  # every step taken is accounted
+    resumed = dpopt.run(gradient_descent(), ridge(), **settings)  # resuming a diverged run takes no step
+    assert resumed.diverged_at == resumed.steps_done == at and resumed.stopped == history.stopped
+    assert Ledger.from_state(checkpoint.load(path)["ledger"]).steps == at
+
+
+def test_a_non_finite_objective_stops_the_run_where_it_is_computed() -> None:
+    history = dpopt.run(gradient_descent(), ridge(), steps=STEPS, log_every=50)
+    assert history.stopped == "diverged at step 100: the objective is not finite"
+    assert history.records[-1]["objective"] == math.inf and torch.isfinite(history.theta).all()
+    unmeasured = dpopt.run(gradient_descent(), ridge(), steps=STEPS, log_every=50, train_metrics=False)
+    assert unmeasured.diverged_at > 100  # no objective to check: θ itself overflows later
+    assert unmeasured.stopped.endswith("θ has non-finite entries")
+
+
+def _strict(text: str) -> object:
+    def refuse(token: str) -> None:
+        raise AssertionError(f"{token} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_diverged_cli_run_exits_3_with_strict_json_and_its_files(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], shared_data_dir: Path) -> None:
+    """Finding: this run ended with every θ entry NaN, wrote NaN tokens, then exited 1 with a
+    matplotlib OverflowError traceback."""
+    code = main(["run", "--algorithm", "diff2-gd", "--dataset", "california_housing", "--model", "mlp",
+                 "--epsilon", "1", "--steps", "40", "--lr", "1e6", "--data-dir", str(shared_data_dir),
+                 "--out", str(tmp_path), "--json"])
+    out, err = capsys.readouterr()
+    assert code == EXIT_DIVERGED == 3
+    summary = _strict(out)
+    at = summary["diverged_at"]
+    assert 1 <= at < 40 and summary["steps_done"] == at
+    assert err == (f"dpopt: error: the run diverged at step {at}: θ has non-finite entries (try a smaller --lr); "
+                   f"its history, checkpoint and ledger are in {tmp_path}\n")
+    history = _strict((tmp_path / "history.json").read_text())
+    assert history["diverged_at"] == at and history["stopped"] == summary["stopped"]
+    assert history["records"][-1]["step"] == at and history["records"][-1]["objective"] is None  # NaN
+    saved = checkpoint.load(tmp_path / "checkpoint.pt")
+    assert saved["step"] == at and Ledger.from_state(saved["ledger"]).steps == at
+    assert (tmp_path / "curves.png").stat().st_size > 0 and (tmp_path / "summary.md").exists()
