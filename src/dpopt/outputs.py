@@ -26,6 +26,35 @@ PRIVATE_METRICS = ("epsilon", "test_error", "expected_passes")
 #: Non-private diagnostics of a run (only with ``diagnostics=True``).
 DIAGNOSTIC_METRICS = ("objective", "grad_norm", "passes", "cpu_time_s", "wall_time_s", "clip_rate")
 
+#: Private metrics of the reproductions: computed on the test data only, or from the test error.
+EXPERIMENT_PRIVATE = ("test_loss", "loss_ratio", "reached_target")
+#: Non-private metrics of the reproductions (the papers report them): training-data objectives,
+#: gradient norms and stationarity, distances to a reference fitted on the training data, realised
+#: passes, evaluations and times.
+EXPERIMENT_DIAGNOSTICS = ("min_objective", "grad_norm_sq", "error_ratio", "goldstein", "function_evals",
+                          "gradient_evals", "oracle_calls", "time_to_target_s", "cpu_time_to_target_s",
+                          "epochs_to_target")
+
+
+def is_private(metric: str) -> bool:
+    """Whether a logged or reported metric is private (any metric not listed as private is not)."""
+    return metric in PRIVATE_METRICS or metric in EXPERIMENT_PRIVATE
+
+
+def shown(metric: str) -> str:
+    """A metric's name as a table column or figure title: labelled when it is not private."""
+    return metric if is_private(metric) else f"{metric} (NOT PRIVATE)"
+
+
+def split(metrics: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(private, diagnostic) parts of a metric dict; an unknown metric name is an error."""
+    unknown = [m for m in metrics if not is_private(m) and m not in DIAGNOSTIC_METRICS + EXPERIMENT_DIAGNOSTICS]
+    if unknown:
+        raise ValueError(f"metrics {unknown} are not classified in dpopt.outputs")
+    private = {m: v for m, v in metrics.items() if is_private(m)}
+    return private, {m: v for m, v in metrics.items() if m not in private}
+
+
 #: Every other private field: settings, the output θ, the accounting facts, the structure.
 PRIVATE_FIELDS = frozenset(PRIVATE_METRICS) | {
     "step", "records", "final", "theta", "delta", "accountant", "neighboring_relation", "steps_done", "stopped",

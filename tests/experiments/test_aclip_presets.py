@@ -77,6 +77,6 @@ def test_cifar10_smoke_version_runs_resnet18_on_cpu(monkeypatch, tmp_path):
     for row in rows.values():
         assert row["problem"] == "resnet18:cifar10-smoke"
         assert 0.99 * 2.0 <= row["metrics"]["epsilon"]["mean"] <= 2.0
-        assert math.isfinite(row["metrics"]["objective"]["mean"])
+        assert math.isfinite(row["diagnostics"]["metrics"]["objective"]["mean"])
     assert {r["algorithm"] for r in payload["paper"]} == {"CC", "UC", "DP-SGD"}
     assert (tmp_path / "results.md").exists()

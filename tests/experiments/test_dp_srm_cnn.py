@@ -26,11 +26,12 @@ def _check_payload(payload: dict, epsilons: dict[str, tuple[float, ...]]) -> Non
     for row in payload["rows"]:
         assert row["delta"] == 1e-5
         assert row["accountant"] == "pld" and row["neighboring_relation"] == "add/remove-one"
-        assert set(row["metrics"]) == set(dp_srm_cnn.METRICS)
+        assert set(row["metrics"]) | set(row["diagnostics"]["metrics"]) == set(dp_srm_cnn.METRICS)
+        assert set(row["metrics"]) == {"test_error", "reached_target", "epsilon"}
         spent = row["metrics"]["epsilon"]["mean"]
         assert 0.99 * row["epsilon"] <= spent <= row["epsilon"]
         assert 0.0 <= row["metrics"]["test_error"]["mean"] <= 1.0
-        assert math.isfinite(row["metrics"]["objective"]["mean"])
+        assert math.isfinite(row["diagnostics"]["metrics"]["objective"]["mean"])
         assert row["metrics"]["reached_target"]["mean"] in (0.0, 1.0)
     for row in payload["paper"]:
         assert set(row) == {"problem", "algorithm", "epsilon", "delta", "metrics"}

@@ -42,7 +42,7 @@ def test_counted_oracle_counts_per_record_calls():
 
 def test_quick_reproduction_runs_every_method_at_its_privacy_target(tmp_path):
     payload = reproduce("o2nc-nonsmooth", quick=True, out=tmp_path, workers=1)
-    rows = {row["algorithm"]: row["metrics"] for row in payload["rows"]}
+    rows = {row["algorithm"]: row["metrics"] | row["diagnostics"]["metrics"] for row in payload["rows"]}
     assert set(rows) == {preset.OURS, preset.ZHANG, preset.FIRST, "DP-SGD"}
     for metrics in rows.values():
         assert 0.99 <= metrics["epsilon"]["mean"] <= 1.0

@@ -57,9 +57,11 @@ def test_reproduce_writes_the_documented_json(toy: str, tmp_path: Path) -> None:
     assert {(row["algorithm"], row["epsilon"]) for row in written["rows"]} == {
         ("DP-SGD", 1.0), ("DP-GD", 1.0), ("SGD", None), ("DP-SGD", 2.0), ("DP-GD", 2.0)}
     for row in written["rows"]:
-        assert set(row["metrics"]) == {"test_error", "objective", "grad_norm", "passes", "cpu_time_s", "wall_time_s",
-                                       "epsilon"}
-        assert set(row["metrics"]["objective"]) == {"mean", "std"}
+        # the private metrics apart from the labelled diagnostics (the papers report them)
+        assert set(row["metrics"]) == {"test_error", "epsilon"}
+        assert set(row["diagnostics"]["metrics"]) == {"objective", "grad_norm", "passes", "cpu_time_s", "wall_time_s"}
+        assert row["diagnostics"]["label"].startswith("NOT PRIVATE")
+        assert set(row["diagnostics"]["metrics"]["objective"]) == {"mean", "std"}
         if row["epsilon"] is not None:
             assert row["metrics"]["epsilon"]["mean"] <= row["epsilon"]
             assert row["accountant"] in ("pld", "rdp")
@@ -73,6 +75,7 @@ def test_reproduce_writes_the_documented_json(toy: str, tmp_path: Path) -> None:
     assert {p.name for p in tmp_path.iterdir()} == {"results.json", "results.md", "curves_eps1.0.png",
                                                    "curves_eps2.0.png", "runs"}
     assert "toy notes" in (tmp_path / "results.md").read_text()
+    assert "objective (NOT PRIVATE)" in (tmp_path / "results.md").read_text()
 
 
 def _refuse(token: str) -> None:
@@ -139,7 +142,7 @@ TOY_RUNS = 2 * 2 + 2 * 2 * 3 + 3
 
 def _comparable(payload: dict[str, Any]) -> dict[str, Any]:
     """A payload as JSON (NaN as null), without what differs between two identical reproductions (times)."""
-    rows = [{**row, "metrics": {k: v for k, v in row["metrics"].items() if not k.endswith("time_s")}}
+    rows = [{**row, "diagnostics": {k: v for k, v in row["diagnostics"]["metrics"].items() if not k.endswith("time_s")}}
             for row in payload["rows"]]
     tuning = {name: {"chosen": value["chosen"], "scores": value["scores"]} for name, value in payload["tuning"].items()}
     return json.loads(report.to_json({**payload, "rows": rows, "tuning": tuning, "wall_time_s": None}))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import json
 import math
 import multiprocessing
 import signal
@@ -28,7 +29,8 @@ from tqdm import tqdm
 from .. import checkpoint
 from ..accounting import calibrate
 from ..report import summarise
-from ..train import History, fingerprint, run
+from ..resume import describe
+from ..train import History, run
 
 Params = dict[str, Any]
 
@@ -139,8 +141,8 @@ def source_digest() -> str:
 
 @dataclass(frozen=True)
 class Saved:
-    """Finished runs kept as files in ``folder`` (``torch.save`` of the History, written atomically;
-    trusted input, like a checkpoint). A run's file is named by a hash of ``context`` (the
+    """Finished runs kept as files in ``folder`` (the History in the checkpoint format, written
+    atomically and read without running code, its digest checked). A run's file is named by a hash of ``context`` (the
     experiment's name and :func:`source_digest`) and everything that determines the run: the
     problem key, its oracle and starting point, the calibrated algorithm, the run's settings and
     seed. So a file is found again by the same run of the same code only; a changed
@@ -152,8 +154,9 @@ class Saved:
     def path(self, problem: Problem, key: Any, algorithm: Any, settings: dict[str, Any], seed: int) -> Path:
         theta0 = None if problem.theta0 is None else hashlib.sha256(
             problem.theta0.detach().cpu().numpy().tobytes()).hexdigest()
-        name = fingerprint(algorithm, problem.oracle, context=self.context, key=key, seed=seed, theta0=theta0,
-                           train_metrics=problem.train_metrics, **settings)
+        described = describe(algorithm, problem.oracle, context=self.context, key=key, seed=seed, theta0=theta0,
+                             train_metrics=problem.train_metrics, **settings)
+        name = hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
         return self.folder / f"{name[:32]}.pt"
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from .. import _validate, report
+from .. import _validate, outputs, report
 from ._runner import (Method, Pool, Problem, Saved, mean_curve, metrics, one_sided_p, source_digest,
                       start_seeds, tune)
 
@@ -83,7 +83,7 @@ def reproduce(name: str, *, seeds: int | None = None, quick: bool = False, out: 
         raise
     pool.close()
     _write(out_dir, payload, exp)
-    return {key: value for key, value in payload.items() if key != "_curves"}
+    return _classified(payload)
 
 
 def _writable(out_dir: Path) -> Path:
@@ -230,11 +230,11 @@ def _paper_row(row: dict[str, Any], delta: float) -> dict[str, Any]:
 
 def _write(out_dir: Path, payload: dict[str, Any], exp: ModuleType) -> None:
     curves = payload["_curves"]
-    report.write_json(out_dir / "results.json", {key: value for key, value in payload.items() if key != "_curves"})
+    report.write_json(out_dir / "results.json", _classified(payload))
     report.write_text(out_dir / "results.md", _markdown(payload, exp))
     if hasattr(exp, "figures"):  # a preset's own figures beside the curves
         exp.figures(out_dir, payload)
-    shown = {title: (spec, "passes") if isinstance(spec, str) else spec  # a metric, or (metric, x axis)
+    shown = {_titled(title, spec): (spec, "passes") if isinstance(spec, str) else spec  # a metric, or (metric, x)
              for title, spec in getattr(exp, "CURVES", {"objective": "objective", "gradient norm": "grad_norm"}).items()}
     for key in _problem_keys(exp, payload["quick"]):
         for epsilon in exp.EPSILONS:
@@ -250,6 +250,22 @@ def _write(out_dir: Path, payload: dict[str, Any], exp: ModuleType) -> None:
                                  xlabel={title: X_LABELS[x] for title, (_, x) in shown.items()})
 
 
+def _classified(payload: dict[str, Any]) -> dict[str, Any]:
+    """results.json: each row's metrics split into the private ``metrics`` and the labelled
+    ``diagnostics`` (:func:`dpopt.outputs.split`)."""
+    rows = []
+    for row in payload["rows"]:
+        private, diagnostic = outputs.split(row["metrics"])
+        rows.append(row | {"metrics": private, "diagnostics": {"label": outputs.NOT_PRIVATE, "metrics": diagnostic}})
+    return _classified(payload) | {"rows": rows}
+
+
+def _titled(title: str, spec: str | tuple[str, str]) -> str:
+    """A figure panel's title, labelled when the metric it shows is not private."""
+    metric = spec if isinstance(spec, str) else spec[0]
+    return title if outputs.is_private(metric) else f"{title} (NOT PRIVATE)"
+
+
 def _markdown(payload: dict[str, Any], exp: ModuleType) -> str:
     keyed = payload["rows"] and "problem" in payload["rows"][0]
     table_metrics = list(getattr(exp, "TABLE_METRICS", ("test_error", "objective", "grad_norm", "passes",
@@ -257,7 +273,7 @@ def _markdown(payload: dict[str, Any], exp: ModuleType) -> str:
     paper_metrics = list(getattr(exp, "PAPER_METRICS", ("test_error", "grad_norm", "passes")))
     test_metrics = getattr(exp, "TEST_METRICS", ("objective", "grad_norm"))
     head = (["problem"] if keyed else []) + ["algorithm", "epsilon"]
-    shown = {c: f"spent {c}" if c in head else c for c in table_metrics}  # the ledger's ε beside the target
+    shown = {c: f"spent {c}" if c in head else outputs.shown(c) for c in table_metrics}  # the ledger's ε beside the target
     paper_by_key = {(r.get("problem"), r["algorithm"], r["epsilon"]): r["metrics"] for r in payload["paper"]}
     table_rows = []
     for row in payload["rows"]:
@@ -275,8 +291,11 @@ def _markdown(payload: dict[str, Any], exp: ModuleType) -> str:
         report.markdown_table(table_rows, head + ["seeds"] + list(shown.values()) + [f"paper {c}" for c in paper_metrics]),
         "", "`seeds`: runs behind the row (1 for a method whose runs do not depend on the seed).", "",
         "## One-sided Welch t-tests (ours < baseline), p-values", "",
-        report.markdown_table(payload["t_tests"], (["problem"] if keyed else []) + ["epsilon", "ours", "baseline"]
-                              + [f"p_{m}" for m in test_metrics]), "",
+        report.markdown_table([row | {f"p_{outputs.shown(m)}": row[f"p_{m}"] for m in test_metrics}
+                               for row in payload["t_tests"]],
+                              (["problem"] if keyed else []) + ["epsilon", "ours", "baseline"]
+                              + [f"p_{outputs.shown(m)}" for m in test_metrics]), "",
+        f"Columns marked (NOT PRIVATE): {outputs.NOT_PRIVATE}; the papers report them.", "",
         "## Notes", "", exp.notes(payload), "",
         "## Tuning", "", f"Grids: `{payload['grids']}`.", "",
         f"Chosen: `{ {(str(r.get('problem')) + ' ' if keyed else '') + r['algorithm'] + ' ε=' + str(r['epsilon']): r['params'] for r in payload['rows']} }`.", "",
