@@ -9,11 +9,12 @@ language models can be strong differentially private learners", arXiv:2110.05679
 2022, "Scalable and efficient training of large convolutional neural networks with
 differential privacy", arXiv:2205.10683, §4, the "mixed ghost norm"):
 
-* ``‖∇_W ℓ_i‖² = ⟨a aᵀ, g gᵀ⟩`` (two T×T Gram matrices) when 2T² < p·q, else
-  ``‖Σ_t g_t a_tᵀ‖²`` with the ``[q, p]`` layer gradient of that record built directly (one
-  batched matmul ``g_i [q, T] @ unfold(a_i) [T, p]``); for T = 1 it is ``‖a‖²‖g‖²`` (on the
-  patch, per group, for a convolution). Conv2d is the Linear rule on ``unfold(a)`` (im2col,
-  one ``index_select``), per group.
+* ``‖∇_W ℓ_i‖² = ⟨a aᵀ, g gᵀ⟩`` (two T×T Gram matrices, formed in float64) when 2T² < p·q
+  (and, below float64, when the rows would also outweigh the float64 copies of ``a`` and ``g``
+  the Gram form makes: :func:`use_gram`), else ``‖Σ_t g_t a_tᵀ‖²`` with the ``[q, p]`` layer
+  gradient of that record built directly (one batched matmul ``g_i [q, T] @ unfold(a_i)
+  [T, p]``); for T = 1 it is ``‖a‖²‖g‖²`` (on the patch, per group, for a convolution). Conv2d
+  is the Linear rule on ``unfold(a)`` (im2col, one ``index_select``), per group.
 * the clipped sum ``Σ_i w_i ∇ℓ_i`` is book-keeping (Bu et al. 2023, "Differentially private
   optimization on large model at small cost", arXiv:2210.00038): the weight-gradient products
   of a backward pass, ``Σ_i w_i g_iᵀ a_i`` per layer (``conv2d_weight`` for convolutions),
@@ -31,37 +32,68 @@ differential privacy", arXiv:2205.10683, §4, the "mixed ghost norm"):
   ``Σ_t g_t a_tᵀ − g′_t a′_tᵀ = Σ_t (g_t − g′_t) a_tᵀ + g′_t (a_t − a′_t)ᵀ``: the Linear rule on
   the 2T stacked positions ``[a; a − a′]`` and ``[g − g′; g′]`` (Gram form, chosen by 2·(2T)² <
   p·q, and for a convolution only if its rows at both points, 2·p·q, outweigh the patches the
-  stacked form holds, 3·T·p: :func:`use_gram_difference`), or the two records' layer gradients
-  built and subtracted (direct form; rows built once per point and shared with the norms and
-  the book-keeping sums at that point). Either way the
-  norm avoids the cancellation of ``‖A‖² + ‖A′‖² − 2⟨A, A′⟩``, which loses every digit when
-  θ′ ≈ θ (every stacked term is already of the size of the difference); the weighted sum is the
-  book-keeping sum at θ minus the one at θ′. A layer that saw the same input at both points (a
+  stacked form holds, 3·T·p: :func:`use_gram_difference`), whose weighted sum is the
+  book-keeping product of the same two stacked pieces (:class:`_Stacked`); or the two records'
+  layer gradients built and subtracted (direct form; rows built once per point and shared with
+  the norms and the book-keeping sums at that point), whose weighted sum is ``w @ (rows −
+  rows′)``. Either way norm and sum are of the same difference, and avoid the cancellation of
+  ``‖A‖² + ‖A′‖² − 2⟨A, A′⟩``, which loses every digit when θ′ ≈ θ (every stacked term is
+  already of the size of the difference). A layer that saw the same input at both points (a
   first layer, whose input is the data, when the oracle reuses the records' chunk) has
   a′ = a: its difference is the one layer ``(a, g − g′)``, which costs what one point does.
 
-Where the Gram form itself cancels (the terms ``g_t a_tᵀ`` of one record nearly sum to zero:
-its worst-case rounding error 2ε·(Σ_t ‖a_t‖‖g_t‖)² could exceed 2e−4 of the result), those
-records are recomputed with the direct form, so a norm is not underestimated by rounding.
+Rounding: a norm is never below the norm of what the sum adds for that record. Clipping
+scales record i by ``C / ‖∇ℓ_i‖``; the sum then adds the record's *computed* contribution, so
+``norms()`` returns, in float64, an upper bound of the norm of that computed contribution per
+unit weight (:meth:`GhostRows.norms`), and no clipped record adds more than C, in float32 as
+in float64. Per layer: squared norms are accumulated in float64 (:func:`_sq_rows`, from
+partial norms of 32 entries; Gram matrices in float64, :func:`gram_sq_norms`) and enlarged by
+the rounding bounds of those sums (Higham's γ_n = n·u/(1 − n·u), u the unit roundoff, which
+hold whatever order BLAS or oneDNN sum in), then by the rounding of the layer's products in
+the sum: ``(1 + u)²`` for one product per entry (``fl(fl(w·g)·a)``, or ``w·rows``), plus
+``γ_{T+3}·Σ_t ‖a_t‖‖g_t‖`` where a record's entry is a sum over T positions (the Gram form:
+the backward product or the rows are formed from ``a`` and ``g`` in the module's precision).
+In float32 the bounds are a few 1e−6 above the norms (3e−6 on the MNIST CNN, 2e−6 for its
+differences of two points); in float64, ≲ 1e−12. A record whose Gram terms cancel (its
+gradient far smaller than ``Σ_t ‖a_t‖‖g_t‖``) gets a bound further above its norm (by
+γ_{T+3}·Σ_t ‖a_t‖‖g_t‖, the rounding its sum may have): conservative, never below.
 
-How layers are found (DESIGN rule 7: no hooks, no monkey-patching). :func:`plan` walks the
-module: an ``nn.Sequential`` (whose forward is not overridden) is opened and its children are
-run by this module's own functional forward, one stage after another; each child is
+How layers are found (DESIGN rule 7: no hooks, no monkey-patching, no global state).
+:func:`plan` walks the module: an ``nn.Sequential`` (whose forward is not overridden) is opened
+and its children are run by this module's own functional forward, one stage after another.
+Each child is looked up in a :class:`Registry` of layer types whose per-record structure is
+known (:data:`KNOWN_LAYERS`; imitating Opacus's ``GRAD_SAMPLERS`` as an extension point, but
+an immutable object passed to the oracle, ``TorchModel(..., known_layers=...)``, not a global
+table nor hooks): the class itself or the nearest registered base class whose ``forward`` it
+keeps, and only if that entry's condition holds (e.g. ``nn.Flatten`` with ``start_dim ≥ 1``).
+Then the child is
 
-* ``linear`` / ``conv``: ``nn.Linear``, ``nn.Conv2d`` (zero padding, forward not overridden,
-  ``weight``/``bias`` not parametrized) with trainable parameters: computed here with
-  ``F.linear`` / ``F.conv2d`` on views of θ; their outputs are kept and ``torch.autograd.grad``
-  w.r.t. those outputs gives every ``g`` in one backward (which skips the weight-gradient
-  products: only ``∂ℓ/∂s`` is asked for);
+* ``linear`` / ``conv``: ``nn.Linear``, ``nn.Conv2d`` (zero padding, ``weight``/``bias`` not
+  parametrized) with trainable parameters: computed here with ``F.linear`` / ``F.conv2d`` on
+  views of θ; their outputs are kept and ``torch.autograd.grad`` w.r.t. those outputs gives
+  every ``g`` in one backward (which skips the weight-gradient products: only ``∂ℓ/∂s`` is
+  asked for);
 * ``block``: any other module with trainable parameters (GroupNorm, LayerNorm, Embedding, a
   custom layer, a container with its own forward, the whole model if it is not a Sequential):
   run under ``vmap`` with its parameters expanded to one copy per record, so the same backward
   returns that block's per-record gradients ``[B, *shape]`` (dense, but only for that block:
-  cheap for normalisation layers, costly for a large Embedding; it must be vmap-compatible,
-  as for ``engine="vmap"``). Conv2d with non-zero padding modes or ``padding="same"`` is a block;
-* ``plain``: no trainable parameters (activations, pooling, flatten, dropout): called as is,
+  cheap for normalisation layers, costly for a large Embedding). Under ``vmap`` each record is
+  computed on its own, so a block cannot mix records whatever its forward does. Conv2d with
+  non-zero padding modes or ``padding="same"`` is a block;
+* ``plain``: no trainable parameters and known to act on each record on its own (activations,
+  pooling, ``Flatten``/``Unflatten`` that keep dim 0, ``Identity``, dropout, softmax over a
+  dim ≥ 1, upsampling; or a registered layer) and no hooks: called on the whole batch as is,
   except ``nn.MaxPool2d`` on a ≥ 16-channel NCHW input, run with PyTorch's own kernel in
-  channels-last layout (the same values, argmax and gradients, see :func:`_plain`).
+  channels-last layout (the same values, argmax and gradients, see :func:`_plain`);
+* ``isolated``: no trainable parameters and not known (a custom layer, a normalisation
+  without affine parameters, padding, anything with hooks): run on each record alone under
+  ``vmap``, like a block, since its forward might mix the records of the batch (e.g.
+  ``x - x.mean(0)``: called on the whole batch, one record would move every other record's
+  gradient, and clipping each record would no longer bound its influence).
+
+A ``block`` or ``isolated`` module that ``vmap`` cannot run (``.item()``, Python control flow
+on tensor values, in-place writes to captured tensors, torch's fused recurrent kernels) raises
+a :class:`~dpopt._validate.DpoptError` naming its path, at the first call.
 
 Layout (CPU): a convolution's input is passed channels-last in float32/bfloat16
 (:func:`_channels_last`), so oneDNN returns channels-last outputs and the activations and
@@ -78,19 +110,19 @@ along dim 0), so it is rewritten here; a custom ``forward`` is opaque (tracing i
 
 Limits: layers are seen only inside (nested) ``nn.Sequential`` containers; write models as
 Sequentials to get ghost norms (anything else is correct but runs as one dense ``block``).
-Module hooks registered by the user are not run for ``linear``/``conv`` stages (a max-pool
-with hooks is called as is). A parameter
-used by two stages (tied weights) is refused (use ``engine="vmap"``). Records must not interact
-in the forward pass: BatchNorm is refused by the oracle; a custom layer that mixes records is
-not detected. Squared norms are formed without rescaling, so a record whose gradient norm
-exceeds ~1e19 (float32) overflows to ∞ and is dropped by clipping like a NaN record, where the
-dense engine would clip it.
+Module hooks registered by the user are not run for ``linear``/``conv`` stages nor for opened
+Sequentials (a max-pool with hooks is run per record). A parameter used by two stages (tied
+weights) is refused (use ``engine="vmap"``). BatchNorm and torch's recurrent layers are
+refused by the oracle. Squared norms are formed without rescaling, so a record whose gradient
+norm exceeds ~1e19 (float32) overflows to ∞ and is dropped by clipping like a NaN record, where
+the dense engine would clip it.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
 from typing import Protocol
 
@@ -102,6 +134,7 @@ from torch.func import functional_call, vmap
 from .. import _validate
 from ..clipping import weights_in
 
+
 class Layout(Protocol):
     """Where each trainable parameter lives in the flat θ (see ``torch_model.Layout``)."""
 
@@ -112,8 +145,11 @@ class Layout(Protocol):
 
 @dataclass(frozen=True)
 class Stage:
-    """One step of the functional forward: ``kind`` is "plain", "linear", "conv" or "block";
-    ``names`` pairs each trainable parameter's name in ``module`` with its name in θ."""
+    """One step of the functional forward; ``names`` pairs each trainable parameter's name in
+    ``module`` with its name in θ. ``kind``: "linear" or "conv" (a ghost rule), "block" (other
+    trainable parameters, per-record gradients under vmap), "plain" (no trainable parameters,
+    known to act on each record on its own: called on the whole batch) or "isolated" (no
+    trainable parameters, not known: called on each record alone under vmap)."""
 
     kind: str
     module: nn.Module
@@ -140,25 +176,105 @@ def parameter_names(module: nn.Module) -> dict[str, tuple[str, ...]]:
     return {name: tuple(aliases) for name, aliases in names.items()}
 
 
+# ------------------------------------------------------------------------------ the registry
+
+
+Condition = Callable[[nn.Module], bool]
+
+
+def _always(module: nn.Module) -> bool:
+    return True
+
+
+def _zero_padding(conv: nn.Module) -> bool:
+    """A Conv2d whose padding the im2col rule reproduces: zeros, explicit sizes or "valid"."""
+    return conv.padding_mode == "zeros" and (not isinstance(conv.padding, str) or conv.padding == "valid")
+
+
+def _from_dim_1(attribute: str) -> Condition:
+    """Instances whose dimension ``attribute`` is ≥ 1: they never act along dim 0, the records
+    (a negative or missing dimension can mean dim 0 for some input rank)."""
+
+    def when(module: nn.Module) -> bool:
+        dim = getattr(module, attribute)
+        return isinstance(dim, int) and dim >= 1
+
+    return when
+
+
+@dataclass(frozen=True)
+class Known:
+    """A layer type whose per-record structure is known: its stage ``kind`` ("linear", "conv", or
+    "plain": acts on each record on its own) for the instances for which ``when`` holds."""
+
+    layer: type[nn.Module]
+    kind: str
+    when: Condition = _always
+
+
+@dataclass(frozen=True)
+class Registry:
+    """The layer types the ghost engine knows (an immutable value: extend it with
+    :meth:`with_per_record` and pass it to ``TorchModel(..., known_layers=...)``).
+
+    A module's entry is that of its class or of the nearest registered base class, provided
+    the module keeps that class's ``forward``. A module with trainable parameters and no ghost
+    rule is a vmap ``block``; one without trainable parameters is called on the whole batch
+    only if its entry says "plain", else on each record alone (``isolated``)."""
+
+    entries: tuple[Known, ...]
+
+    def kind(self, module: nn.Module) -> str | None:
+        """The known ``kind`` of ``module``, or None."""
+        by_type = {entry.layer: entry for entry in self.entries}  # later entries win
+        for cls in type(module).__mro__:
+            if cls in by_type:
+                entry = by_type[cls]
+                return entry.kind if type(module).forward is cls.forward and entry.when(module) else None
+        return None
+
+    def with_per_record(self, layer: type[nn.Module], when: Condition = _always) -> Registry:
+        """This registry with ``layer`` known to act on each record on its own, for the instances
+        for which ``when(module)`` holds: without trainable parameters, it is then called on the
+        whole batch. Register only a layer whose output for record i depends on record i alone
+        (and on data-independent randomness): one that mixes records (a batch mean, BatchNorm,
+        attention across dim 0) would let a record move the others' gradients, which clipping
+        does not bound. Unregistered layers are run per record under vmap: correct, only slower."""
+        return Registry((*self.entries, Known(layer, "plain", when)))
+
+
+#: Parameter-free layers that act on each record on its own, whatever their input's rank.
+_PER_RECORD = (
+    nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout,
+    nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.RReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU, nn.Mish, nn.Sigmoid,
+    nn.Tanh, nn.Softplus, nn.Softsign, nn.Softshrink, nn.Hardshrink, nn.Tanhshrink, nn.Hardtanh, nn.Hardsigmoid,
+    nn.Hardswish, nn.LogSigmoid, nn.Threshold,
+    # pooling and upsampling act on the trailing spatial dims and refuse inputs without a leading one
+    nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.LPPool1d, nn.LPPool2d,
+    nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d,
+    nn.AdaptiveAvgPool3d, nn.Upsample,
+)
+
+#: The layers the ghost engine knows by default.
+KNOWN_LAYERS = Registry((
+    Known(nn.Linear, "linear"),
+    Known(nn.Conv2d, "conv", _zero_padding),
+    *(Known(layer, "plain") for layer in _PER_RECORD),
+    Known(nn.Flatten, "plain", _from_dim_1("start_dim")),
+    Known(nn.Unflatten, "plain", _from_dim_1("dim")),
+    *(Known(layer, "plain", _from_dim_1("dim")) for layer in (nn.Softmax, nn.LogSoftmax, nn.Softmin, nn.GLU)),
+))
+
+
 def _opens(module: nn.Module) -> bool:
     return isinstance(module, nn.Sequential) and type(module).forward is nn.Sequential.forward
-
-
-def _is_linear(module: nn.Module) -> bool:
-    return isinstance(module, nn.Linear) and type(module).forward is nn.Linear.forward
-
-
-def _is_conv(module: nn.Module) -> bool:
-    return (isinstance(module, nn.Conv2d) and type(module).forward is nn.Conv2d.forward
-            and module.padding_mode == "zeros"
-            and (not isinstance(module.padding, str) or module.padding == "valid"))
 
 
 def _padding(module: nn.Conv2d) -> tuple[int, int]:
     return (0, 0) if module.padding == "valid" else module.padding
 
 
-def plan(module: nn.Module, theta_names: dict[int, str]) -> tuple[Stage, ...]:
+def plan(module: nn.Module, theta_names: dict[int, str], known: Registry = KNOWN_LAYERS) -> tuple[Stage, ...]:
     """The stages of ``module``'s forward; ``theta_names`` maps ``id(parameter)`` to its θ name."""
     stages: list[Stage] = []
 
@@ -170,8 +286,11 @@ def plan(module: nn.Module, theta_names: dict[int, str]) -> tuple[Stage, ...]:
         params = dict(m.named_parameters())
         local = {name: aliases for name, aliases in parameter_names(m).items() if id(params[name]) in theta_names}
         names = tuple((name, theta_names[id(params[name])]) for name in local)
-        kind = ("plain" if not names else "block" if not set(local) <= {"weight", "bias"}  # e.g. parametrized
-                else "linear" if _is_linear(m) else "conv" if _is_conv(m) else "block")
+        rule = known.kind(m)
+        if not names:  # a Linear or Conv2d without trainable parameters acts on each record on its own too
+            kind = "isolated" if rule is None else "plain"
+        else:  # a ghost rule needs the plain weight/bias (not parametrized)
+            kind = rule if rule in ("linear", "conv") and set(local) <= {"weight", "bias"} else "block"
         stages.append(Stage(kind, m, path or "<model>", names, tuple(local.values())))
 
     walk(module, "")
@@ -185,12 +304,38 @@ def plan(module: nn.Module, theta_names: dict[int, str]) -> tuple[Stage, ...]:
 
 
 def describe(stages: tuple[Stage, ...]) -> list[tuple[str, str]]:
-    """``(path, rule)`` of each stage with trainable parameters: "ghost" or "vmap" (a block)."""
-    return [(s.path, "vmap" if s.kind == "block" else "ghost") for s in stages if s.kind != "plain"]
+    """``(path, rule)`` of each stage not called on the whole batch as is: "ghost" (a Linear or
+    Conv2d with trainable parameters) or "vmap" (a block, or a parameter-free module run per record)."""
+    return [(s.path, "ghost" if s.kind in ("linear", "conv") else "vmap") for s in stages if s.kind != "plain"]
 
 
 def _one_record(module: nn.Module, params: dict[str, Tensor], x: Tensor) -> Tensor:
     return functional_call(module, params, (x.unsqueeze(0),), tie_weights=False).squeeze(0)
+
+
+def _hooked(module: nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks)
+
+
+def _per_record(stage: Stage, params: dict[str, Tensor], x: Tensor) -> Tensor:
+    """``stage.module`` on each record of ``x`` alone (``vmap``; ``params`` batched along dim 0
+    with the records, or empty), so the records cannot interact whatever its forward does."""
+    try:
+        return vmap(lambda ps, xi: _one_record(stage.module, ps, xi), randomness="different")(params, x)
+    except RuntimeError as error:
+        why = ("has trainable parameters without a ghost rule" if stage.kind == "block" else
+               "has no trainable parameters but is not known to act on each record on its own, so it might mix "
+               "the records of a batch")
+        known = ("" if stage.kind == "block" else
+                 "; if its output for each record depends on that record alone, register it to run it on the whole "
+                 f"batch: TorchModel(..., known_layers=dpopt.oracles.ghost.KNOWN_LAYERS.with_per_record("
+                 f"{type(stage.module).__name__}))")
+        raise _validate.DpoptError(
+            f"engine='ghost' runs module {stage.path!r} ({type(stage.module).__name__}) on each record alone under "
+            f"torch.func.vmap because it {why}, and vmap failed: {str(error).rstrip('. ')}. Write its forward with "
+            "vmap-compatible operations (no .item() or Python branching on tensor values, no in-place writes to "
+            f"tensors it does not own){known}") from error
 
 
 #: Max-pooling of NCHW inputs with at least this many channels runs in channels-last layout.
@@ -262,8 +407,7 @@ def _plain(m: nn.Module, x: Tensor) -> Tensor:
     every gradient are unchanged.
     """
     if (type(m) is nn.MaxPool2d and x.ndim == 4 and x.shape[1] >= CHANNELS_LAST_POOL and x.is_contiguous()
-            and x.device.type == "cpu" and not m.return_indices
-            and not (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks)):
+            and x.device.type == "cpu" and not m.return_indices and not _hooked(m)):
         stride = m.stride if m.stride is not None else m.kernel_size
         return _ChannelsLastMaxPool.apply(x, _pair(m.kernel_size), _pair(stride), _pair(m.padding),
                                           _pair(m.dilation), m.ceil_mode)
@@ -273,19 +417,23 @@ def _plain(m: nn.Module, x: Tensor) -> Tensor:
 def forward(stages: tuple[Stage, ...], views: dict[str, Tensor], x: Tensor) -> tuple[Tensor, list[tuple]]:
     """Run the stages on ``x`` with parameters ``views`` (θ name → tensor). Returns the output
     and, per stage with parameters, ``(stage, input, tap)``: the tap is the stage's output
-    (linear/conv) or its per-record expanded parameters (block), to differentiate against."""
+    (linear/conv) or its per-record expanded parameters (block), to differentiate against.
+    A "plain" module that has hooks now is run per record (a hook might mix records)."""
     taps = []
     for stage in stages:
         m = stage.module
-        if stage.kind == "plain":
+        if stage.kind == "plain" and not _hooked(m):
             x = _plain(m, x)
+            continue
+        if stage.kind in ("plain", "isolated"):
+            x = _per_record(stage, {}, x)
             continue
         params = {local: views[name] for local, name in stage.names}
         if stage.kind == "block":
             expanded = {local: p.expand(len(x), *p.shape) for local, p in params.items()}
             every = {alias: expanded[local] for (local, _), aliases in zip(stage.names, stage.aliases)
                      for alias in aliases}
-            out = vmap(lambda ps, xi: _one_record(m, ps, xi), randomness="different")(every, x)
+            out = _per_record(stage, every, x)
             taps.append((stage, x, expanded))
         else:
             weight, bias = params.get("weight", m.weight), params.get("bias", m.bias)
@@ -330,19 +478,62 @@ def _given(grad: Tensor | None, like: Tensor) -> Tensor:
     return torch.zeros(like.shape, dtype=like.dtype, device=like.device) if grad is None else grad.detach()
 
 
+#: Unit roundoff of float64, the precision every norm is accumulated in.
+U64 = torch.finfo(torch.float64).eps / 2
+
+#: Entries per partial norm of rows in a precision below float64 (:func:`_sq_rows`).
+PARTIAL = 32
+
+
+def _unit(dtype: torch.dtype) -> float:
+    """The unit roundoff u of ``dtype`` (half its machine epsilon)."""
+    return torch.finfo(dtype).eps / 2
+
+
+def _gamma(n: int, u: float) -> float:
+    """Higham's γ_n = n·u / (1 − n·u): a sum or dot product of n terms computed in precision u, in
+    any order, is off by at most γ_{n} times the sum of the terms' magnitudes ("Accuracy and
+    Stability of Numerical Algorithms", §3.1). ``value·(1 + 2γ_n)`` bounds a true value from
+    above when the computed one is at least ``(1 − γ_n)`` times it (γ_n ≤ 1/2)."""
+    return n * u / (1 - n * u)
+
+
 def _sq_rows(rows: Tensor) -> Tensor:
-    """``‖row‖²`` of each row of ``[R, n]`` (one fused reduction: 2.5× faster on CPU than
-    ``square().sum(1)``, which writes the squares out first)."""
-    return torch.linalg.vector_norm(rows, dim=1).square()
+    """An upper bound, in float64, of ``‖row‖²`` for each row of ``[R, n]``.
+
+    float64 rows: one fused reduction (2.5× faster on CPU than ``square().sum(1)``, which
+    writes the squares out first), enlarged by its rounding bound. Lower precisions: norms of
+    runs of :data:`PARTIAL` entries, in float32 at least (relative error γ_{PARTIAL+3}), squared
+    and added in float64 (a float32 square is exact there), enlarged by both bounds (4e−6 in
+    float32): one float32 reduction over the whole row could be n·2⁻²⁴ off (3.6e−4 of a
+    10⁷-entry norm, measured), a float64 one over float32 data is 6× slower."""
+    R, n = rows.shape
+    if rows.dtype == torch.float64:
+        return torch.linalg.vector_norm(rows, dim=1).square() * (1 + 2 * _gamma(n + 4, U64))
+    acc = torch.promote_types(rows.dtype, torch.float32)
+    body = n - n % PARTIAL
+    parts = torch.linalg.vector_norm(rows[:, :body].reshape(R, body // PARTIAL, PARTIAL), dim=2,
+                                     dtype=acc)
+    if body < n:
+        parts = torch.cat([parts, torch.linalg.vector_norm(rows[:, body:], dim=1, keepdim=True, dtype=acc)], dim=1)
+    return parts.double().square().sum(1) * (1 + 2 * _gamma(min(n, PARTIAL) + 3, _unit(acc)) + 2 * _gamma(n + 4, U64))
 
 
-def use_gram(T: int, p: int, q: int) -> bool:
+def use_gram(T: int, p: int, q: int, itemsize: int = 8) -> bool:
     """Bu et al.'s layer-wise choice: Gram matrices (B·T² memory) iff 2T² < p·q (the size of the
-    layer's per-record gradient, built by the direct form)."""
-    return 2 * T * T < p * q
+    layer's per-record gradient, built by the direct form). In a precision below float64
+    (``itemsize`` < 8 bytes) the Gram matrices are formed from float64 copies of the positions'
+    inputs and output gradients (:func:`gram_sq_norms`), T·(p + q) float64 numbers per record:
+    then the Gram form is chosen only if the rows, p·q numbers of ``itemsize`` bytes, would also
+    take more memory than those copies. Where they do not, the direct form is faster too: its
+    rows cost T·p·q products against the float64 Gram's 2·T²·(p + q) ≥ T·p·q, and its sum is
+    ``w @ rows`` instead of a backward product (the MNIST CNN's second convolution, T = 25,
+    p = 256, q = 32, float32, batch 256: 10 ms of one thread per step for rows, norms and sum,
+    against 19 ms for the float64 Gram form and 13 ms for a float32 one)."""
+    return 2 * T * T < p * q and (itemsize >= 8 or 8 * T * (p + q) < p * q * itemsize)
 
 
-def use_gram_difference(T: int, p: int, q: int, conv: bool) -> bool:
+def use_gram_difference(T: int, p: int, q: int, conv: bool, itemsize: int = 8) -> bool:
     """The choice for the difference of two points (DP-SRM), 2T stacked positions: the Gram form
     iff :func:`use_gram` says so for 2T positions and, for a convolution, the records' layer
     gradients at both points (2·p·q per record) would take more memory than the im2col patches
@@ -350,13 +541,19 @@ def use_gram_difference(T: int, p: int, q: int, conv: bool) -> bool:
     Otherwise the direct form: it needs no more memory, and its rows also give the norms at
     each point and the three book-keeping sums of a DP-SRM step without a backward product (the
     MNIST CNN's second convolution, T = 25, q = 32: its share of a DP-SRM step about halves)."""
-    return use_gram(2 * T, p, q) and not (conv and 2 * q <= 3 * T)
+    return use_gram(2 * T, p, q, itemsize) and not (conv and 2 * q <= 3 * T)
 
 
 def gram_sq_norms(pairs: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
-    """``‖Σ_k Σ_t G^k_t A^k_tᵀ‖²`` per row from Gram matrices, for pairs ``A^k [R, T, p]``,
-    ``G^k [R, T, q]``: ``Σ_{k,l} ⟨A^k A^lᵀ, G^k G^lᵀ⟩``. Also returns ``(Σ_k Σ_t ‖A^k_t‖‖G^k_t‖)²``,
-    which bounds every term (the rounding error is ~ε times it)."""
+    """Upper bounds, in float64, of ``‖Σ_k Σ_t G^k_t A^k_tᵀ‖²`` per row from Gram matrices, for
+    pairs ``A^k [R, T, p]``, ``G^k [R, T, q]``: ``Σ_{k,l} ⟨A^k A^lᵀ, G^k G^lᵀ⟩``, and of
+    ``(Σ_k Σ_t ‖A^k_t‖‖G^k_t‖)²``, which bounds the magnitude of every term.
+
+    The Gram matrices are formed in float64 (a float32 entry ``⟨a_s, a_t⟩`` could be off by
+    p·2⁻²⁴·‖a_s‖‖a_t‖, i.e. the norm of a conv layer with T positions by ~T·p·2⁻²⁴: 4e−4 for the
+    MNIST CNN's second layer), and the result is enlarged by its rounding bound
+    γ_{p+q+(KT)²}·bound: exact up to ~1e−12 unless the terms cancel, never too small."""
+    pairs = [(A.double(), G.double()) for A, G in pairs]  # exact casts
     sq = bound = pairs[0][0].new_zeros(pairs[0][0].shape[0])
     for k, (A, G) in enumerate(pairs):
         for A2, G2 in pairs[k:]:
@@ -367,7 +564,9 @@ def gram_sq_norms(pairs: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
                 bound = bound + (AA.diagonal(dim1=1, dim2=2) * GG.diagonal(dim1=1, dim2=2)).sqrt().sum(1)
             else:
                 sq = sq + 2 * term
-    return sq, bound.square()
+    (_, T, p), q, K = pairs[0][0].shape, pairs[0][1].shape[2], len(pairs)
+    bound = bound.square() * (1 + 2 * _gamma(p + q + K * T + 8, U64))
+    return sq + _gamma(p + q + (K * T) ** 2 + 8, U64) * bound, bound
 
 
 def _gram(X: Tensor, Y: Tensor) -> Tensor:
@@ -490,49 +689,39 @@ class _Layer:
     def direct_difference(self) -> bool:
         """Whether the difference with another point takes the direct form (rows at both points)."""
         groups, T, p, q = self.shape()
-        return bool(self._trainable("weight")) and not use_gram_difference(T, p, q, self.stage.kind == "conv")
+        return bool(self._trainable("weight")) and not use_gram_difference(T, p, q, self.stage.kind == "conv",
+                                                                           self.a.element_size())
 
-    def _weight_sq_norms(self, other: _Layer | None) -> Tensor:
+    def _weight_bounds(self) -> Tensor:
+        """Upper bounds (float64) of the norms of the records' weight-gradient contributions to
+        :meth:`add_weighted` per unit weight, whichever way the sum is formed: ``w·rows`` (one
+        rounding per entry, rows exact or, for T > 1, off by γ_T·Σ_t ‖a_t‖‖g_t‖) or the backward
+        product ``fl(Σ_t fl(w·g_t) a_tᵀ)`` (off by γ_{T+1}·Σ_t ‖a_t‖‖g_t‖ per unit weight)."""
         B, (groups, T, p, q) = self.a.shape[0], self.shape()
-        if other is None and "rows" in self.__dict__:  # built already (for a difference): exact and cheap
-            return _sq_rows(self.rows)
-        if T == 1 and other is None:  # one position: ‖g aᵀ‖² = ‖a‖²‖g‖² (per conv group, on the patch)
+        one = (1 + _unit(self.a.dtype)) ** 2  # fl(fl(w·g)·a), or fl(w·rows) with rows = fl(g·a) at T = 1
+        if "rows" in self.__dict__ or not (T == 1 or use_gram(T, p, q, self.a.element_size())):  # the direct form
+            return one * _sq_rows(self.rows).sqrt()
+        if T == 1:  # one position: ‖g aᵀ‖² = ‖a‖²‖g‖² (per conv group, on the patch)
             if self.stage.kind == "linear":
-                return self.input_sq_norms * _sq_rows(self.g.reshape(B, -1))
+                return one * (self.input_sq_norms * _sq_rows(self.g.reshape(B, -1))).sqrt()
             A, G = self.matrices()
-            return (A.square().sum((1, 2)) * G.square().sum((1, 2))).view(B, groups).sum(1)
-        gram = use_gram(T, p, q) if other is None else use_gram_difference(T, p, q, self.stage.kind == "conv")
-        if not gram:
-            rows = self.rows if other is None else self.rows - other.rows
-            return _sq_rows(rows)
-        A, G = self.matrices()
-        if other is None:
-            pairs = [(A, G)]
-        else:  # Σ_t g_t a_tᵀ − g′_t a′_tᵀ = Σ_t (g_t − g′_t) a_tᵀ + g′_t (a_t − a′_t)ᵀ
-            A2, G2 = other.matrices()
-            pairs = [(A, G - G2), (A - A2, G2)]
-        sq, bound = (part.view(B, groups).sum(1) for part in gram_sq_norms(pairs))
-        cancelled = sq < 1e4 * torch.finfo(sq.dtype).eps * bound
-        if cancelled.any():  # the Gram form lost the digits of these records: build their gradients
-            rows = self.per_record(cancelled) - (0 if other is None else other.per_record(cancelled))
-            sq[cancelled] = _sq_rows(rows)
-        return sq
+            sq = _sq_rows(A.reshape(B * groups, p)) * _sq_rows(G.reshape(B * groups, q))
+            return one * sq.view(B, groups).sum(1).sqrt()
+        return _gram_bounds([self.matrices()], B, groups, T, self.a.dtype)
 
-    def sq_norms(self) -> Tensor:
-        sq = self.a.new_zeros(self.a.shape[0])
-        if self._trainable("weight"):
-            sq = sq + self._weight_sq_norms(None)
-        if self._trainable("bias"):
-            sq = sq + _sq_rows(self.bias_g)
-        return sq
+    def _bias_bounds(self) -> Tensor:
+        """Upper bounds of the norms of the bias contributions ``fl(w·Σ_t g_t)`` per unit weight."""
+        return (1 + _unit(self.g.dtype)) ** 2 * _sq_rows(self.bias_g).sqrt()
 
-    def diff_sq_norms(self, other: _Layer) -> Tensor:
-        sq = self.a.new_zeros(self.a.shape[0])
+    def bounds(self) -> Tensor:
+        """Upper bounds (float64) of the norms of the records' contributions to :meth:`add_weighted`
+        per unit weight."""
+        sq = self.a.new_zeros(self.a.shape[0], dtype=torch.float64)
         if self._trainable("weight"):
-            sq = sq + self._weight_sq_norms(other)
+            sq = sq + self._weight_bounds().square()
         if self._trainable("bias"):
-            sq = sq + _sq_rows(self.bias_rows(self.g - other.g))  # differences first: no cancellation
-        return sq
+            sq = sq + self._bias_bounds().square()
+        return sq.sqrt()
 
     def add_weighted(self, w: Tensor, kept: Tensor | None, total: Tensor, layout: Layout) -> None:
         """``total += Σ_i w_i ∇ℓ_i`` over the records ``kept`` (None: all). Where the records'
@@ -559,18 +748,28 @@ class _Layer:
             total[layout.place(bias)] += v @ (self.bias_g if kept is None else self.bias_g[kept])
 
 
+def _gram_bounds(pairs: list[tuple[Tensor, Tensor]], B: int, groups: int, T: int, dtype: torch.dtype) -> Tensor:
+    """Upper bounds of the norms of the records' contributions of a layer in the Gram form, whose
+    weight gradient ``Σ_k Σ_t G^k_t A^k_tᵀ`` is summed by backward products in ``dtype`` (one per
+    pair, added up): the float64 Gram norm times ``(1 + u)²``, plus the products' rounding,
+    γ_{T+3}·Σ_k Σ_t ‖A^k_t‖‖G^k_t‖ (per conv group; ``pairs`` hold ``[B·groups, T, ·]``)."""
+    sq, bound = (part.view(B, groups).sum(1) for part in gram_sq_norms(pairs))
+    u = _unit(dtype)
+    return (1 + u) ** 2 * sq.sqrt() + _gamma(T + 3, u) * bound.sqrt()
+
+
 @dataclass(frozen=True)
 class _Block:
-    """A stage without a ghost rule: its per-record gradients ``grads`` (θ name → ``[B, *shape]``)."""
+    """A stage whose records' gradients are held densely, ``grads`` (θ name → ``[B, *shape]``): a
+    stage without a ghost rule, or a layer's difference of rows at two points."""
 
     stage: Stage
     grads: dict[str, Tensor]
 
-    def sq_norms(self) -> Tensor:
-        return sum(_sq_rows(g.flatten(1)) for g in self.grads.values())
-
-    def diff_sq_norms(self, other: _Block) -> Tensor:
-        return sum(_sq_rows((g - other.grads[name]).flatten(1)) for name, g in self.grads.items())
+    def bounds(self) -> Tensor:
+        """Upper bounds (float64) of the norms of ``fl(w·row)`` per unit weight."""
+        sq = sum(_sq_rows(g.flatten(1)) * (1 + _unit(g.dtype)) ** 4 for g in self.grads.values())
+        return sq.sqrt()
 
     def add_weighted(self, w: Tensor, kept: Tensor | None, total: Tensor, layout: Layout) -> None:
         for name, g in self.grads.items():
@@ -579,32 +778,52 @@ class _Block:
 
 
 @dataclass(frozen=True)
-class _Pair:
-    """One layer's per-record gradients at two points, ``left − right``, whose inputs differ."""
+class _Stacked:
+    """A Linear or Conv2d layer's difference at two points with different inputs, in the Gram
+    form: ``parts = ((a, g − g′), (a − a′, g′))``, the second without the bias (whose difference
+    is ``Σ_t g_t − g′_t``). Its norm is the Gram norm of both parts and its sum their backward
+    products, so both are of the same rounded differences."""
 
-    left: _Layer | _Block
-    right: _Layer | _Block
+    parts: tuple[_Layer, _Layer]
 
-    def sq_norms(self) -> Tensor:
-        return self.left.diff_sq_norms(self.right)
+    def bounds(self) -> Tensor:
+        first = self.parts[0]
+        B, (groups, T, _, _) = first.a.shape[0], first.shape()
+        sq = _gram_bounds([part.matrices() for part in self.parts], B, groups, T, first.a.dtype).square()
+        if first._trainable("bias"):
+            sq = sq + first._bias_bounds().square()
+        return sq.sqrt()
 
     def add_weighted(self, w: Tensor, kept: Tensor | None, total: Tensor, layout: Layout) -> None:
-        self.left.add_weighted(w, kept, total, layout)
-        self.right.add_weighted(-w, kept, total, layout)
+        for part in self.parts:
+            part.add_weighted(w, kept, total, layout)
 
 
-def _difference(left: _Layer | _Block, right: _Layer | _Block) -> _Layer | _Pair:
-    """The layer of ``∇ℓ_i(θ) − ∇ℓ_i(θ′)``. Where both points saw the same input (a first layer,
-    whose input is the data) it is one layer, exactly:
-    ``Σ_t g_t a_tᵀ − g′_t a_tᵀ = Σ_t (g_t − g′_t) a_tᵀ``
-    (norms and sums then cost what one point's do, with no cancellation); otherwise the pair."""
-    if isinstance(left, _Layer) and isinstance(right, _Layer) and _same_memory(left.a, right.a):
+def _difference(left: _Layer | _Block, right: _Layer | _Block) -> _Layer | _Block | _Stacked:
+    """The layer of ``∇ℓ_i(θ) − ∇ℓ_i(θ′)``, whose norms and sums are of the same difference.
+
+    Where both points saw the same input (a first layer, whose input is the data) it is one
+    layer, exactly: ``Σ_t g_t a_tᵀ − g′_t a_tᵀ = Σ_t (g_t − g′_t) a_tᵀ`` (norms and sums then
+    cost what one point's do, with no cancellation). Otherwise, a block's difference of its
+    per-record gradients; in the direct form, the difference of the rows built at each point
+    (kept there for that point's norms and sums); else the stacked Gram form (:class:`_Stacked`)."""
+    if isinstance(left, _Block):
+        return _Block(left.stage, {name: g - right.grads[name] for name, g in left.grads.items()})
+    if _same_memory(left.a, right.a):
         _share_input(left, right)
         difference = _Layer(left.stage, left.a, left.g - right.g)
         left.input_sq_norms  # noqa: B018 - computed at most once per batch, kept on ``left`` for the next point
         _share_input(difference, left)
         return difference
-    return _Pair(left, right)
+    if not (weight := left._trainable("weight")):
+        return _Layer(left.stage, left.a, left.g - right.g)  # the bias alone: Σ_t g_t − g′_t
+    if left.direct_difference():
+        grads = {weight: left.rows - right.rows}
+        if bias := left._trainable("bias"):
+            grads[bias] = left.bias_rows(left.g - right.g)
+        return _Block(left.stage, grads)
+    weight_only = replace(left.stage, names=(("weight", weight),))
+    return _Stacked((_Layer(left.stage, left.a, left.g - right.g), _Layer(weight_only, left.a - right.a, right.g)))
 
 
 def _share_input(layer: _Layer | _Block, earlier: _Layer | _Block) -> None:
@@ -650,10 +869,13 @@ def _weighted_sum(chunks: tuple[tuple, ...], sizes: tuple[int, ...], weights: Te
 class GhostRows:
     """Per-record gradients of one batch, kept as per-layer ``(a, g)`` of each chunk of records.
 
-    ``norms()`` are ghost norms; ``weighted_sum(w)`` is the book-keeping sum Σ_i w_i ∇ℓ_i. Both
-    come back in ``dtype`` on ``device`` (θ's). ``self - other`` (same records, another θ) is
-    the GhostRows of ``∇ℓ_i(θ) − ∇ℓ_i(θ′)``, layer by layer (:func:`_difference`), with exact
-    norms (stacked ghost norms, no cancellation) and sums; it is not subtracted again.
+    ``norms()`` are ghost norms, in float64: upper bounds of the norms of what ``weighted_sum``
+    adds for each record per unit weight (see the module's "Rounding"), so that clipping with
+    them never lets a record add more than C. ``weighted_sum(w)`` is the book-keeping sum
+    Σ_i w_i ∇ℓ_i, in ``dtype`` (θ's). Both come back on ``device`` (θ's). ``self - other`` (same
+    records, another θ) is the GhostRows of ``∇ℓ_i(θ) − ∇ℓ_i(θ′)``, layer by layer
+    (:func:`_difference`), with exact norms (stacked ghost norms, no cancellation) and sums; it
+    is not subtracted again.
     """
 
     chunks: tuple[tuple, ...]
@@ -665,12 +887,18 @@ class GhostRows:
 
     @cached_property
     def _norms(self) -> Tensor:
-        sq = [sum((layer.sq_norms() for layer in layers), self.like.new_zeros(size))
+        sq = [sum((layer.bounds().square() for layer in layers), self.like.new_zeros(size, dtype=torch.float64))
               for layers, size in zip(self.chunks, self.sizes)]
-        return torch.cat(sq).sqrt() if sq else self.like.new_zeros(0)
+        if not sq:
+            return self.like.new_zeros(0, dtype=torch.float64)
+        # the float64 sums, square roots and the clip weight C / norm round too; so does a sum
+        # returned in a coarser dtype than it was computed in
+        coarser = torch.finfo(self.dtype).eps > torch.finfo(self.like.dtype).eps
+        enlarge = (1 + 2 * _gamma(2 * max(map(len, self.chunks)) + 8, U64)) * (1 + coarser * _unit(self.dtype))
+        return torch.cat(sq).sqrt() * enlarge
 
     def norms(self) -> Tensor:
-        return self._norms.to(self.device, self.dtype)
+        return self._norms.to(self.device)
 
     def weighted_sum(self, weights: Tensor) -> Tensor:
         return _weighted_sum(self.chunks, self.sizes, weights, self.layout, self.like).to(self.device, self.dtype)
@@ -682,9 +910,4 @@ class GhostRows:
             raise ValueError("ghost rows can only be subtracted on the same records, chunked the same way")
         difference = tuple(tuple(_difference(a, b) for a, b in zip(mine, theirs))
                            for mine, theirs in zip(self.chunks, other.chunks))
-        for layers in difference:
-            for layer in layers:
-                if isinstance(layer, _Pair) and isinstance(layer.left, _Layer) and layer.left.direct_difference():
-                    layer.left.rows, layer.right.rows  # noqa: B018 - built now, so the norms at each point use them too
         return GhostRows(difference, self.sizes, self.layout, self.like, self.dtype, self.device)
-

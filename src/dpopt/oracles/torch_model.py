@@ -15,21 +15,30 @@ Engines for per-record gradients (``engine=``):
 * ``"ghost"``: ghost norms and book-keeping sums from one forward/backward per chunk, never a
   ``[B, d]`` matrix: it keeps each layer's input and output gradient for the batch (the memory
   of one non-private step on it). See :mod:`dpopt.oracles.ghost` for the rules and their limits
-  (layers are found inside ``nn.Sequential`` containers). Gradient differences at two points
-  (DP-SRM) are exact, without cancellation.
+  (layers are found inside ``nn.Sequential`` containers). Only layers whose per-record
+  structure is known (``known_layers``, a :class:`~dpopt.oracles.ghost.Registry`: Linear,
+  zero-padded Conv2d, activations, pooling, Flatten, dropout, ...) are run on the whole batch;
+  every other module is run on each record alone under ``vmap``, so a layer that mixes the
+  records of a batch cannot leak one record into another's gradient. Its norms are upper
+  bounds of what its sums add per record (never below, by ~1e−6 in float32). Gradient
+  differences at two points (DP-SRM) are exact, without cancellation.
 
 Both give the same norms and clipped sums (tests hold them to 1e−9 relative in float64, 1e−4 in
 float32, of each other and of a per-record autograd loop). DP-SRM's differences cost one
 forward/backward per point and nothing more: ``per_record(θ, B) - per_record(θ′, B)``.
 
-Every per-record result comes back in θ's dtype and on θ's device (``dpopt.run`` passes a
-float64 θ; a float32 module then computes in float32); the work is done in the module's dtype
+Every per-record result comes back in θ's dtype (norms of float32 gradients in float64, as
+``clipping.Dense`` measures them) and on θ's device (``dpopt.run`` passes a float64 θ; a float32
+module then computes in float32); the work is done in the module's dtype
 on its device, data chunks being moved there (X may stay on the CPU while the module is on a
 GPU). ``microbatch_size`` bounds the records processed at once (the vmap rows, the ghost
 engine's per-layer products, the full-data loss and gradient); results do not depend on it.
 
 Modules with BatchNorm are refused: it mixes the records of a batch, so per-record clipping
-would not bound a record's influence. Stochastic layers (dropout) draw from torch's global
+would not bound a record's influence. So are torch's recurrent layers (``nn.RNN``, ``nn.LSTM``,
+``nn.GRU`` and their cells): their fused kernels have no complete ``vmap`` rule, so neither
+engine can keep records apart in them; a recurrence written with ``nn.Linear`` layers in a
+module of one's own works under both. Stochastic layers (dropout) draw from torch's global
 generator, not the run's (DESIGN rule 4 covers the privacy noise, not the model's own
 randomness); in both engines one forward feeds both the norms and the sums, so each record's
 clipped contribution is exactly bounded even so.
@@ -103,13 +112,31 @@ def reject_batch_norm(module: nn.Module) -> None:
                 "its own")
 
 
+def reject_recurrent(module: nn.Module) -> None:
+    """Raise :class:`DpoptError` if ``module`` contains one of torch's recurrent layers, saying why
+    and what to write instead."""
+    for name, m in module.named_modules():
+        if isinstance(m, (nn.RNNBase, nn.RNNCellBase)):
+            raise _validate.DpoptError(
+                f"module={name or type(module).__name__!r} is {type(m).__name__}, whose per-record gradients dpopt "
+                "cannot compute: torch's fused recurrent kernels (nn.RNN, nn.LSTM, nn.GRU and their Cell versions) "
+                "have no complete rule for torch.func.vmap, which both engines use to keep the records of a batch "
+                "apart. Write the recurrence with nn.Linear layers and a loop over the time steps in a module of your "
+                "own (for nn.RNN: h = torch.tanh(self.input(x[:, t]) + self.hidden(h)); the gates of a GRU or LSTM "
+                "likewise): it runs under both engines")
+
+
 class TorchModel:
     """Per-record gradients of ``loss_fn(module(x), y)`` over the records of ``(X, y)``.
 
-    ``module``: any ``nn.Module`` without BatchNorm; ``loss_fn(output, target) -> [B]``;
+    ``module``: an ``nn.Module`` without BatchNorm or torch's recurrent layers whose records do not
+    interact, except inside modules that ``engine`` runs per record (all of them for "vmap";
+    for "ghost", every module not in ``known_layers``); ``loss_fn(output, target) -> [B]``;
     ``X [n, ...]``, ``y [n, ...]`` tensors (floating-point X is cast to the module's dtype chunk
     by chunk; they are not to be modified after: the oracle reuses the records and the
     per-record results of its recent calls); ``engine``: "ghost" (default) or "vmap";
+    ``known_layers``: the layer types the ghost engine may run on the whole batch
+    (:data:`~dpopt.oracles.ghost.KNOWN_LAYERS`, extended with ``.with_per_record(MyLayer)``);
     ``microbatch_size``: records per chunk of every per-record or full-data computation
     (memory, not results). The default, 512, keeps
     a Poisson batch of expected size 256 (256 ± 16) in one chunk: each extra chunk is one more
@@ -117,11 +144,16 @@ class TorchModel:
     """
 
     def __init__(self, module: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], X: Tensor, y: Tensor, *,
-                 engine: str = "ghost", microbatch_size: int = 512) -> None:
+                 engine: str = "ghost", microbatch_size: int = 512,
+                 known_layers: ghost.Registry = ghost.KNOWN_LAYERS) -> None:
         if not isinstance(module, nn.Module):
             raise _validate.DpoptError(f"module={type(module).__name__} must be a torch.nn.Module")
         reject_batch_norm(module)
+        reject_recurrent(module)
         self.engine = _validate.one_of("engine", engine, ENGINES)
+        if not isinstance(known_layers, ghost.Registry):
+            raise _validate.DpoptError(f"known_layers={type(known_layers).__name__} must be a "
+                                       "dpopt.oracles.ghost.Registry (e.g. ghost.KNOWN_LAYERS.with_per_record(...))")
         self.microbatch_size = _validate.positive_int("microbatch_size", microbatch_size)
         self.X, self.y = torch.as_tensor(X), torch.as_tensor(y)
         if self.X.ndim < 1 or self.y.ndim < 1 or len(self.X) != len(self.y) or len(self.X) == 0:
@@ -137,7 +169,8 @@ class TorchModel:
         self.dtype, self.device = next(iter(kinds))
         self.layout = Layout.of(module)
         self.n, self.dim = len(self.X), self.layout.dim
-        self.stages = ghost.plan(module, {id(p): name for name, p in params.items()}) if engine == "ghost" else ()
+        self.stages = (ghost.plan(module, {id(p): name for name, p in params.items()}, known_layers)
+                       if engine == "ghost" else ())
         self._gathered: tuple[Tensor | None, list[tuple[Tensor, Tensor]]] = (None, [])
         self._recent: list[tuple[Tensor, Tensor, Dense | ghost.GhostRows]] = []
 
@@ -163,7 +196,9 @@ class TorchModel:
         return self.module
 
     def rules(self) -> list[tuple[str, str]]:
-        """For engine="ghost": ``(layer path, "ghost" | "vmap")`` of each layer with parameters."""
+        """For engine="ghost": ``(layer path, "ghost" | "vmap")`` of each layer with trainable
+        parameters and of each parameter-free module run per record (not known to act on each
+        record on its own)."""
         return ghost.describe(self.stages)
 
     def _theta(self, theta: Tensor) -> Tensor:
@@ -279,11 +314,21 @@ class TorchModel:
         return self.gradient_sum(theta, None) / self.n
 
     def per_record_loss(self, thetas: Tensor, indices: Tensor) -> Tensor:
-        """``[B, K]``: ℓ_i(θ_k) of the records ``indices`` at the K points ``thetas [K, d]``."""
+        """``[B, K]``: ℓ_i(θ_k) of the records ``indices`` at the K points ``thetas [K, d]``, each
+        record's loss computed as its gradient is (records kept apart: DP-AGD bounds each record's
+        clipped loss, so no record may move another's)."""
         with torch.no_grad():
-            columns = [torch.cat([self._forward_losses(self._theta(t), x, y) for x, y in self._chunks(indices)]
+            columns = [torch.cat([self._record_losses(self._theta(t), x, y) for x, y in self._chunks(indices)]
                                  or [self.X.new_zeros(0, dtype=self.dtype, device=self.device)]) for t in thetas]
         return torch.stack(columns, dim=1).to(thetas.device, thetas.dtype)
+
+    def _record_losses(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
+        """ℓ_i(θ) of each record of a chunk: the ghost engine's forward (modules not known to act
+        on each record on their own run per record), or each record alone under vmap."""
+        if self.engine == "vmap":
+            return vmap(self._one_loss, in_dims=(None, 0, 0), randomness="different")(theta, x, y)
+        out, _ = ghost.forward(self.stages, self.layout.views(theta), x)
+        return self._losses(out, y)
 
     def _one_loss(self, theta: Tensor, xi: Tensor, yi: Tensor) -> Tensor:
         return self._forward_losses(theta, xi.unsqueeze(0), yi.unsqueeze(0)).sum()
