@@ -232,7 +232,7 @@ def test_a_budget_ledger_above_its_budget_is_refused(tmp_path):
         saved["ledger"]["runs"] = saved["ledger"]["runs"] + [(dpa.ZCDpEvent(algo.rho_total), 1)]
 
     rewritten(path, overspent)
-    with pytest.raises(DpoptError, match=r"records ε=.* above this run's budget ε="):
+    with pytest.raises(DpoptError, match=r"the run spent rho=.* of a zCDP filter of rho=0.5; it was not used"):
         resumed(algo, oracle(), path, case.steps)
 
 
