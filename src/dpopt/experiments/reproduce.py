@@ -257,7 +257,7 @@ def _classified(payload: dict[str, Any]) -> dict[str, Any]:
     for row in payload["rows"]:
         private, diagnostic = outputs.split(row["metrics"])
         rows.append(row | {"metrics": private, "diagnostics": {"label": outputs.NOT_PRIVATE, "metrics": diagnostic}})
-    return _classified(payload) | {"rows": rows}
+    return {key: value for key, value in payload.items() if key != "_curves"} | {"rows": rows}
 
 
 def _titled(title: str, spec: str | tuple[str, str]) -> str:
