@@ -219,7 +219,7 @@ def test_a_diverged_seed_leaves_a_gap_in_the_mean_curve() -> None:
     def history(values: list[float]) -> History:
         records = [{"passes": float(k + 1), "objective": v} for k, v in enumerate(values)]
         return History(records=records, final={}, theta=torch.zeros(1), delta=1e-5, accountant="pld",
-                       neighboring_relation="replace_one", steps_done=len(values))
+                       neighboring_relation="replace_one", steps_done=len(values), randomness="seed 0")
 
     xs, values = mean_curve([history([1.0, 2.0, 3.0]), history([3.0])], "objective")
     assert xs.tolist() == [1.0, 2.0, 3.0]

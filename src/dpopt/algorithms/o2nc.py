@@ -142,8 +142,26 @@ def _diagnostics(state: O2NCState) -> dict[str, float]:
     return {"clip_rate": state.clipped / state.records if state.records else 0.0}
 
 
+class _Conversion:
+    """The outer loop both oracles share (``init``, ``step``, ``output``, ``diagnostics``); each
+    algorithm supplies its oracle's ``release``."""
+
+    def init(self, theta0: Tensor, steps: int, gen: torch.Generator) -> O2NCState:
+        return _init(self, theta0, steps, gen)
+
+    def step(self, state: O2NCState, batch: Batch, oracle: Oracle,
+             source: mechanisms.NoiseSource) -> tuple[O2NCState, dpa.DpEvent]:
+        return _outer_step(self, state, batch, oracle, source)
+
+    def output(self, state: O2NCState) -> Tensor:
+        return _output(self, state)
+
+    def diagnostics(self, state: O2NCState) -> dict[str, float]:
+        return _diagnostics(state)
+
+
 @dataclass(frozen=True)
-class O2NC:
+class O2NC(_Conversion):
     """DP-O2NC with the single-pass oracle and the tree mechanism (Algorithms 3, 5).
     Keyword-only hyper-parameters: step size ``lr`` (η), ``radius`` (D, the clip of Δ),
     ``window`` (M), ``alpha`` (α, the smoothing radius), ``period`` (Σ), per-record clips
@@ -204,8 +222,6 @@ class O2NC:
         tree = dpa.SingleEpochTreeAggregationDpEvent(self.noise_multiplier, self.period_lengths(steps))
         return dpa.ComposedDpEvent([tree, dpa.SelfComposedDpEvent(dpa.NoOpDpEvent(), steps - 1)])
 
-    def init(self, theta0: Tensor, steps: int, gen: torch.Generator) -> O2NCState:
-        return _init(self, theta0, steps, gen)
 
     def release(self, state: O2NCState, batch: Batch, rows: clipping.Dense, start: bool,
                 source: mechanisms.NoiseSource) -> tuple[Tensor, mechanisms.TreeAggregator, dpa.DpEvent]:
@@ -217,19 +233,9 @@ class O2NC:
         tree, released, event = tree.add(bounded, source)
         return released, tree, event
 
-    def step(self, state: O2NCState, batch: Batch, oracle: Oracle,
-             source: mechanisms.NoiseSource) -> tuple[O2NCState, dpa.DpEvent]:
-        return _outer_step(self, state, batch, oracle, source)
-
-    def output(self, state: O2NCState) -> Tensor:
-        return _output(self, state)
-
-    def diagnostics(self, state: O2NCState) -> dict[str, float]:
-        return _diagnostics(state)
-
 
 @dataclass(frozen=True)
-class O2NCMulti:
+class O2NCMulti(_Conversion):
     """DP-O2NC with the multi-pass oracle (Algorithm 4): every record at every step, Gaussian
     noise. The outer-loop hyper-parameters are :class:`O2NC`'s; ``noise_multiplier`` (z) is the
     difference steps', ``noise_multiplier0`` the period starts' (None = z)."""
@@ -274,8 +280,6 @@ class O2NCMulti:
     def planned_event(self, n: int, steps: int) -> dpa.DpEvent:
         return dpa.ComposedDpEvent([dpa.GaussianDpEvent(self._multiplier(t)) for t in range(steps)])
 
-    def init(self, theta0: Tensor, steps: int, gen: torch.Generator) -> O2NCState:
-        return _init(self, theta0, steps, gen)
 
     def release(self, state: O2NCState, batch: Batch, rows: clipping.Dense, start: bool,
                 source: mechanisms.NoiseSource) -> tuple[Tensor, None, dpa.DpEvent]:
@@ -286,13 +290,3 @@ class O2NCMulti:
         noised, event = mechanisms.gaussian(bounded, self._multiplier(batch.t), source)
         increment = noised / batch.sampler.expected_size
         return (increment if start else state.released + increment), None, event
-
-    def step(self, state: O2NCState, batch: Batch, oracle: Oracle,
-             source: mechanisms.NoiseSource) -> tuple[O2NCState, dpa.DpEvent]:
-        return _outer_step(self, state, batch, oracle, source)
-
-    def output(self, state: O2NCState) -> Tensor:
-        return _output(self, state)
-
-    def diagnostics(self, state: O2NCState) -> dict[str, float]:
-        return _diagnostics(state)
