@@ -151,7 +151,7 @@ def _run_all(exp: ModuleType, data_dir: str | None, n_seeds: int, quick: bool, r
                      "_final": {m: [h.final[m] for h in histories] for m in test_metrics}})
         curves[(key, name, epsilon)] = histories
         if progress:
-            tqdm.write(f"  {key or ''} {name:>8} ε={epsilon}: objective "
+            tqdm.write(f"  {key or ''} {name:>8} ε={epsilon}: training objective (NOT PRIVATE) "
                        f"{rows[-1]['metrics']['objective']['mean']:.5f}")
     tests = _t_tests(rows, _comparisons(exp, rows), test_metrics)
     for row in rows:
