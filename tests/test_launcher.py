@@ -33,8 +33,9 @@ LAUNCHER = """
 import signal, sys
 from dpopt.distributed import launch
 from test_launcher import forever
-if sys.argv[2:] == ["background"]:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+# a background job ignores SIGINT; a launch from a terminal gets Python's KeyboardInterrupt handler
+# (set here: the test itself may run where SIGINT is ignored, e.g. under a non-interactive CI shell)
+signal.signal(signal.SIGINT, signal.SIG_IGN if sys.argv[2:] == ["background"] else signal.default_int_handler)
 launch(forever, 2, sys.argv[1])
 """
 
