@@ -55,34 +55,63 @@ def split(metrics: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return private, {m: v for m, v in metrics.items() if m not in private}
 
 
-#: Every other private field: settings, the output θ, the accounting facts, the structure.
-PRIVATE_FIELDS = frozenset(PRIVATE_METRICS) | {
+#: Facts a reproduction states about its problem that are public: sizes, settings, published
+#: targets, and statistics of the test data only.
+PUBLIC_FACTS = frozenset({
+    "n", "n_test", "dim", "d", "features", "task", "clients", "records_per_client", "model", "data", "source",
+    "target_error", "delta", "smoke", "phi", "alpha", "goldstein_points", "goldstein_seed", "reference",
+    "majority_class_test_error",
+})
+#: Facts computed from the training data without noise (a reference optimum fitted on it, the
+#: stationarity of θ0 on it): diagnostics.
+DIAGNOSTIC_FACTS = frozenset({"goldstein_start", "reference_norm", "nonprivate_loss_ratio"})
+
+#: Every other private field: settings, the output θ, the accounting facts, the structure of a
+#: run's history and of a reproduction's results.json.
+PRIVATE_FIELDS = frozenset(PRIVATE_METRICS) | frozenset(EXPERIMENT_PRIVATE) | PUBLIC_FACTS | {
     "step", "records", "final", "theta", "delta", "accountant", "neighboring_relation", "steps_done", "stopped",
-    "randomness", "algorithm", "dataset", "model", "epsilon_target", "hyperparameters", "processes", "out",
-    "diagnostics", "diverged_at",
+    "randomness", "algorithm", "dataset", "out", "epsilon_target", "processes", "diagnostics", "diverged_at",
+    "experiment", "rows", "seeds", "quick", "log_points", "facts", "t_tests", "problem", "ours", "baseline",
+    "metrics", "mean", "std",
 }
-#: Fields of the ``"diagnostics"`` section.
-DIAGNOSTIC_FIELDS = frozenset(DIAGNOSTIC_METRICS) | {"label", "records", "final", "step"}
+#: Fields of a ``"diagnostics"`` section.
+DIAGNOSTIC_FIELDS = frozenset(DIAGNOSTIC_METRICS) | frozenset(EXPERIMENT_DIAGNOSTICS) | DIAGNOSTIC_FACTS | {
+    "label", "records", "final", "step", "facts", "t_tests", "problem", "epsilon", "ours", "baseline", "metrics",
+    "mean", "std",
+}
+#: Fields whose values are public by nature and keyed by names, not walked: settings given by
+#: name (hyper-parameters, grids, epochs per ε) and the papers' published numbers.
+PUBLIC_BY_NAME = frozenset({"hyperparameters", "params", "grids", "epochs", "paper"})
+#: The non-private tuning of the reproductions (its scores are training objectives), keyed by
+#: method and not walked: allowed only inside ``"diagnostics"``.
+TUNING = "tuning"
 
 
 def _keys(payload: Any, inside: bool, path: str) -> Iterator[tuple[str, bool]]:
     if isinstance(payload, dict):
         for key, value in payload.items():
             yield f"{path}.{key}".lstrip("."), inside
-            yield from _keys(value, inside or key == "diagnostics", f"{path}.{key}")
+            if key not in PUBLIC_BY_NAME and key != TUNING:
+                yield from _keys(value, inside or key == "diagnostics", f"{path}.{key}")
     elif isinstance(payload, list):
         for item in payload:
             yield from _keys(item, inside, f"{path}[]")
 
 
+def _metric(key: str) -> str:
+    """A t-test's p-value ``p_<metric>`` is classified as its metric."""
+    return key.removeprefix("p_")
+
+
 def unclassified(payload: Any, extra_diagnostics: frozenset[str] = frozenset()) -> list[str]:
     """The fields of ``payload`` that are not classified where they stand: a private field must
-    be in :data:`PRIVATE_FIELDS`; inside ``"diagnostics"`` a field must be in
-    :data:`DIAGNOSTIC_FIELDS` (or ``extra_diagnostics``, measurements the caller added)."""
+    be in :data:`PRIVATE_FIELDS` or :data:`PUBLIC_BY_NAME`; inside ``"diagnostics"`` a field must
+    be in :data:`DIAGNOSTIC_FIELDS`, be the tuning record, or be in ``extra_diagnostics``
+    (measurements the caller added)."""
     wrong = []
     for path, inside in _keys(payload, False, ""):
-        key = path.rsplit(".", 1)[-1].removesuffix("[]")
-        allowed = DIAGNOSTIC_FIELDS | extra_diagnostics if inside else PRIVATE_FIELDS
+        key = _metric(path.rsplit(".", 1)[-1].removesuffix("[]"))
+        allowed = DIAGNOSTIC_FIELDS | extra_diagnostics | {TUNING} if inside else PRIVATE_FIELDS | PUBLIC_BY_NAME
         if key not in allowed:
             wrong.append(path)
     return wrong

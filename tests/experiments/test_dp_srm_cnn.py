@@ -43,7 +43,7 @@ def test_mnist_quick_version(shared_data_dir, tmp_path):
     assert json.loads((tmp_path / "results.json").read_text())["experiment"] == "dp-srm-mnist"
     paper = {(r["algorithm"], r["epsilon"]): r["metrics"]["test_error"]["mean"] for r in payload["paper"]}
     assert paper == {("DP-SRM", 7.0): 0.0291, ("DP-SGD", 7.0): 0.0293}
-    facts = payload["facts"]["mnist-cnn:mnist-smoke"]
+    facts, = (f for f in payload["facts"] if f["problem"] == "mnist-cnn:mnist-smoke")
     assert (facts["n"], facts["n_test"], facts["dim"], facts["data"]) == (500, 500, 26_010, "mnist")
     assert payload["log_points"] == 10
     assert {p.name for p in tmp_path.glob("*.png")} == {f"curves_mnist-cnn-mnist-smoke_eps{e}.png"
@@ -57,7 +57,7 @@ def test_cifar10_quick_version_on_random_images(tmp_path):
     CIFAR-shaped images, one step per run, and writes no figure for CNN6 at the other ε."""
     payload = reproduce("dp-srm-cifar10", quick=True, seeds=1, out=tmp_path, workers=1)
     _check_payload(payload, {"cnn5:cifar10-smoke": (6.0, 8.0, 10.0), "cnn6:cifar10-smoke": (8.0,)})
-    assert payload["facts"]["cnn6:cifar10-smoke"]["data"] == "random CIFAR-shaped images"
+    assert {f["problem"]: f["data"] for f in payload["facts"]}["cnn6:cifar10-smoke"] == "random CIFAR-shaped images"
     assert {p.name for p in tmp_path.glob("*.png")} == {
         "curves_cnn5-cifar10-smoke_eps6.0.png", "curves_cnn5-cifar10-smoke_eps8.0.png",
         "curves_cnn5-cifar10-smoke_eps10.0.png", "curves_cnn6-cifar10-smoke_eps8.0.png"}

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from dpopt import experiments, report
+from dpopt import experiments, outputs, report
 from dpopt.algorithms import DPSGD, Storm, dp_gd
 from dpopt.experiments._runner import Method, Problem, mean_curve, one_sided_p
 from dpopt.train import History
@@ -70,8 +70,12 @@ def test_reproduce_writes_the_documented_json(toy: str, tmp_path: Path) -> None:
     assert written["paper"][0]["metrics"]["test_error"] == {"mean": 0.1, "std": 0.01}
     assert written["paper"][0]["metrics"]["passes"] == {"mean": 3, "std": None}
     # ours against each private baseline at the same ε (not against the non-private reference)
-    assert {(t["epsilon"], t["baseline"]) for t in written["t_tests"]} == {(1.0, "DP-GD"), (2.0, "DP-GD")}
-    assert written["tuning"]["DP-GD ε=1.0"]["chosen"] == {"lr": 1.0}  # 0.01 barely moves θ in 10 steps
+    # the t-tests compare training objectives (non-private), so they sit with the diagnostics
+    diagnostics = written["diagnostics"]
+    assert written["t_tests"] == [] and diagnostics["label"].startswith("NOT PRIVATE")
+    assert {(t["epsilon"], t["baseline"]) for t in diagnostics["t_tests"]} == {(1.0, "DP-GD"), (2.0, "DP-GD")}
+    assert diagnostics["tuning"]["DP-GD ε=1.0"]["chosen"] == {"lr": 1.0}  # 0.01 barely moves θ in 10 steps
+    assert outputs.unclassified(written) == []
     assert {p.name for p in tmp_path.iterdir()} == {"results.json", "results.md", "curves_eps1.0.png",
                                                    "curves_eps2.0.png", "runs"}
     assert "toy notes" in (tmp_path / "results.md").read_text()
@@ -118,7 +122,7 @@ def test_the_largest_problem_is_queued_first_and_reported_in_the_preset_order(
     payload = reproduce(toy, seeds=1, out=tmp_path, workers=1)
     assert queued == ["large", "small"]
     assert [row["problem"] for row in payload["rows"]] == ["small", "large"]
-    assert list(payload["facts"]) == ["small", "large"]
+    assert [facts["problem"] for facts in payload["facts"]] == ["small", "large"]
 
 
 def test_a_derived_curve_is_the_mean_of_the_function_over_seeds() -> None:
@@ -144,8 +148,10 @@ def _comparable(payload: dict[str, Any]) -> dict[str, Any]:
     """A payload as JSON (NaN as null), without what differs between two identical reproductions (times)."""
     rows = [{**row, "diagnostics": {k: v for k, v in row["diagnostics"]["metrics"].items() if not k.endswith("time_s")}}
             for row in payload["rows"]]
-    tuning = {name: {"chosen": value["chosen"], "scores": value["scores"]} for name, value in payload["tuning"].items()}
-    return json.loads(report.to_json({**payload, "rows": rows, "tuning": tuning, "wall_time_s": None}))
+    diagnostics = payload["diagnostics"]
+    tuning = {name: {"chosen": value["chosen"], "scores": value["scores"]} for name, value in diagnostics["tuning"].items()}
+    return json.loads(report.to_json({**payload, "rows": rows, "diagnostics": {**diagnostics, "tuning": tuning,
+                                                                                "wall_time_s": None}}))
 
 
 def _counting_problem(calls: list[int], interrupt_at: int | None = None):
@@ -224,3 +230,30 @@ def test_a_diverged_seed_leaves_a_gap_in_the_mean_curve() -> None:
     xs, values = mean_curve([history([1.0, 2.0, 3.0]), history([3.0])], "objective")
     assert xs.tolist() == [1.0, 2.0, 3.0]
     assert values[0] == 2.0 and np.isnan(values[1:]).all()
+
+
+def test_results_json_classifies_every_field(toy: str, tmp_path: Path) -> None:
+    """Every field of results.json is private or sits, labelled, under "diagnostics"; a training-data
+    fact, a t-test on a training objective or the tuning record outside it is refused."""
+    reproduce(toy, seeds=2, out=tmp_path, workers=1)
+    written = json.loads((tmp_path / "results.json").read_text())
+    assert outputs.unclassified(written) == []
+    assert outputs.unclassified(written | {"facts": [{"n": 400, "goldstein_start": 0.3}]}) == ["facts[].goldstein_start"]
+    assert outputs.unclassified(written | {"t_tests": [{"p_objective": 0.1}]}) == ["t_tests[].p_objective"]
+    assert outputs.unclassified(written | {"tuning": written["diagnostics"]["tuning"]}) == ["tuning"]
+    assert outputs.unclassified(written | {"wall_time_s": 3.0}) == ["wall_time_s"]
+
+
+def test_every_fact_a_preset_states_is_classified() -> None:
+    """The facts dicts of every preset (read from the source, so no preset is left out) name only
+    classified facts: public ones, or training-data ones that go to the diagnostics."""
+    import ast
+
+    classified = outputs.PUBLIC_FACTS | outputs.DIAGNOSTIC_FACTS | outputs.PUBLIC_BY_NAME
+    found = set()
+    for module in Path(experiments.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "facts" for t in node.targets) \
+                    and isinstance(node.value, ast.Dict):
+                found |= {key.value for key in node.value.keys if isinstance(key, ast.Constant)}
+    assert len(found) > 15 and found <= classified, sorted(found - classified)

@@ -251,13 +251,41 @@ def _write(out_dir: Path, payload: dict[str, Any], exp: ModuleType) -> None:
 
 
 def _classified(payload: dict[str, Any]) -> dict[str, Any]:
-    """results.json: each row's metrics split into the private ``metrics`` and the labelled
-    ``diagnostics`` (:func:`dpopt.outputs.split`)."""
+    """results.json, every field classified (:mod:`dpopt.outputs`): the private results, and apart
+    under ``"diagnostics"`` (labelled) each row's non-private metrics, the facts and t-tests computed
+    from training-data metrics, the non-private tuning and the wall time."""
     rows = []
     for row in payload["rows"]:
         private, diagnostic = outputs.split(row["metrics"])
         rows.append(row | {"metrics": private, "diagnostics": {"label": outputs.NOT_PRIVATE, "metrics": diagnostic}})
-    return {key: value for key, value in payload.items() if key != "_curves"} | {"rows": rows}
+    facts = _by_problem(payload["facts"])
+    public_facts = [{k: v for k, v in f.items() if k not in outputs.DIAGNOSTIC_FACTS} for f in facts]
+    training_facts = [{k: v for k, v in f.items() if k == "problem" or k in outputs.DIAGNOSTIC_FACTS} for f in facts]
+    tests = [_split_test(test) for test in payload["t_tests"]]
+    return {key: payload[key] for key in ("experiment", "paper", "seeds", "quick", "log_points", "grids")} | {
+        "rows": rows, "facts": public_facts, "t_tests": [private for private, _ in tests if _tested(private)],
+        "diagnostics": {"label": outputs.NOT_PRIVATE, "facts": [f for f in training_facts if len(f) > 1],
+                        "t_tests": [diagnostic for _, diagnostic in tests if _tested(diagnostic)],
+                        "tuning": payload["tuning"],
+                        "wall_time_s": payload["wall_time_s"]}}
+
+
+def _by_problem(facts: dict[str, Any]) -> list[dict[str, Any]]:
+    """A preset's facts as a list of records, ``problem`` naming the problem where there are several."""
+    if facts and all(isinstance(value, dict) and key not in outputs.PUBLIC_BY_NAME for key, value in facts.items()):
+        return [{"problem": key, **value} for key, value in facts.items()]
+    return [facts]
+
+
+def _tested(test: dict[str, Any]) -> bool:
+    return any(key.startswith("p_") for key in test)
+
+
+def _split_test(test: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A t-test row's p-values on private metrics, and those on non-private ones (with the row's keys)."""
+    keys = {k: v for k, v in test.items() if not k.startswith("p_")}
+    private = {k: v for k, v in test.items() if k.startswith("p_") and outputs.is_private(k.removeprefix("p_"))}
+    return keys | private, keys | {k: v for k, v in test.items() if k.startswith("p_") and k not in private}
 
 
 def _titled(title: str, spec: str | tuple[str, str]) -> str:
@@ -298,7 +326,7 @@ def _markdown(payload: dict[str, Any], exp: ModuleType) -> str:
         f"Columns marked (NOT PRIVATE): {outputs.NOT_PRIVATE}; the papers report them.", "",
         "## Notes", "", exp.notes(payload), "",
         "## Tuning", "", f"Grids: `{payload['grids']}`.", "",
-        f"Chosen: `{ {(str(r.get('problem')) + ' ' if keyed else '') + r['algorithm'] + ' ε=' + str(r['epsilon']): r['params'] for r in payload['rows']} }`.", "",
+        f"Chosen (NOT PRIVATE where tuned here: selected on training-data objectives): `{ {(str(r.get('problem')) + ' ' if keyed else '') + r['algorithm'] + ' ε=' + str(r['epsilon']): r['params'] for r in payload['rows']} }`.", "",
         f"Tuning cost (not privacy-accounted): `{_tuning_cost(payload['tuning'])}`.", "",
     ]
     return "\n".join(lines)
