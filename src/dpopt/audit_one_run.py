@@ -112,7 +112,7 @@ def plan_guesses(canaries: int, separation: float, delta: float, confidence: flo
     half = canaries / 2
     best, best_bound = 1, -1.0
     for k in np.unique(np.geomspace(1, canaries // 2, 25).astype(int)):
-        t = optimize.brentq(lambda x: half * (stats.norm.sf(x - mu) + stats.norm.sf(x)) - k, -50, 50)
+        t = optimize.brentq(lambda x: half * (stats.norm.sf(x - mu) + stats.norm.sf(x)) - k, -50, mu + 50)
         correct = int(2 * half * stats.norm.sf(t - mu))
         bound = epsilon_lower_bound(min(correct, 2 * int(k)), 2 * int(k), canaries, delta, confidence)
         if bound > best_bound:
