@@ -6,15 +6,18 @@ auditor); the algorithm runs once and every canary gets a score (higher = "looks
 The auditor guesses "included" for the k₊ highest scores, "excluded" for the k₋ lowest and
 abstains on the rest: r = k₊ + k₋ guesses, W of them correct.
 
-The paper's main theorem: if the algorithm is (ε, δ)-DP with respect to each canary's inclusion,
-then for every v,
+The paper's main theorem: if the algorithm is (ε, δ)-DP with respect to each canary's inclusion
+(add/remove-one adjacency, whatever the other canaries' bits), then for every v,
 
     P[W ≥ v] ≤ β + 2mδ·α,  with q = e^ε/(1 + e^ε) (the accuracy of ε-randomized response),
     β = P[Binomial(r, q) ≥ v],  α = max_{1 ≤ i ≤ v} P[v − i ≤ Binomial(r, q) < v] / i.
 
 For δ = 0 this says W is stochastically dominated by Binomial(r, q): the canaries' guesses
 can do no better than r independent ε-randomized responses, with no group-privacy cost. The
-right-hand side, p(ε), is a p-value for the hypothesis "(ε, δ)-DP" given W = v.
+right-hand side, p(ε), is a p-value for the hypothesis "(ε, δ)-DP" given W = v: with v₀ the
+least v where p(ε) < 1 − confidence, a rejection means W ≥ v₀, whose probability is at most
+p(ε) evaluated at v₀, below 1 − confidence. The δ
+term grows with m, so δ must be well below 1/(2m) for it not to swamp the bound.
 
 The bound reported is the largest grid point ε̂ = j·h (h = ``GRID``) with p(i·h) < 1 −
 confidence for every i ≤ j. It is valid without assuming p monotone in ε: if the algorithm is
