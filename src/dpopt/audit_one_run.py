@@ -16,8 +16,8 @@ For δ = 0 this says W is stochastically dominated by Binomial(r, q): the canari
 can do no better than r independent ε-randomized responses, with no group-privacy cost. The
 right-hand side, p(ε), is a p-value for the hypothesis "(ε, δ)-DP" given W = v: with v₀ the
 least v where p(ε) < 1 − confidence, a rejection means W ≥ v₀, whose probability is at most
-p(ε) evaluated at v₀, below 1 − confidence. The δ
-term grows with m, so δ must be well below 1/(2m) for it not to swamp the bound.
+p(ε) evaluated at v₀, below 1 − confidence. The δ term grows with m, so δ must be well below
+1/(2m) for it not to swamp the bound.
 
 The bound reported is the largest grid point ε̂ = j·h (h = ``GRID``) with p(i·h) < 1 −
 confidence for every i ≤ j. It is valid without assuming p monotone in ε: if the algorithm is
