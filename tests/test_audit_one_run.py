@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from scipy import optimize, special, stats
 
-from dpopt import audit_one_run as one
+from dpopt.audit import one_run as one
 from dpopt._validate import DpoptError
 
 LEVEL = 0.05  # 1 − confidence

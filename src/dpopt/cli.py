@@ -239,7 +239,7 @@ def _summary(args: argparse.Namespace, history: Any) -> str:
 
 def _audit(args: argparse.Namespace) -> dict[str, Any]:
     """Calibrate ``--algo`` to (--epsilon, --delta) on the canary world's n + 1 records, then audit it."""
-    from .audit import audit
+    from . import audit
 
     _validate.one_of("algo", args.algo, ALGORITHMS)
     epsilon = _validate.positive("epsilon", args.epsilon)
@@ -249,8 +249,15 @@ def _audit(args: argparse.Namespace) -> dict[str, Any]:
     if args.algo not in NON_PRIVATE:
         algorithm = calibrate(algorithm, epsilon=epsilon, delta=_validate.open_unit("delta", args.delta), n=n + 1,
                               steps=_validate.positive_int("steps", args.steps))
-    result = audit(algorithm, name=args.algo, steps=args.steps, dataset_size=n, runs=args.runs, delta=args.delta,
-                   confidence=args.confidence, seed=args.seed)
+    engine = audit.ENGINES[_validate.one_of("engine", args.engine, audit.ENGINES)]
+    if args.one_run:
+        return audit.audit_one_run(algorithm, name=args.algo, steps=args.steps, dataset_size=n, delta=args.delta,
+                                   confidence=args.confidence, engine=engine, seed=args.seed).to_dict()
+    result = audit.audit(algorithm, name=args.algo, steps=args.steps, dataset_size=n, runs=args.runs,
+                         delta=args.delta, confidence=args.confidence, seed=args.seed,
+                         threat_model=audit.THREAT_MODELS[_validate.one_of("threat_model", args.threat_model,
+                                                                           audit.THREAT_MODELS)],
+                         bound=audit.KINDS[_validate.one_of("bound", args.bound, audit.KINDS)], engine=engine)
     return result.to_dict()
 
 
@@ -341,14 +348,21 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--algo", required=True, help=f"one of: {', '.join(ALGORITHMS)}")
     sub.add_argument("--epsilon", type=float, required=True, help="the claimed ε the algorithm is calibrated to")
     sub.add_argument("--delta", type=float, default=1e-5)
-    sub.add_argument("--steps", type=int, default=10)
+    sub.add_argument("--steps", type=int, default=20)
     sub.add_argument("--dataset-size", type=int, default=99, help="background records (the canary is one more)")
-    sub.add_argument("--batch-size", type=int, default=10)
+    sub.add_argument("--batch-size", type=int, default=50)
     sub.add_argument("--sampling", choices=("poisson", "fixed"), default="poisson")
     sub.add_argument("--lr", type=float, default=1.0)
     sub.add_argument("--clip", type=float, default=1.0)
     sub.add_argument("--noise", choices=NOISES, default="torch")
-    sub.add_argument("--runs", type=int, default=1000, help="runs on each of D and D plus the canary")
+    sub.add_argument("--runs", type=int, default=10_000, help="canaries audited on each of D and D plus the canary")
+    sub.add_argument("--threat-model", default="releases", help="releases (the adversary sees every noised "
+                     "release) or final (only the output)")
+    sub.add_argument("--bound", default="gaussian-dp", help="gaussian-dp (a fitted Gaussian-DP estimate) or "
+                     "clopper-pearson (non-parametric); the JSON holds both")
+    sub.add_argument("--engine", default="glm", help="glm (closed-form gradients), ghost or vmap (TorchModel)")
+    sub.add_argument("--one-run", action="store_true", help="one training run with every record the run uses "
+                     "as a canary, each included with probability 1/2 (for models too costly to train many times)")
     sub.add_argument("--confidence", type=float, default=0.95)
     sub.add_argument("--seed", type=int, default=0)
     common(sub)

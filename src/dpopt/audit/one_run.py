@@ -101,26 +101,32 @@ def epsilon_lower_bound(correct: int, guesses: int, canaries: int, delta: float,
 
 def plan_guesses(canaries: int, separation: float, delta: float, confidence: float = 0.95,
                  ) -> tuple[int, int]:
-    """(k₊, k₋) that maximise the expected bound, chosen from the configuration alone.
+    """(k₊, k₋) that maximise the expected bound, chosen from the configuration alone
+    (:func:`expected_bound`); no score or inclusion bit is read, so the choice spends no confidence."""
+    k, _ = expected_bound(canaries, separation, delta, confidence)
+    return k, k
+
+
+def expected_bound(canaries: int, separation: float, delta: float, confidence: float = 0.95) -> tuple[int, float]:
+    """The best k = k₊ = k₋ and the bound it gets at the expected outcome of the planning model.
 
     The planning model: a canary's score is ``separation``·[included] + N(0, 1) (a Gaussian
     mechanism with that signal-to-noise ratio, e.g. the one the claimed ε implies). For k = k₊ =
     k₋ guesses per side, the threshold t with (m/2)(Φ̄(t − μ) + Φ̄(t)) = k gives an expected
     2·(m/2)·Φ̄(t − μ) correct out of 2k; k is the candidate (on a geometric grid) whose rounded-down
-    expectation gets the largest :func:`epsilon_lower_bound`. No score or inclusion bit is read,
-    so the choice spends no confidence.
+    expectation gets the largest :func:`epsilon_lower_bound`.
     """
     _count("canaries", canaries, None, minimum=2)
     mu = _validate.positive("separation", separation)
     half = canaries / 2
     best, best_bound = 1, -1.0
     for k in np.unique(np.geomspace(1, canaries // 2, 25).astype(int)):
-        t = optimize.brentq(lambda x: half * (stats.norm.sf(x - mu) + stats.norm.sf(x)) - k, -50, mu + 50)
-        correct = int(2 * half * stats.norm.sf(t - mu))
+        t = optimize.brentq(lambda x: half * (special.ndtr(mu - x) + special.ndtr(-x)) - k, -50, mu + 50)
+        correct = int(2 * half * special.ndtr(mu - t))
         bound = epsilon_lower_bound(min(correct, 2 * int(k)), 2 * int(k), canaries, delta, confidence)
         if bound > best_bound:
             best, best_bound = int(k), bound
-    return best, best
+    return best, best_bound
 
 
 def _count(name: str, value: int, maximum: int | None, *, minimum: int = 0) -> int:
