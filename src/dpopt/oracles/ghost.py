@@ -122,7 +122,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 from typing import Protocol
 
@@ -130,6 +131,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .. import _validate
 from ..clipping import weights_in
@@ -143,19 +145,45 @@ class Layout(Protocol):
     def place(self, name: str) -> slice: ...
 
 
+#: Stage kinds with a ghost rule: per-record norms and sums from a layer's input and output gradient.
+GHOST_KINDS = ("linear", "conv", "embedding", "layernorm", "groupnorm")
+
+
+class Calls:
+    """The calls a block makes to its ghost layers on records of one shape, found once per shape
+    (:func:`_discover`) and then checked at every call: ``by_shape[(shape, dtype)]`` is a tuple of
+    ``(index into Stage.inner, output shape per record, output dtype)``. Owned by its stage,
+    bounded to :data:`SHAPES` shapes."""
+
+    SHAPES = 8
+
+    def __init__(self) -> None:
+        self.by_shape: dict[tuple, tuple[tuple[int, tuple[int, ...], torch.dtype], ...]] = {}
+
+    def remember(self, key: tuple, calls: tuple) -> tuple:
+        if len(self.by_shape) >= self.SHAPES:
+            self.by_shape.pop(next(iter(self.by_shape)))
+        self.by_shape[key] = calls
+        return calls
+
+
 @dataclass(frozen=True)
 class Stage:
     """One step of the functional forward; ``names`` pairs each trainable parameter's name in
-    ``module`` with its name in θ. ``kind``: "linear" or "conv" (a ghost rule), "block" (other
-    trainable parameters, per-record gradients under vmap), "plain" (no trainable parameters,
-    known to act on each record on its own: called on the whole batch) or "isolated" (no
-    trainable parameters, not known: called on each record alone under vmap)."""
+    ``module`` with its name in θ. ``kind``: one of :data:`GHOST_KINDS` (a ghost rule), "block"
+    (other trainable parameters: run on each record alone under vmap, its own parameters'
+    per-record gradients dense, the ghost layers inside it, ``inner``, tapped by scoped hooks),
+    "plain" (no trainable parameters, known to act on each record on its own: called on the whole
+    batch) or "isolated" (no trainable parameters, not known: called on each record alone under
+    vmap). An inner stage's ``aliases`` are its parameters' names in the block's module."""
 
     kind: str
     module: nn.Module
     path: str
     names: tuple[tuple[str, str], ...]
     aliases: tuple[tuple[str, ...], ...] = ()   # per parameter: every local name that holds it
+    inner: tuple[Stage, ...] = ()
+    calls: Calls = field(default_factory=Calls, compare=False, repr=False)
 
 
 def parameter_names(module: nn.Module) -> dict[str, tuple[str, ...]]:
@@ -204,8 +232,9 @@ def _from_dim_1(attribute: str) -> Condition:
 
 @dataclass(frozen=True)
 class Known:
-    """A layer type whose per-record structure is known: its stage ``kind`` ("linear", "conv", or
-    "plain": acts on each record on its own) for the instances for which ``when`` holds."""
+    """A layer type whose per-record structure is known: its stage ``kind`` (one of
+    :data:`GHOST_KINDS`, or "plain": acts on each record on its own) for the instances for which
+    ``when`` holds."""
 
     layer: type[nn.Module]
     kind: str
@@ -255,10 +284,20 @@ _PER_RECORD = (
     nn.AdaptiveAvgPool3d, nn.Upsample,
 )
 
+def _plain_embedding(embedding: nn.Module) -> bool:
+    """An Embedding without ``max_norm`` (which rewrites the table in place during the forward) nor
+    ``scale_grad_by_freq`` (which scales a record's gradient by counts over the whole batch)."""
+    return embedding.max_norm is None and not embedding.scale_grad_by_freq
+
+
 #: The layers the ghost engine knows by default.
 KNOWN_LAYERS = Registry((
     Known(nn.Linear, "linear"),
     Known(nn.Conv2d, "conv", _zero_padding),
+    Known(nn.Conv1d, "conv", _zero_padding),
+    Known(nn.Embedding, "embedding", _plain_embedding),
+    Known(nn.LayerNorm, "layernorm"),
+    Known(nn.GroupNorm, "groupnorm"),
     *(Known(layer, "plain") for layer in _PER_RECORD),
     Known(nn.Flatten, "plain", _from_dim_1("start_dim")),
     Known(nn.Unflatten, "plain", _from_dim_1("dim")),
@@ -270,8 +309,38 @@ def _opens(module: nn.Module) -> bool:
     return isinstance(module, nn.Sequential) and type(module).forward is nn.Sequential.forward
 
 
-def _padding(module: nn.Conv2d) -> tuple[int, int]:
-    return (0, 0) if module.padding == "valid" else module.padding
+def _trainable(m: nn.Module, theta_names: dict[int, str], parent: nn.Module | None = None
+               ) -> tuple[tuple[tuple[str, str], ...], dict[str, tuple[str, ...]]]:
+    """``((local name, θ name), ...)`` of ``m``'s trainable parameters and each one's aliases, the
+    names of every attribute holding it, in ``parent`` (default ``m``)."""
+    params = dict(m.named_parameters())
+    local = {name: aliases for name, aliases in parameter_names(m).items() if id(params[name]) in theta_names}
+    names = tuple((name, theta_names[id(params[name])]) for name in local)
+    if parent is None:
+        return names, local
+    of_parent = dict(parent.named_parameters())
+    in_parent = {theta_names[id(of_parent[name])]: aliases for name, aliases in parameter_names(parent).items()
+                 if id(of_parent[name]) in theta_names}
+    return names, {name: in_parent[theta] for name, theta in names}
+
+
+def _ghost_rule(m: nn.Module, local: dict, known: Registry) -> str | None:
+    """``m``'s ghost rule: its registered kind if that has one and its trainable parameters are the
+    plain ``weight``/``bias`` (not parametrized)."""
+    rule = known.kind(m)
+    return rule if rule in GHOST_KINDS and set(local) <= {"weight", "bias"} else None
+
+
+def _inner(block: nn.Module, path: str, theta_names: dict[int, str], known: Registry) -> tuple[Stage, ...]:
+    """The ghost layers inside ``block`` (any depth) with trainable parameters and no hooks of the user."""
+    inner = []
+    for sub_path, sub in block.named_modules():
+        if sub is block or _hooked(sub):
+            continue
+        names, local = _trainable(sub, theta_names, block)
+        if names and (rule := _ghost_rule(sub, local, known)):
+            inner.append(Stage(rule, sub, f"{path}.{sub_path}" if path else sub_path, names, tuple(local.values())))
+    return tuple(inner)
 
 
 def plan(module: nn.Module, theta_names: dict[int, str], known: Registry = KNOWN_LAYERS) -> tuple[Stage, ...]:
@@ -283,18 +352,21 @@ def plan(module: nn.Module, theta_names: dict[int, str], known: Registry = KNOWN
             for name, child in m._modules.items():
                 walk(child, f"{path}.{name}" if path else name)
             return
-        params = dict(m.named_parameters())
-        local = {name: aliases for name, aliases in parameter_names(m).items() if id(params[name]) in theta_names}
-        names = tuple((name, theta_names[id(params[name])]) for name in local)
-        rule = known.kind(m)
-        if not names:  # a Linear or Conv2d without trainable parameters acts on each record on its own too
-            kind = "isolated" if rule is None else "plain"
-        else:  # a ghost rule needs the plain weight/bias (not parametrized)
-            kind = rule if rule in ("linear", "conv") and set(local) <= {"weight", "bias"} else "block"
-        stages.append(Stage(kind, m, path or "<model>", names, tuple(local.values())))
+        names, local = _trainable(m, theta_names)
+        path = path or "<model>"
+        if not names:  # a known layer without trainable parameters acts on each record on its own too
+            stages.append(Stage("isolated" if known.kind(m) is None else "plain", m, path, ()))
+        elif rule := _ghost_rule(m, local, known):
+            stages.append(Stage(rule, m, path, names, tuple(local.values())))
+        else:
+            inner = _inner(m, "" if path == "<model>" else path, theta_names, known)
+            tapped = {theta for stage in inner for _, theta in stage.names}
+            own = tuple((name, theta) for name, theta in names if theta not in tapped)
+            stages.append(Stage("block", m, path, own, tuple(local[name] for name, _ in own), inner))
 
     walk(module, "")
-    shared = sorted(name for name, count in Counter(t for s in stages for _, t in s.names).items() if count > 1)
+    counts = Counter(t for s in stages for inner in (s, *s.inner) for _, t in inner.names)
+    shared = sorted(name for name, count in counts.items() if count > 1)
     if shared:
         raise _validate.DpoptError(
             f"engine='ghost' needs each parameter in one layer, but {', '.join(shared)} is used by several "
@@ -304,9 +376,15 @@ def plan(module: nn.Module, theta_names: dict[int, str], known: Registry = KNOWN
 
 
 def describe(stages: tuple[Stage, ...]) -> list[tuple[str, str]]:
-    """``(path, rule)`` of each stage not called on the whole batch as is: "ghost" (a Linear or
-    Conv2d with trainable parameters) or "vmap" (a block, or a parameter-free module run per record)."""
-    return [(s.path, "ghost" if s.kind in ("linear", "conv") else "vmap") for s in stages if s.kind != "plain"]
+    """``(path, rule)`` of each stage not called on the whole batch as is: "ghost" (a layer with
+    a ghost rule, also inside a block) or "vmap" (a block, or a parameter-free module run per record)."""
+    rules = []
+    for s in stages:
+        if s.kind in GHOST_KINDS:
+            rules.append((s.path, "ghost"))
+        elif s.kind != "plain":
+            rules += [(s.path, "vmap"), *((inner.path, "ghost") for inner in s.inner)]
+    return rules
 
 
 def _one_record(module: nn.Module, params: dict[str, Tensor], x: Tensor) -> Tensor:
@@ -318,11 +396,24 @@ def _hooked(module: nn.Module) -> bool:
                 or module._backward_pre_hooks)
 
 
-def _per_record(stage: Stage, params: dict[str, Tensor], x: Tensor) -> Tensor:
+def _per_record(stage: Stage, params: dict[str, Tensor], x: Tensor, shared: dict[str, Tensor] | None = None,
+                tap: _Tap | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
     """``stage.module`` on each record of ``x`` alone (``vmap``; ``params`` batched along dim 0
-    with the records, or empty), so the records cannot interact whatever its forward does."""
+    with the records, or empty; ``shared`` the same for every record), so the records cannot
+    interact whatever its forward does. With ``tap``, also the inputs of its ghost layers' calls,
+    ``[B, *input per record]``, whose outputs are shifted by ``tap.probes`` (``[B, *output per
+    record]`` zeros: the loss's gradient with respect to them is each call's output gradient)."""
+
+    def one(ps: dict[str, Tensor], xi: Tensor, probes: tuple[Tensor, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
+        if tap is None:
+            return _one_record(stage.module, {**(shared or {}), **ps}, xi), ()
+        with tap.recording(probes):
+            return _one_record(stage.module, {**(shared or {}), **ps}, xi), tuple(tap.inputs)
+
     try:
-        return vmap(lambda ps, xi: _one_record(stage.module, ps, xi), randomness="different")(params, x)
+        # attention by its math kernel, which vmap batches (the fused CPU kernel would run record by record)
+        with sdpa_kernel(SDPBackend.MATH):
+            return vmap(one, randomness="different")(params, x, tap.probes if tap is not None else ())
     except RuntimeError as error:
         why = ("has trainable parameters without a ghost rule" if stage.kind == "block" else
                "has no trainable parameters but is not known to act on each record on its own, so it might mix "
@@ -336,6 +427,105 @@ def _per_record(stage: Stage, params: dict[str, Tensor], x: Tensor) -> Tensor:
             f"torch.func.vmap because it {why}, and vmap failed: {str(error).rstrip('. ')}. Write its forward with "
             "vmap-compatible operations (no .item() or Python branching on tensor values, no in-place writes to "
             f"tensors it does not own){known}") from error
+
+
+class _Tap:
+    """Scoped forward hooks on a block's ghost layers (``stage.inner``), registered by
+    :meth:`hooked` and removed when it exits: each call's input is recorded and its output
+    shifted by a probe; the calls must be those of ``expected`` (None: record them, and cut each
+    output from its layer's parameters: :func:`_discover`)."""
+
+    def __init__(self, stage: Stage, expected: tuple | None, probes: tuple[Tensor, ...]) -> None:
+        self.stage, self.expected, self.probes = stage, expected, probes
+        self.index = {id(inner.module): k for k, inner in enumerate(stage.inner)}
+        self.inputs: list[Tensor] = []
+        self.calls: list[tuple[int, tuple[int, ...], torch.dtype]] = []
+        self._current: tuple[Tensor, ...] = ()
+
+    @contextmanager
+    def hooked(self):  # noqa: ANN201
+        handles = [inner.module.register_forward_hook(self._hook) for inner in self.stage.inner]
+        try:
+            yield self
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    @contextmanager
+    def recording(self, probes: tuple[Tensor, ...]):  # noqa: ANN201
+        self.inputs, self.calls, self._current = [], [], probes
+        yield self
+
+    def _hook(self, module: nn.Module, args: tuple, out: Tensor) -> Tensor:
+        k, n = self.index[id(module)], len(self.calls)
+        if self.expected is not None and (n >= len(self.expected) or self.expected[n][0] != k):
+            raise _validate.DpoptError(
+                f"engine='ghost': module {self.stage.path!r} called its layers in another order than on the records "
+                f"it was first traced with (call {n + 1} is {self.stage.inner[k].path!r}): its forward branches on "
+                "the data; use engine='vmap'")
+        if len(args) != 1 or not isinstance(out, Tensor):
+            raise _validate.DpoptError(f"engine='ghost' taps layer {self.stage.inner[k].path!r} by its one input "
+                                       "tensor and its output tensor; it was called otherwise: use engine='vmap'")
+        self.calls.append((k, tuple(out.shape), out.dtype))
+        self.inputs.append(args[0])
+        return out.detach() if self.expected is None else out + self._current[n]
+
+
+def _discover(stage: Stage, shared: dict[str, Tensor], params: dict[str, Tensor], x: Tensor) -> tuple:
+    """The calls ``stage``'s forward makes to its ghost layers on one record shaped like those of
+    ``x`` (cached per shape), found by running it on the first record with every call's output cut
+    from its layer's parameters: a parameter that still reaches the output is used outside its
+    layer's call, which the layer's rule would miss, and is refused; so is a layer other than a
+    Linear called more than once."""
+    key = (tuple(x.shape[1:]), x.dtype)
+    if key in stage.calls.by_shape:
+        return stage.calls.by_shape[key]
+    leaves = {name: t.detach().requires_grad_(True) for name, t in shared.items()}
+    tap = _Tap(stage, None, ())
+    with torch.enable_grad(), tap.hooked():
+        out, _ = _per_record(stage, {k: v[:1].detach() for k, v in params.items()}, x[:1], leaves, tap)
+        reached = (torch.autograd.grad(out.sum(), list(leaves.values()), allow_unused=True)
+                   if out.requires_grad else [None] * len(leaves))
+    for name, grad in zip(leaves, reached):
+        if grad is not None:
+            raise _validate.DpoptError(
+                f"engine='ghost': parameter {name!r} of module {stage.path!r} is used outside a call of its layer, "
+                "where the layer's ghost rule cannot see it; call the layer, or use engine='vmap'")
+    uses = Counter(k for k, _, _ in tap.calls)
+    for k, count in uses.items():
+        if count > 1 and stage.inner[k].kind != "linear":
+            raise _validate.DpoptError(
+                f"engine='ghost': layer {stage.inner[k].path!r} ({type(stage.inner[k].module).__name__}) is called "
+                f"{count} times in one forward; only a Linear layer may be called more than once (its calls are "
+                "positions of one layer); use engine='vmap'")
+    return stage.calls.remember(key, tuple(tap.calls))
+
+
+def _block(stage: Stage, views: dict[str, Tensor], x: Tensor, taps: bool) -> tuple[Tensor, tuple]:
+    """A block on each record alone: its output and ``(expanded parameters, calls, inputs, probes)``."""
+    own = {local: views[name] for local, name in stage.names}
+    expanded = {local: p.expand(len(x), *p.shape) for local, p in own.items()}
+    every = {alias: expanded[local] for (local, _), aliases in zip(stage.names, stage.aliases) for alias in aliases}
+    shared = {alias: views[name] for inner in stage.inner
+              for (_, name), aliases in zip(inner.names, inner.aliases) for alias in aliases}
+    if not (taps and stage.inner):
+        out, _ = _per_record(stage, every, x, shared)
+        return out, (expanded, (), (), ())
+    for inner in stage.inner:
+        if _hooked(inner.module):
+            raise _validate.DpoptError(f"engine='ghost': layer {inner.path!r} has hooks registered after the "
+                                       "oracle was made; make the oracle again (a hooked layer runs per record)")
+    calls = _discover(stage, shared, every, x)
+    probes = tuple(torch.zeros((len(x), *shape), dtype=dtype, device=x.device, requires_grad=True)
+                   for _, shape, dtype in calls)
+    tap = _Tap(stage, calls, probes)
+    with tap.hooked():
+        out, inputs = _per_record(stage, every, x, shared, tap)
+    if len(inputs) != len(calls):
+        raise _validate.DpoptError(f"engine='ghost': module {stage.path!r} called fewer of its layers than on the "
+                                   "records it was first traced with: its forward branches on the data; use "
+                                   "engine='vmap'")
+    return out, (expanded, calls, inputs, probes)
 
 
 #: Max-pooling of NCHW inputs with at least this many channels runs in channels-last layout.
@@ -414,37 +604,51 @@ def _plain(m: nn.Module, x: Tensor) -> Tensor:
     return m(x)
 
 
-def forward(stages: tuple[Stage, ...], views: dict[str, Tensor], x: Tensor) -> tuple[Tensor, list[tuple]]:
+def forward(stages: tuple[Stage, ...], views: dict[str, Tensor], x: Tensor, taps: bool = True
+            ) -> tuple[Tensor, list[tuple]]:
     """Run the stages on ``x`` with parameters ``views`` (θ name → tensor). Returns the output
-    and, per stage with parameters, ``(stage, input, tap)``: the tap is the stage's output
-    (linear/conv) or its per-record expanded parameters (block), to differentiate against.
-    A "plain" module that has hooks now is run per record (a hook might mix records)."""
-    taps = []
+    and, per stage with parameters, ``(stage, input, tap)``: the tap is the stage's output (a
+    ghost layer) or what :func:`_block` returns, to differentiate against (``taps=False``: only
+    the output). A "plain" module that has hooks now is run per record (a hook might mix records)."""
+    out_taps = []
     for stage in stages:
         m = stage.module
         if stage.kind == "plain" and not _hooked(m):
             x = _plain(m, x)
             continue
         if stage.kind in ("plain", "isolated"):
-            x = _per_record(stage, {}, x)
+            x, _ = _per_record(stage, {}, x)
+            continue
+        if stage.kind == "block":
+            out, tap = _block(stage, views, x, taps)
+            out_taps.append((stage, x, tap))
+            x = out
             continue
         params = {local: views[name] for local, name in stage.names}
-        if stage.kind == "block":
-            expanded = {local: p.expand(len(x), *p.shape) for local, p in params.items()}
-            every = {alias: expanded[local] for (local, _), aliases in zip(stage.names, stage.aliases)
-                     for alias in aliases}
-            out = _per_record(stage, every, x)
-            taps.append((stage, x, expanded))
-        else:
-            weight, bias = params.get("weight", m.weight), params.get("bias", m.bias)
-            if stage.kind == "linear":
-                out = _linear(x, weight, bias)
-            else:
-                x = _channels_last(x)
-                out = F.conv2d(x, weight, bias, m.stride, _padding(m), m.dilation, m.groups)
-            taps.append((stage, x, out))
+        if stage.kind == "conv" and isinstance(m, nn.Conv2d):
+            x = _channels_last(x)
+        out = _functional(stage, params, x)
+        out_taps.append((stage, x, out))
         x = out
-    return x, taps
+    return x, out_taps
+
+
+def _functional(stage: Stage, params: dict[str, Tensor], x: Tensor) -> Tensor:
+    """A ghost layer's output with its trainable parameters ``params`` (its own frozen ones else),
+    computed here, without the module's call (and so without hooks)."""
+    m = stage.module
+    weight, bias = params.get("weight", m.weight), params.get("bias", getattr(m, "bias", None))
+    if stage.kind == "linear":
+        return _linear(x, weight, bias)
+    if stage.kind == "conv":
+        conv = F.conv2d if isinstance(m, nn.Conv2d) else F.conv1d
+        padding = geometry(m).padding[-len(m.kernel_size):]
+        return conv(x, weight, bias, m.stride, padding, m.dilation, m.groups)
+    if stage.kind == "embedding":
+        return F.embedding(x, weight, m.padding_idx)
+    if stage.kind == "layernorm":
+        return F.layer_norm(x, m.normalized_shape, weight, bias, m.eps)
+    return F.group_norm(x, m.num_groups, weight, bias, m.eps)
 
 
 def _linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -459,18 +663,81 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return x @ w_t if bias is None else torch.addmm(bias, x, w_t)
 
 
-def capture(taps: list[tuple], total_loss: Tensor) -> tuple[_Layer | _Block, ...]:
+def capture(taps: list[tuple], total_loss: Tensor) -> tuple[_Layer | _Block | _Embedding, ...]:
     """One backward of ``total_loss`` (= Σ_i ℓ_i) to every tap: the per-layer records."""
-    targets = [t for stage, _, tap in taps for t in (tap.values() if stage.kind == "block" else [tap])]
+    targets = [t for stage, _, tap in taps
+               for t in ((*tap[0].values(), *tap[3]) if stage.kind == "block" else (tap,))]
     grads = iter(torch.autograd.grad(total_loss, targets, allow_unused=True) if targets else ())
-    layers: list[_Layer | _Block] = []
+    layers: list[_Layer | _Block | _Embedding] = []
     for stage, x, tap in taps:
-        if stage.kind == "block":
+        if stage.kind != "block":
+            layers.append(_layer(stage, x.detach(), _given(next(grads), tap)))
+            continue
+        expanded, calls, inputs, probes = tap
+        if expanded:
             names = dict(stage.names)
-            layers.append(_Block(stage, {names[local]: _given(next(grads), t) for local, t in tap.items()}))
-        else:
-            layers.append(_Layer(stage, x.detach(), _given(next(grads), tap)))
+            layers.append(_Block(stage, {names[local]: _given(next(grads), t) for local, t in expanded.items()}))
+        uses: dict[int, list[tuple[Tensor, Tensor]]] = {}
+        for (k, _, _), a, probe in zip(calls, inputs, probes):
+            uses.setdefault(k, []).append(_one_sample(stage.inner[k], a.detach(), _given(next(grads), probe)))
+        for k, pairs in uses.items():
+            if len(pairs) == 1:
+                layers.append(_layer(stage.inner[k], *pairs[0]))
+            else:  # a Linear called several times: its calls are positions of one layer
+                B = len(pairs[0][0])
+                layers.append(_Layer(stage.inner[k], *(torch.cat([t.reshape(B, -1, t.shape[-1]) for t in part], 1)
+                                                       for part in zip(*pairs))))
     return tuple(layers)
+
+
+def _layer(stage: Stage, a: Tensor, g: Tensor) -> _Layer | _Block | _Embedding:
+    """The records of a ghost layer from its input ``a`` and output gradient ``g`` (``[B, *per
+    record]``; a call inside a block sees each record as a batch of one)."""
+    m, B = stage.module, len(g)
+    if stage.kind == "linear":
+        return _Layer(stage, a, g)
+    if stage.kind == "embedding":
+        idx, g = a.reshape(B, -1), g.reshape(B, -1, g.shape[-1])
+        if m.padding_idx is not None:  # the table's padding row gets no gradient
+            g = g.masked_fill((idx == m.padding_idx).unsqueeze(2), 0)
+        return _Embedding(stage, idx, g)
+    if stage.kind == "conv":
+        return _Layer(stage, a, g) if isinstance(m, nn.Conv2d) else _Layer(stage, a.unsqueeze(2), g.unsqueeze(2))
+    return _Block(stage, _norm_rows(stage, a, g))
+
+
+def _one_sample(stage: Stage, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    """A call's input and output gradient from a block, ``[B, *per record]``, as :func:`_layer`
+    takes them: a convolution's or GroupNorm's batched input (each record a batch of one) without
+    that dimension of one."""
+    m = stage.module
+    if stage.kind == "groupnorm" or (stage.kind == "conv" and a.ndim == len(m.kernel_size) + 3):
+        if a.shape[1] != 1:
+            raise _validate.DpoptError(f"engine='ghost' takes each record to layer {stage.path!r} as one sample; "
+                                       f"it was given {a.shape[1]} per record: use engine='vmap'")
+        return a.squeeze(1), g.squeeze(1)
+    return a, g
+
+
+def _norm_rows(stage: Stage, a: Tensor, g: Tensor) -> dict[str, Tensor]:
+    """Per-record gradients of a LayerNorm or GroupNorm's affine parameters: ``y = x̂ ⊙ γ + β``
+    (x̂ normalised per record: over the last dims, or per group of channels), so ``∇γ = Σ g ⊙ x̂``
+    and ``∇β = Σ g`` over the positions (LayerNorm) or the spatial dims (GroupNorm). x̂ is
+    recomputed from the input: ``[B, size of γ]`` rows, a block."""
+    m, B, names = stage.module, len(g), dict(stage.names)
+    if stage.kind == "layernorm":
+        shape = tuple(m.normalized_shape)
+        A, G = a.reshape(B, -1, *shape), g.reshape(B, -1, *shape)
+        xhat, over = F.layer_norm(A, shape, eps=m.eps), 1
+    else:
+        A, G = a.reshape(B, m.num_channels, -1), g.reshape(B, m.num_channels, -1)
+        xhat, over = F.group_norm(A, m.num_groups, eps=m.eps), 2
+    rows = {}
+    if "weight" in names:
+        rows[names["weight"]] = (G * xhat).sum(over).reshape(B, -1)
+    if "bias" in names:
+        rows[names["bias"]] = G.sum(over).reshape(B, -1)
+    return rows
 
 
 def _given(grad: Tensor | None, like: Tensor) -> Tensor:
@@ -590,11 +857,33 @@ def _patch_index(shape: tuple[int, int, int], kernel: tuple[int, int], stride: t
     return index.reshape(-1).to(device, torch.int32 if C * H * W < 2**31 else torch.int64)
 
 
-def unfold(x: Tensor, conv: nn.Conv2d) -> Tensor:
+@dataclass(frozen=True)
+class ConvGeometry:
+    """A convolution as a Conv2d: a Conv1d of kernel k is one of kernel (1, k) on inputs ``[B, C, 1, L]``."""
+
+    kernel_size: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    groups: int
+    weight_shape: tuple[int, int, int, int]
+
+
+def geometry(conv: nn.Module) -> ConvGeometry:
+    """The Conv2d geometry of a zero-padded ``nn.Conv2d`` or ``nn.Conv1d``."""
+    padding = (0,) * len(conv.kernel_size) if conv.padding == "valid" else tuple(conv.padding)
+    if isinstance(conv, nn.Conv2d):
+        return ConvGeometry(tuple(conv.kernel_size), tuple(conv.stride), padding, tuple(conv.dilation), conv.groups,
+                            tuple(conv.weight.shape))
+    return ConvGeometry((1, conv.kernel_size[0]), (1, conv.stride[0]), (0, padding[0]), (1, conv.dilation[0]),
+                        conv.groups, (*conv.weight.shape[:2], 1, conv.weight.shape[2]))
+
+
+def unfold(x: Tensor, conv: ConvGeometry) -> Tensor:
     """im2col: ``[B, L, C·kh·kw]`` patches of ``x [B, C, H, W]`` (``F.unfold``'s order, transposed;
     x in NCHW or channels-last layout), gathered with one ``index_select`` of precomputed
     positions (2–5× faster on CPU than ``F.unfold`` or a strided copy)."""
-    (ph, pw) = _padding(conv)
+    (ph, pw) = conv.padding
     if ph or pw:
         x = F.pad(x, (pw, pw, ph, ph))
     B, C, H, W = x.shape
@@ -618,18 +907,18 @@ class _Layer:
 
     def shape(self) -> tuple[int, int, int, int]:
         """``(groups, T, p, q)`` of the Linear rule (per group for a convolution)."""
-        m = self.stage.module
         if self.stage.kind == "linear":
             return 1, self.a[0].numel() // self.a.shape[-1], self.a.shape[-1], self.g.shape[-1]
-        groups = m.groups
-        return groups, self.g.shape[2] * self.g.shape[3], m.weight[0].numel(), m.out_channels // groups
+        m = geometry(self.stage.module)
+        q, per_group, kh, kw = m.weight_shape
+        return m.groups, self.g.shape[2] * self.g.shape[3], per_group * kh * kw, q // m.groups
 
     def matrices(self) -> tuple[Tensor, Tensor]:
         """``A [B·groups, T, p]`` and ``G [B·groups, T, q]`` of the Linear rule."""
         B, (groups, T, p, q) = self.a.shape[0], self.shape()
         if self.stage.kind == "linear":
             return self.a.reshape(B, T, p), self.g.reshape(B, T, q)
-        A = unfold(self.a, self.stage.module).view(B, T, groups, p).transpose(1, 2).reshape(B * groups, T, p)
+        A = unfold(self.a, geometry(self.stage.module)).view(B, T, groups, p).transpose(1, 2).reshape(B * groups, T, p)
         return A, self._positions(self.g)
 
     def _positions(self, g: Tensor) -> Tensor:
@@ -643,13 +932,13 @@ class _Layer:
     def per_record(self, kept: Tensor | None = None) -> Tensor:
         """The records' weight gradients ``[B, q·p]`` (direct form), optionally of ``kept`` only."""
         a, g = (self.a, self.g) if kept is None else (self.a[kept], self.g[kept])
-        m, B = self.stage.module, a.shape[0]
+        B = a.shape[0]
         if self.stage.kind == "linear":
             G, A = g.reshape(B, -1, g.shape[-1]), a.reshape(B, -1, a.shape[-1])
             return torch.einsum("btq,btp->bqp", G, A).reshape(B, -1)
         # per (record, conv group): G [q, T] @ A [T, p], A the im2col patches (one batched matmul)
         groups, T, p, q = self.shape()
-        A = unfold(a, m)
+        A = unfold(a, geometry(self.stage.module))
         if groups > 1:
             A = A.view(B, T, groups, p).transpose(1, 2).reshape(B * groups, T, p)
         G = self._positions(g).mT if _hwc(g) else g.reshape(B * groups, q, T)  # [B·groups, q, T], a view
@@ -727,7 +1016,6 @@ class _Layer:
         """``total += Σ_i w_i ∇ℓ_i`` over the records ``kept`` (None: all). Where the records'
         weight gradients were built (the direct form) the sum is ``w @ rows``, else the
         weight-gradient product of a backward pass on ``(a, w·g)``."""
-        m = self.stage.module
         v = w if kept is None else w[kept]
         if weight := self._trainable("weight"):
             rows = self.__dict__.get("rows")  # built by the norms (cached_property)
@@ -741,7 +1029,8 @@ class _Layer:
                 elif self.stage.kind == "linear":
                     grad = gw.reshape(-1, gw.shape[-1]).T @ a.reshape(-1, a.shape[-1])
                 else:
-                    grad = torch.nn.grad.conv2d_weight(a, m.weight.shape, gw, m.stride, _padding(m), m.dilation,
+                    m = geometry(self.stage.module)
+                    grad = torch.nn.grad.conv2d_weight(a, m.weight_shape, gw, m.stride, m.padding, m.dilation,
                                                        m.groups)
             total[layout.place(weight)] += grad.reshape(-1)
         if bias := self._trainable("bias"):
@@ -778,6 +1067,38 @@ class _Block:
 
 
 @dataclass(frozen=True)
+class _Embedding:
+    """An Embedding layer of one chunk: the records' indices ``idx [B, T]`` and output gradients
+    ``g [B, T, D]`` (zero at the padding index). Record i's gradient is ``Σ_t e_{idx_t} g_tᵀ``, so
+    ``‖∇ℓ_i‖² = Σ_{s,t: idx_s = idx_t} ⟨g_s, g_t⟩`` (the Linear rule's Gram form with one-hot inputs,
+    in float64) and the sum scatters ``w_i g_t`` into row idx_t of the table."""
+
+    stage: Stage
+    idx: Tensor
+    g: Tensor
+
+    def bounds(self) -> Tensor:
+        """Upper bounds (float64) of the norms of the records' contributions per unit weight: the
+        Gram norm enlarged by its rounding, times ``(1 + u)²`` (``fl(w·g_t)``), plus the rounding
+        of each table row's sum over the record's positions, γ_{T+3}·Σ_t ‖g_t‖."""
+        if "weight" not in dict(self.stage.names):
+            return self.g.new_zeros(len(self.g), dtype=torch.float64)
+        G = self.g.double()
+        (_, T, D), u = G.shape, _unit(self.g.dtype)
+        same = self.idx.unsqueeze(2) == self.idx.unsqueeze(1)
+        size = torch.linalg.vector_norm(G, dim=2).sum(1) * (1 + 2 * _gamma(D + T + 4, U64))
+        sq = ((G @ G.mT) * same).sum((1, 2)).clamp(min=0) + _gamma(D + T * T + 8, U64) * size.square()
+        return (1 + u) ** 2 * sq.sqrt() + _gamma(T + 3, u) * size
+
+    def add_weighted(self, w: Tensor, kept: Tensor | None, total: Tensor, layout: Layout) -> None:
+        if (name := dict(self.stage.names).get("weight")) is None:
+            return
+        idx, g, v = (self.idx, self.g, w) if kept is None else (self.idx[kept], self.g[kept], w[kept])
+        table = total[layout.place(name)].view(-1, g.shape[-1])
+        table.index_add_(0, idx.reshape(-1), (g * v.view(-1, 1, 1)).reshape(-1, g.shape[-1]))
+
+
+@dataclass(frozen=True)
 class _Stacked:
     """A Linear or Conv2d layer's difference at two points with different inputs, in the Gram
     form: ``parts = ((a, g − g′), (a − a′, g′))``, the second without the bias (whose difference
@@ -799,7 +1120,8 @@ class _Stacked:
             part.add_weighted(w, kept, total, layout)
 
 
-def _difference(left: _Layer | _Block, right: _Layer | _Block) -> _Layer | _Block | _Stacked:
+def _difference(left: _Layer | _Block | _Embedding, right: _Layer | _Block | _Embedding
+                ) -> _Layer | _Block | _Embedding | _Stacked:
     """The layer of ``∇ℓ_i(θ) − ∇ℓ_i(θ′)``, whose norms and sums are of the same difference.
 
     Where both points saw the same input (a first layer, whose input is the data) it is one
@@ -809,6 +1131,10 @@ def _difference(left: _Layer | _Block, right: _Layer | _Block) -> _Layer | _Bloc
     (kept there for that point's norms and sums); else the stacked Gram form (:class:`_Stacked`)."""
     if isinstance(left, _Block):
         return _Block(left.stage, {name: g - right.grads[name] for name, g in left.grads.items()})
+    if isinstance(left, _Embedding):  # indices are integers: never a function of θ
+        if not torch.equal(left.idx, right.idx):
+            raise ValueError(f"layer {left.stage.path!r} was given other indices at the two points")
+        return _Embedding(left.stage, left.idx, left.g - right.g)
     if _same_memory(left.a, right.a):
         _share_input(left, right)
         difference = _Layer(left.stage, left.a, left.g - right.g)
