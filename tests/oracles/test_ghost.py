@@ -44,7 +44,7 @@ def sequence_loss(out, y):
 
 
 class Custom(nn.Module):
-    """A module with its own forward: the ghost engine runs it as one vmap block."""
+    """A module with its own forward: the ghost engine runs it as one vmap block, its Linear tapped."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -213,8 +213,9 @@ def test_engines_agree_with_the_loop(name, batch):
 
 def test_rules_say_which_layers_use_ghost_norms():
     assert make("groupnorm")["ghost"].rules() == [
-        ("0", "ghost"), ("1", "vmap"), ("4", "ghost"), ("5", "vmap"), ("6", "ghost")]
-    assert make("nested-custom")["ghost"].rules() == [("0.0", "ghost"), ("1", "vmap"), ("2.0", "ghost")]
+        ("0", "ghost"), ("1", "ghost"), ("4", "ghost"), ("5", "ghost"), ("6", "ghost")]
+    assert make("nested-custom")["ghost"].rules() == [("0.0", "ghost"), ("1", "vmap"), ("1.inner", "ghost"),
+                                                      ("2.0", "ghost")]
     assert make("frozen-layer")["ghost"].rules() == [("3", "ghost")]
     assert make("cnn-fallback")["ghost"].rules() == [("0", "vmap"), ("2", "vmap"), ("4", "ghost")]
     assert make("parametrized")["ghost"].rules() == [("0", "vmap"), ("2", "ghost")]

@@ -332,7 +332,8 @@ def _ghost_rule(m: nn.Module, local: dict, known: Registry) -> str | None:
 
 
 def _inner(block: nn.Module, path: str, theta_names: dict[int, str], known: Registry) -> tuple[Stage, ...]:
-    """The ghost layers inside ``block`` (any depth) with trainable parameters and no hooks of the user."""
+    """The ghost layers inside ``block`` (any depth) with trainable parameters, no hooks of the
+    user, and no parameter shared with another of them (tied layers stay in the block's vmap)."""
     inner = []
     for sub_path, sub in block.named_modules():
         if sub is block or _hooked(sub):
@@ -340,7 +341,8 @@ def _inner(block: nn.Module, path: str, theta_names: dict[int, str], known: Regi
         names, local = _trainable(sub, theta_names, block)
         if names and (rule := _ghost_rule(sub, local, known)):
             inner.append(Stage(rule, sub, f"{path}.{sub_path}" if path else sub_path, names, tuple(local.values())))
-    return tuple(inner)
+    counts = Counter(theta for stage in inner for _, theta in stage.names)
+    return tuple(stage for stage in inner if all(counts[theta] == 1 for _, theta in stage.names))
 
 
 def plan(module: nn.Module, theta_names: dict[int, str], known: Registry = KNOWN_LAYERS) -> tuple[Stage, ...]:
@@ -355,7 +357,8 @@ def plan(module: nn.Module, theta_names: dict[int, str], known: Registry = KNOWN
         names, local = _trainable(m, theta_names)
         path = path or "<model>"
         if not names:  # a known layer without trainable parameters acts on each record on its own too
-            stages.append(Stage("isolated" if known.kind(m) is None else "plain", m, path, ()))
+            rule = known.kind(m)
+            stages.append(Stage("isolated" if rule is None or (rule != "plain" and _hooked(m)) else rule, m, path, ()))
         elif rule := _ghost_rule(m, local, known):
             stages.append(Stage(rule, m, path, names, tuple(local.values())))
         else:
@@ -381,7 +384,7 @@ def describe(stages: tuple[Stage, ...]) -> list[tuple[str, str]]:
     rules = []
     for s in stages:
         if s.kind in GHOST_KINDS:
-            rules.append((s.path, "ghost"))
+            rules += [(s.path, "ghost")] if s.names else []
         elif s.kind != "plain":
             rules += [(s.path, "vmap"), *((inner.path, "ghost") for inner in s.inner)]
     return rules
@@ -624,11 +627,15 @@ def forward(stages: tuple[Stage, ...], views: dict[str, Tensor], x: Tensor, taps
             out_taps.append((stage, x, tap))
             x = out
             continue
+        if not stage.names and _hooked(m):  # hooks added since the plan: they might mix records
+            x, _ = _per_record(stage, {}, x)
+            continue
         params = {local: views[name] for local, name in stage.names}
         if stage.kind == "conv" and isinstance(m, nn.Conv2d):
             x = _channels_last(x)
         out = _functional(stage, params, x)
-        out_taps.append((stage, x, out))
+        if stage.names:
+            out_taps.append((stage, x, out))
         x = out
     return x, out_taps
 
@@ -637,6 +644,13 @@ def _functional(stage: Stage, params: dict[str, Tensor], x: Tensor) -> Tensor:
     """A ghost layer's output with its trainable parameters ``params`` (its own frozen ones else),
     computed here, without the module's call (and so without hooks)."""
     m = stage.module
+    least, most = {"linear": (2, None), "conv": (len(getattr(m, "kernel_size", ())) + 2,) * 2,
+                   "layernorm": (len(getattr(m, "normalized_shape", ())) + 1, None)}.get(stage.kind, (1, None))
+    if x.ndim < least or (most is not None and x.ndim > most):
+        raise _validate.DpoptError(
+            f"engine='ghost' runs layer {stage.path!r} ({type(m).__name__}) on the whole batch, records along dim 0, "
+            f"so its input must have {least}{'' if most == least else ' or more'} dims; it has shape "
+            f"{tuple(x.shape)}, with which the layer would act across records")
     weight, bias = params.get("weight", m.weight), params.get("bias", getattr(m, "bias", None))
     if stage.kind == "linear":
         return _linear(x, weight, bias)
