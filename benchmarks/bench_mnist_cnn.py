@@ -137,11 +137,12 @@ class Stepper:
 
     def __init__(self, algorithm: Any, X: torch.Tensor, y: torch.Tensor, engine: str) -> None:
         from dpopt.accounting import Ledger
+        from dpopt.mechanisms import SeededNoise
         from dpopt.oracles import TorchModel
 
         self.algorithm = algorithm
         self.oracle = TorchModel(_model(), _cross_entropy, X, y, engine=engine)
-        self.gens = torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)
+        self.gens = torch.Generator().manual_seed(0), SeededNoise(1)
         self.state = algorithm.init(self.oracle.flat_params().double(), 10_000, self.gens[0])
         self.ledger, self.t = Ledger(algorithm.relation()), 0
 

@@ -153,8 +153,9 @@ def loop_reference(oracle: TorchModel, theta: torch.Tensor, indices: torch.Tenso
     torch.nn.utils.vector_to_parameters(theta.to(params[0].dtype), params)
     rows = []
     for i in indices.tolist():
-        x = oracle.X[i:i + 1].to(params[0].dtype)
-        grads = torch.autograd.grad(oracle.loss_fn(module(x), oracle.y[i:i + 1]).sum(), params)
+        x, y = oracle.X[i:i + 1].to(params[0].device), oracle.y[i:i + 1].to(params[0].device)
+        x = x.to(params[0].dtype) if x.is_floating_point() else x  # token indices stay integers
+        grads = torch.autograd.grad(oracle.loss_fn(module(x), y).sum(), params)
         rows.append(torch.cat([g.reshape(-1) for g in grads]))
     return torch.stack(rows) if rows else theta.new_zeros(0, len(theta))
 

@@ -58,64 +58,90 @@ differences of two points); in float64, ≲ 1e−12. A record whose Gram terms c
 gradient far smaller than ``Σ_t ‖a_t‖‖g_t‖``) gets a bound further above its norm (by
 γ_{T+3}·Σ_t ‖a_t‖‖g_t‖, the rounding its sum may have): conservative, never below.
 
-How layers are found (DESIGN rule 7: no hooks, no monkey-patching, no global state).
+Other layers (the rows are the records' gradients, so norm and sum are those of the same rows):
+
+* Embedding: record i's gradient is ``Σ_t e_{idx_t} g_tᵀ``, so ``‖∇ℓ_i‖² = Σ_{s,t: idx_s = idx_t}
+  ⟨g_s, g_t⟩`` (the Gram form with one-hot inputs, no ``[B, V, D]`` rows) and the sum scatters
+  ``w_i g_t`` into the table's rows (:class:`_Embedding`); the padding index gets no gradient.
+* LayerNorm / GroupNorm: ``y = x̂ ⊙ γ + β`` with x̂ normalised within the record, so the rows
+  ``Σ g ⊙ x̂`` and ``Σ g`` (over positions, or spatial dims) are as small as γ: built directly,
+  from x̂ recomputed from the input (:func:`_norm_rows`).
+* Conv1d: a Conv2d of kernel (1, k) on ``[B, C, 1, L]`` (:func:`geometry`).
+
+How layers are found, and why each record's gradient is its own (DESIGN rule 7: nothing is left
+on the user's module: no persistent hook, no attribute, no monkey-patching).
 :func:`plan` walks the module: an ``nn.Sequential`` (whose forward is not overridden) is opened
 and its children are run by this module's own functional forward, one stage after another.
 Each child is looked up in a :class:`Registry` of layer types whose per-record structure is
 known (:data:`KNOWN_LAYERS`; imitating Opacus's ``GRAD_SAMPLERS`` as an extension point, but
 an immutable object passed to the oracle, ``TorchModel(..., known_layers=...)``, not a global
-table nor hooks): the class itself or the nearest registered base class whose ``forward`` it
-keeps, and only if that entry's condition holds (e.g. ``nn.Flatten`` with ``start_dim ≥ 1``).
-Then the child is
+table): the class itself or the nearest registered base class whose ``forward`` it keeps, and
+only if that entry's condition holds (e.g. ``nn.Flatten`` with ``start_dim ≥ 1``, an Embedding
+without ``max_norm`` or ``scale_grad_by_freq``). Then the child is
 
-* ``linear`` / ``conv``: ``nn.Linear``, ``nn.Conv2d`` (zero padding, ``weight``/``bias`` not
-  parametrized) with trainable parameters: computed here with ``F.linear`` / ``F.conv2d`` on
-  views of θ; their outputs are kept and ``torch.autograd.grad`` w.r.t. those outputs gives
-  every ``g`` in one backward (which skips the weight-gradient products: only ``∂ℓ/∂s`` is
-  asked for);
-* ``block``: any other module with trainable parameters (GroupNorm, LayerNorm, Embedding, a
-  custom layer, a container with its own forward, the whole model if it is not a Sequential):
-  run under ``vmap`` with its parameters expanded to one copy per record, so the same backward
-  returns that block's per-record gradients ``[B, *shape]`` (dense, but only for that block:
-  cheap for normalisation layers, costly for a large Embedding). Under ``vmap`` each record is
-  computed on its own, so a block cannot mix records whatever its forward does. Conv2d with
-  non-zero padding modes or ``padding="same"`` is a block;
+* a ghost layer (:data:`GHOST_KINDS`: ``nn.Linear``; ``nn.Conv2d``/``nn.Conv1d`` with zero
+  padding; ``nn.Embedding``; ``nn.LayerNorm``; ``nn.GroupNorm``; ``weight``/``bias`` not
+  parametrized) with trainable parameters: computed here with its functional form (``F.linear``,
+  ``F.conv2d``, …) on views of θ, after a check that its input has the rank at which the layer
+  acts within each record (:func:`_functional`: a Linear on a 1-D batch would act across the
+  records); the outputs are kept and ``torch.autograd.grad`` w.r.t. those outputs gives every
+  ``g`` in one backward (which skips the weight-gradient products: only ``∂ℓ/∂s`` is asked for);
+* ``block``: any other module with trainable parameters (a container with its own forward, the
+  whole model if it is not a Sequential, a custom layer, a padded convolution): run on each
+  record alone under ``vmap`` (:func:`_per_record`; each record as a batch of one, as the vmap
+  engine does), its own parameters expanded to one copy per record so that the same backward
+  returns their per-record gradients ``[B, *shape]``. The ghost layers inside it, at any depth
+  (:func:`_inner`), keep their ghost rules: forward hooks registered on them for the one call
+  and removed in a ``finally`` (:class:`_Tap`) record each call's input and add to its output a
+  zero "probe" tensor, an input of the vmapped function, whose gradient is the call's output
+  gradient ``g``. Attention by ``F.scaled_dot_product_attention`` runs its math kernel there
+  (batched by vmap; the fused CPU kernel has no vmap rule);
 * ``plain``: no trainable parameters and known to act on each record on its own (activations,
   pooling, ``Flatten``/``Unflatten`` that keep dim 0, ``Identity``, dropout, softmax over a
-  dim ≥ 1, upsampling; or a registered layer) and no hooks: called on the whole batch as is,
-  except ``nn.MaxPool2d`` on a ≥ 16-channel NCHW input, run with PyTorch's own kernel in
-  channels-last layout (the same values, argmax and gradients, see :func:`_plain`);
-* ``isolated``: no trainable parameters and not known (a custom layer, a normalisation
-  without affine parameters, padding, anything with hooks): run on each record alone under
-  ``vmap``, like a block, since its forward might mix the records of the batch (e.g.
-  ``x - x.mean(0)``: called on the whole batch, one record would move every other record's
-  gradient, and clipping each record would no longer bound its influence).
+  dim ≥ 1, upsampling, a ghost layer without trainable parameters; or a registered layer) and no
+  hooks: called on the whole batch as is, except ``nn.MaxPool2d`` on a ≥ 16-channel NCHW input,
+  run with PyTorch's own kernel in channels-last layout (the same values, argmax and gradients,
+  see :func:`_plain`);
+* ``isolated``: no trainable parameters and not known (a custom layer, padding, anything with
+  hooks): run on each record alone under ``vmap``, like a block.
+
+Per-record independence: ghost norms are the norms of the records' gradients only if record i's
+output depends on record i alone; otherwise one record moves every other record's gradient and
+clipping no longer bounds its influence (e.g. ``x - x.mean(0)``, BatchNorm in training mode,
+attention across dim 0). It is enforced, not assumed: what runs on the whole batch is only (a) a
+registered layer type whose forward is the registered class's and whose condition holds, with
+the rank check above for ghost layers, and (b) the opened ``nn.Sequential``'s own forward
+(children in order, one tensor passed along); every other piece of code, in particular every
+custom ``forward`` with whatever it calls (``torch`` functions, parameter-free modules, user
+hooks), runs under ``vmap``, whose semantics is the function applied to each record on its
+own. Inside a block the hooks only read inputs and add zeros, and the ghost layers there run
+under the same vmap. What the hooks cannot see is refused, by name, when a block is first run
+on records of a new shape (:func:`_discover`, on one record, with every tapped output cut from
+its layer's parameters): a parameter of a tapped layer used outside that layer's call, and a
+different sequence of calls later (data-dependent branching). A layer called several times
+in one forward is one layer whose record gradient is the sum over its calls (:func:`_calls`). Assumed: the registry's entries
+are true (registering a mixing layer with ``with_per_record`` breaks the guarantee; the tests
+include that mutant), and torch's kernels and vmap rules are correct.
 
 A ``block`` or ``isolated`` module that ``vmap`` cannot run (``.item()``, Python control flow
 on tensor values, in-place writes to captured tensors, torch's fused recurrent kernels) raises
 a :class:`~dpopt._validate.DpoptError` naming its path, at the first call.
 
-Layout (CPU): a convolution's input is passed channels-last in float32/bfloat16
+Layout (CPU): a Conv2d stage's input is passed channels-last in float32/bfloat16
 (:func:`_channels_last`), so oneDNN returns channels-last outputs and the activations and
 max-pools after it stay in that layout (PyTorch's NCHW max-pool kernel is several times slower
 on CPU: the MNIST CNN's first pool took 16 ms of a 38 ms plain step, one thread); the norms and
 sums read channels-last ``a`` and ``g`` in place. Values agree with the NCHW computation up to
 float rounding (oneDNN may sum in another order).
 
-Why not hooks, nor ``autograd.grad`` on every submodule of any model: without hooks the only
-outputs we can hold are those of calls we make ourselves, i.e. of a forward we write. For an
-``nn.Sequential`` that forward is known (children in order, one tensor passed along, records
-along dim 0), so it is rewritten here; a custom ``forward`` is opaque (tracing it with
-``torch.fx`` would be the next step).
-
-Limits: layers are seen only inside (nested) ``nn.Sequential`` containers; write models as
-Sequentials to get ghost norms (anything else is correct but runs as one dense ``block``).
-Module hooks registered by the user are not run for ``linear``/``conv`` stages nor for opened
-Sequentials (a max-pool with hooks is run per record). A parameter used by two stages (tied
-weights) is refused (use ``engine="vmap"``). BatchNorm and torch's recurrent layers are
-refused by the oracle. Squared norms are formed without rescaling, so a record whose gradient
-norm exceeds ~1e19 (float32) overflows to ∞ and is dropped by clipping like a NaN record, where
-the dense engine would clip it.
+Limits: module hooks registered by the user are not run for ghost stages nor for opened
+Sequentials (a plain module with hooks is run per record; a ghost layer with hooks inside a
+block is part of the block's vmap). A parameter used by two stages (tied weights) is refused
+(use ``engine="vmap"``); inside a block, layers sharing a parameter stay in its vmap. A block's
+convolution or GroupNorm must receive each record as one sample. BatchNorm and torch's
+recurrent layers are refused by the oracle. Squared norms are formed without rescaling, so a
+record whose gradient norm exceeds ~1e19 (float32) overflows to ∞ and is dropped by clipping
+like a NaN record, where the dense engine would clip it.
 """
 
 from __future__ import annotations
@@ -478,8 +504,7 @@ def _discover(stage: Stage, shared: dict[str, Tensor], params: dict[str, Tensor]
     """The calls ``stage``'s forward makes to its ghost layers on one record shaped like those of
     ``x`` (cached per shape), found by running it on the first record with every call's output cut
     from its layer's parameters: a parameter that still reaches the output is used outside its
-    layer's call, which the layer's rule would miss, and is refused; so is a layer other than a
-    Linear called more than once."""
+    layer's call, which the layer's rule would miss, and is refused."""
     key = (tuple(x.shape[1:]), x.dtype)
     if key in stage.calls.by_shape:
         return stage.calls.by_shape[key]
@@ -494,13 +519,6 @@ def _discover(stage: Stage, shared: dict[str, Tensor], params: dict[str, Tensor]
             raise _validate.DpoptError(
                 f"engine='ghost': parameter {name!r} of module {stage.path!r} is used outside a call of its layer, "
                 "where the layer's ghost rule cannot see it; call the layer, or use engine='vmap'")
-    uses = Counter(k for k, _, _ in tap.calls)
-    for k, count in uses.items():
-        if count > 1 and stage.inner[k].kind != "linear":
-            raise _validate.DpoptError(
-                f"engine='ghost': layer {stage.inner[k].path!r} ({type(stage.inner[k].module).__name__}) is called "
-                f"{count} times in one forward; only a Linear layer may be called more than once (its calls are "
-                "positions of one layer); use engine='vmap'")
     return stage.calls.remember(key, tuple(tap.calls))
 
 
@@ -694,14 +712,24 @@ def capture(taps: list[tuple], total_loss: Tensor) -> tuple[_Layer | _Block | _E
         uses: dict[int, list[tuple[Tensor, Tensor]]] = {}
         for (k, _, _), a, probe in zip(calls, inputs, probes):
             uses.setdefault(k, []).append(_one_sample(stage.inner[k], a.detach(), _given(next(grads), probe)))
-        for k, pairs in uses.items():
-            if len(pairs) == 1:
-                layers.append(_layer(stage.inner[k], *pairs[0]))
-            else:  # a Linear called several times: its calls are positions of one layer
-                B = len(pairs[0][0])
-                layers.append(_Layer(stage.inner[k], *(torch.cat([t.reshape(B, -1, t.shape[-1]) for t in part], 1)
-                                                       for part in zip(*pairs))))
+        layers += [_calls(stage.inner[k], pairs) for k, pairs in uses.items()]
     return tuple(layers)
+
+
+def _calls(stage: Stage, pairs: list[tuple[Tensor, Tensor]]) -> _Layer | _Block | _Embedding:
+    """One layer from its calls ``(a, g)`` in one forward: a record's gradient is the sum over the
+    calls. For a Linear or an Embedding the calls are more positions of one layer (stacked); for
+    the others the records' rows of each call are built and added up."""
+    if len(pairs) == 1:
+        return _layer(stage, *pairs[0])
+    B = len(pairs[0][1])
+    if stage.kind == "linear":
+        return _Layer(stage, *(torch.cat([t.reshape(B, -1, t.shape[-1]) for t in part], 1) for part in zip(*pairs)))
+    layers = [_layer(stage, a, g) for a, g in pairs]
+    if stage.kind == "embedding":
+        return _Embedding(stage, torch.cat([e.idx for e in layers], 1), torch.cat([e.g for e in layers], 1))
+    rows = [layer.grads if isinstance(layer, _Block) else layer.row_dict() for layer in layers]
+    return _Block(stage, {name: sum(r[name] for r in rows) for name in rows[0]})
 
 
 def _layer(stage: Stage, a: Tensor, g: Tensor) -> _Layer | _Block | _Embedding:
@@ -963,6 +991,15 @@ class _Layer:
         """:meth:`per_record` of every record, built once: the direct form's norms, the difference
         of two points and the book-keeping sum all use it."""
         return self.per_record()
+
+    def row_dict(self) -> dict[str, Tensor]:
+        """θ name → the records' gradient rows of each trainable parameter (direct form)."""
+        rows = {}
+        if weight := self._trainable("weight"):
+            rows[weight] = self.rows
+        if bias := self._trainable("bias"):
+            rows[bias] = self.bias_g
+        return rows
 
     @cached_property
     def bias_g(self) -> Tensor:
