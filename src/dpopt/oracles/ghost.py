@@ -118,10 +118,11 @@ own. Inside a block the hooks only read inputs and add zeros, and the ghost laye
 under the same vmap. What the hooks cannot see is refused, by name, when a block is first run
 on records of a new shape (:func:`_discover`, on one record, with every tapped output cut from
 its layer's parameters): a parameter of a tapped layer used outside that layer's call, and a
-different sequence of calls later (data-dependent branching). A layer called several times
-in one forward is one layer whose record gradient is the sum over its calls (:func:`_calls`). Assumed: the registry's entries
-are true (registering a mixing layer with ``with_per_record`` breaks the guarantee; the tests
-include that mutant), and torch's kernels and vmap rules are correct.
+different sequence of calls later (data-dependent branching). A layer called several times in
+one forward is one layer whose record gradient is the sum over its calls (:func:`_calls`).
+Assumed: the registry's entries are true (registering a mixing layer with ``with_per_record``
+breaks the guarantee; the tests include that mutant), and torch's kernels and vmap rules are
+correct.
 
 A ``block`` or ``isolated`` module that ``vmap`` cannot run (``.item()``, Python control flow
 on tensor values, in-place writes to captured tensors, torch's fused recurrent kernels) raises

@@ -330,7 +330,7 @@ class TorchModel:
         on each record on their own run per record), or each record alone under vmap."""
         if self.engine == "vmap":
             return vmap(self._one_loss, in_dims=(None, 0, 0), randomness="different")(theta, x, y)
-        out, _ = ghost.forward(self.stages, self.layout.views(theta), x)
+        out, _ = ghost.forward(self.stages, self.layout.views(theta), x, taps=False)
         return self._losses(out, y)
 
     def _one_loss(self, theta: Tensor, xi: Tensor, yi: Tensor) -> Tensor:
