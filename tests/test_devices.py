@@ -14,11 +14,8 @@ from dpopt.algorithms import DPSGD
 from dpopt.mechanisms import SeededNoise
 from dpopt.oracles import TorchModel
 
-DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else []),
-           *(["mps"] if torch.backends.mps.is_available() else [])]
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_seeded_noise_is_drawn_on_the_device_of_its_tensor_and_reproducible(device):
     like = torch.zeros(4000, device=device)
     first, second = SeededNoise(7), SeededNoise(7)
@@ -38,7 +35,6 @@ def test_on_the_cpu_the_draws_are_the_generator_s():
 
 
 @pytest.mark.parametrize("engine", ["ghost", "vmap"])
-@pytest.mark.parametrize("device", DEVICES)
 def test_a_dp_sgd_step_runs_on_the_device(device, engine):
     torch.manual_seed(0)
     dtype = torch.float32 if device == "mps" else torch.float64
