@@ -88,11 +88,11 @@ without ``max_norm`` or ``scale_grad_by_freq``). Then the child is
   ``g`` in one backward (which skips the weight-gradient products: only ``∂ℓ/∂s`` is asked for);
 * ``block``: any other module with trainable parameters (a container with its own forward, the
   whole model if it is not a Sequential, a custom layer, a padded convolution): run on each
-  record alone under ``vmap`` (:func:`_per_record`; each record as a batch of one, as the vmap
+  record alone under ``vmap`` (:mod:`~dpopt.oracles.ghost_blocks`; each record as a batch of one, as the vmap
   engine does), its own parameters expanded to one copy per record so that the same backward
   returns their per-record gradients ``[B, *shape]``. The ghost layers inside it, at any depth
   (:func:`_inner`), keep their ghost rules: forward hooks registered on them for the one call
-  and removed in a ``finally`` (:class:`_Tap`) record each call's input and add to its output a
+  and removed in a ``finally`` record each call's input and add to its output a
   zero "probe" tensor, an input of the vmapped function, whose gradient is the call's output
   gradient ``g``. Attention by ``F.scaled_dot_product_attention`` runs its math kernel there
   (batched by vmap; the fused CPU kernel has no vmap rule);
@@ -116,7 +116,7 @@ custom ``forward`` with whatever it calls (``torch`` functions, parameter-free m
 hooks), runs under ``vmap``, whose semantics is the function applied to each record on its
 own. Inside a block the hooks only read inputs and add zeros, and the ghost layers there run
 under the same vmap. What the hooks cannot see is refused, by name, when a block is first run
-on records of a new shape (:func:`_discover`, on one record, with every tapped output cut from
+on records of a new shape (``ghost_blocks._discover``, on one record, with every tapped output cut from
 its layer's parameters): a parameter of a tapped layer used outside that layer's call, and a
 different sequence of calls later (data-dependent branching). A layer called several times in
 one forward is one layer whose record gradient is the sum over its calls (:func:`_calls`).
@@ -149,7 +149,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 from typing import Protocol
@@ -157,11 +156,10 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call, vmap
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .. import _validate
 from ..clipping import weights_in
+from .ghost_blocks import Calls, _hooked, _per_record, run_block
 
 
 class Layout(Protocol):
@@ -174,24 +172,6 @@ class Layout(Protocol):
 
 #: Stage kinds with a ghost rule: per-record norms and sums from a layer's input and output gradient.
 GHOST_KINDS = ("linear", "conv", "embedding", "layernorm", "groupnorm")
-
-
-class Calls:
-    """The calls a block makes to its ghost layers on records of one shape, found once per shape
-    (:func:`_discover`) and then checked at every call: ``by_shape[(shape, dtype)]`` is a tuple of
-    ``(index into Stage.inner, output shape per record, output dtype)``. Owned by its stage,
-    bounded to :data:`SHAPES` shapes."""
-
-    SHAPES = 8
-
-    def __init__(self) -> None:
-        self.by_shape: dict[tuple, tuple[tuple[int, tuple[int, ...], torch.dtype], ...]] = {}
-
-    def remember(self, key: tuple, calls: tuple) -> tuple:
-        if len(self.by_shape) >= self.SHAPES:
-            self.by_shape.pop(next(iter(self.by_shape)))
-        self.by_shape[key] = calls
-        return calls
 
 
 @dataclass(frozen=True)
@@ -417,139 +397,6 @@ def describe(stages: tuple[Stage, ...]) -> list[tuple[str, str]]:
     return rules
 
 
-def _one_record(module: nn.Module, params: dict[str, Tensor], x: Tensor) -> Tensor:
-    return functional_call(module, params, (x.unsqueeze(0),), tie_weights=False).squeeze(0)
-
-
-def _hooked(module: nn.Module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-                or module._backward_pre_hooks)
-
-
-def _per_record(stage: Stage, params: dict[str, Tensor], x: Tensor, shared: dict[str, Tensor] | None = None,
-                tap: _Tap | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
-    """``stage.module`` on each record of ``x`` alone (``vmap``; ``params`` batched along dim 0
-    with the records, or empty; ``shared`` the same for every record), so the records cannot
-    interact whatever its forward does. With ``tap``, also the inputs of its ghost layers' calls,
-    ``[B, *input per record]``, whose outputs are shifted by ``tap.probes`` (``[B, *output per
-    record]`` zeros: the loss's gradient with respect to them is each call's output gradient)."""
-
-    def one(ps: dict[str, Tensor], xi: Tensor, probes: tuple[Tensor, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
-        if tap is None:
-            return _one_record(stage.module, {**(shared or {}), **ps}, xi), ()
-        with tap.recording(probes):
-            return _one_record(stage.module, {**(shared or {}), **ps}, xi), tuple(tap.inputs)
-
-    try:
-        # attention by its math kernel, which vmap batches (the fused CPU kernel would run record by record)
-        with sdpa_kernel(SDPBackend.MATH):
-            return vmap(one, randomness="different")(params, x, tap.probes if tap is not None else ())
-    except RuntimeError as error:
-        why = ("has trainable parameters without a ghost rule" if stage.kind == "block" else
-               "has no trainable parameters but is not known to act on each record on its own, so it might mix "
-               "the records of a batch")
-        known = ("" if stage.kind == "block" else
-                 "; if its output for each record depends on that record alone, register it to run it on the whole "
-                 f"batch: TorchModel(..., known_layers=dpopt.oracles.ghost.KNOWN_LAYERS.with_per_record("
-                 f"{type(stage.module).__name__}))")
-        raise _validate.DpoptError(
-            f"engine='ghost' runs module {stage.path!r} ({type(stage.module).__name__}) on each record alone under "
-            f"torch.func.vmap because it {why}, and vmap failed: {str(error).rstrip('. ')}. Write its forward with "
-            "vmap-compatible operations (no .item() or Python branching on tensor values, no in-place writes to "
-            f"tensors it does not own){known}") from error
-
-
-class _Tap:
-    """Scoped forward hooks on a block's ghost layers (``stage.inner``), registered by
-    :meth:`hooked` and removed when it exits: each call's input is recorded and its output
-    shifted by a probe; the calls must be those of ``expected`` (None: record them, and cut each
-    output from its layer's parameters: :func:`_discover`)."""
-
-    def __init__(self, stage: Stage, expected: tuple | None, probes: tuple[Tensor, ...]) -> None:
-        self.stage, self.expected, self.probes = stage, expected, probes
-        self.index = {id(inner.module): k for k, inner in enumerate(stage.inner)}
-        self.inputs: list[Tensor] = []
-        self.calls: list[tuple[int, tuple[int, ...], torch.dtype]] = []
-        self._current: tuple[Tensor, ...] = ()
-
-    @contextmanager
-    def hooked(self):  # noqa: ANN201
-        handles = [inner.module.register_forward_hook(self._hook) for inner in self.stage.inner]
-        try:
-            yield self
-        finally:
-            for handle in handles:
-                handle.remove()
-
-    @contextmanager
-    def recording(self, probes: tuple[Tensor, ...]):  # noqa: ANN201
-        self.inputs, self.calls, self._current = [], [], probes
-        yield self
-
-    def _hook(self, module: nn.Module, args: tuple, out: Tensor) -> Tensor:
-        k, n = self.index[id(module)], len(self.calls)
-        if self.expected is not None and (n >= len(self.expected) or self.expected[n][0] != k):
-            raise _validate.DpoptError(
-                f"engine='ghost': module {self.stage.path!r} called its layers in another order than on the records "
-                f"it was first traced with (call {n + 1} is {self.stage.inner[k].path!r}): its forward branches on "
-                "the data; use engine='vmap'")
-        if len(args) != 1 or not isinstance(out, Tensor):
-            raise _validate.DpoptError(f"engine='ghost' taps layer {self.stage.inner[k].path!r} by its one input "
-                                       "tensor and its output tensor; it was called otherwise: use engine='vmap'")
-        self.calls.append((k, tuple(out.shape), out.dtype))
-        self.inputs.append(args[0])
-        return out.detach() if self.expected is None else out + self._current[n]
-
-
-def _discover(stage: Stage, shared: dict[str, Tensor], params: dict[str, Tensor], x: Tensor) -> tuple:
-    """The calls ``stage``'s forward makes to its ghost layers on one record shaped like those of
-    ``x`` (cached per shape), found by running it on the first record with every call's output cut
-    from its layer's parameters: a parameter that still reaches the output is used outside its
-    layer's call, which the layer's rule would miss, and is refused."""
-    key = (tuple(x.shape[1:]), x.dtype)
-    if key in stage.calls.by_shape:
-        return stage.calls.by_shape[key]
-    leaves = {name: t.detach().requires_grad_(True) for name, t in shared.items()}
-    tap = _Tap(stage, None, ())
-    with torch.enable_grad(), tap.hooked():
-        out, _ = _per_record(stage, {k: v[:1].detach() for k, v in params.items()}, x[:1], leaves, tap)
-        reached = (torch.autograd.grad(out.sum(), list(leaves.values()), allow_unused=True)
-                   if out.requires_grad else [None] * len(leaves))
-    for name, grad in zip(leaves, reached):
-        if grad is not None:
-            raise _validate.DpoptError(
-                f"engine='ghost': parameter {name!r} of module {stage.path!r} is used outside a call of its layer, "
-                "where the layer's ghost rule cannot see it; call the layer, or use engine='vmap'")
-    return stage.calls.remember(key, tuple(tap.calls))
-
-
-def _block(stage: Stage, views: dict[str, Tensor], x: Tensor, taps: bool) -> tuple[Tensor, tuple]:
-    """A block on each record alone: its output and ``(expanded parameters, calls, inputs, probes)``."""
-    own = {local: views[name] for local, name in stage.names}
-    expanded = {local: p.expand(len(x), *p.shape) for local, p in own.items()}
-    every = {alias: expanded[local] for (local, _), aliases in zip(stage.names, stage.aliases) for alias in aliases}
-    shared = {alias: views[name] for inner in stage.inner
-              for (_, name), aliases in zip(inner.names, inner.aliases) for alias in aliases}
-    if not (taps and stage.inner):
-        out, _ = _per_record(stage, every, x, shared)
-        return out, (expanded, (), (), ())
-    for inner in stage.inner:
-        if _hooked(inner.module):
-            raise _validate.DpoptError(f"engine='ghost': layer {inner.path!r} has hooks registered after the "
-                                       "oracle was made; make the oracle again (a hooked layer runs per record)")
-    calls = _discover(stage, shared, every, x)
-    probes = tuple(torch.zeros((len(x), *shape), dtype=dtype, device=x.device, requires_grad=True)
-                   for _, shape, dtype in calls)
-    tap = _Tap(stage, calls, probes)
-    with tap.hooked():
-        out, inputs = _per_record(stage, every, x, shared, tap)
-    if len(inputs) != len(calls):
-        raise _validate.DpoptError(f"engine='ghost': module {stage.path!r} called fewer of its layers than on the "
-                                   "records it was first traced with: its forward branches on the data; use "
-                                   "engine='vmap'")
-    return out, (expanded, calls, inputs, probes)
-
-
 #: Max-pooling of NCHW inputs with at least this many channels runs in channels-last layout.
 CHANNELS_LAST_POOL = 16
 
@@ -642,7 +489,7 @@ def forward(stages: tuple[Stage, ...], views: dict[str, Tensor], x: Tensor, taps
             x, _ = _per_record(stage, {}, x)
             continue
         if stage.kind == "block":
-            out, tap = _block(stage, views, x, taps)
+            out, tap = run_block(stage, views, x, taps)
             out_taps.append((stage, x, tap))
             x = out
             continue
