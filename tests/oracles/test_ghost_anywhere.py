@@ -105,10 +105,14 @@ def test_a_custom_forward_gives_the_per_record_gradients(device):
 
 
 def test_no_float32_contribution_exceeds_the_clip():
+    """At one point and for the difference of two close points (DP-SRM), every record clipped."""
     oracle = gpt("ghost", "cpu", torch.float32)
-    rows = oracle.per_record(oracle.flat_params().double(), torch.arange(12))
-    clip = 0.5 * float(rows.norms().min())
-    assert (contributions(rows, clip) <= clip).all()
+    theta, indices = oracle.flat_params().double(), torch.arange(12)
+    theta2 = theta + 1e-4 * torch.randn(theta.shape, generator=torch.Generator().manual_seed(3), dtype=F64)
+    rows = oracle.per_record(theta, indices)
+    for per_record in (rows, rows - oracle.per_record(theta2, indices)):
+        clip = 0.5 * float(per_record.norms().min())
+        assert (contributions(per_record, clip) <= clip).all()
 
 
 def test_the_module_keeps_no_hook_and_its_parameters():
