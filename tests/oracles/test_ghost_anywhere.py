@@ -8,8 +8,8 @@
   removing one record moves the clipped sum by at most the clip; the mutant that runs the same
   block on the whole batch with the same hooks moves it by several times the clip.
 * float32: no record's contribution exceeds the clip.
-* A layer called several times is one layer; a parameter used outside its layer's call is
-  refused by name; the module keeps no hook.
+* A layer called several times is one layer; a layer whose parameters are used outside its
+  call joins the block's vmap; the module keeps no hook.
 """
 
 from __future__ import annotations
@@ -217,12 +217,29 @@ def test_a_layer_called_twice_is_one_layer_summed_over_its_calls():
     torch.testing.assert_close(diff.norms(), want_diff.norm(dim=1), rtol=1e-9, atol=0)
 
 
-def test_a_parameter_used_outside_its_layer_is_refused_by_name():
+class Attends(nn.Module):
+    """nn.MultiheadAttention reads ``out_proj.weight`` without calling ``out_proj``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.mha, self.head = nn.Linear(4, 8), nn.MultiheadAttention(8, 2, batch_first=True), nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = self.embed(x.view(len(x), 2, 2).repeat(1, 1, 2))
+        return self.head(self.mha(h, h, h)[0].mean(1))
+
+
+@pytest.mark.parametrize("module", [ReadsWeight(), Attends()], ids=["reads-weight", "multihead-attention"])
+def test_a_layer_whose_parameters_are_used_outside_its_call_joins_the_block(module):
+    """The layer's rule would miss that use: the layer is run as part of the block's vmap instead,
+    and the per-record gradients are exact."""
     torch.manual_seed(0)
-    oracle = TorchModel(ReadsWeight().double(), cross_entropy, torch.randn(6, 4, dtype=F64), torch.randint(0, 4, (6,)))
-    with pytest.raises(DpoptError, match="parameter 'lin.weight' of module '<model>' is used outside a call of its "
-                                         "layer"):
-        oracle.per_record(oracle.flat_params(), torch.arange(6))
+    X, y = torch.randn(6, 4, dtype=F64), torch.randint(0, 4, (6,))
+    oracle = TorchModel(module.double(), cross_entropy, X, y)
+    theta, indices = oracle.flat_params(), torch.arange(6)
+    rows, want = oracle.per_record(theta, indices), loop_reference(oracle, theta, indices)
+    torch.testing.assert_close(rows.norms(), want.norm(dim=1), rtol=1e-9, atol=0)
+    torch.testing.assert_close(rows.weighted_sum(torch.ones(6, dtype=F64)), want.sum(0), rtol=1e-9, atol=1e-12)
 
 
 def test_a_layer_given_records_across_dim_0_is_refused():

@@ -115,10 +115,12 @@ the rank check above for ghost layers, and (b) the opened ``nn.Sequential``'s ow
 custom ``forward`` with whatever it calls (``torch`` functions, parameter-free modules, user
 hooks), runs under ``vmap``, whose semantics is the function applied to each record on its
 own. Inside a block the hooks only read inputs and add zeros, and the ghost layers there run
-under the same vmap. What the hooks cannot see is refused, by name, when a block is first run
-on records of a new shape (``ghost_blocks._discover``, on one record, with every tapped output cut from
-its layer's parameters): a parameter of a tapped layer used outside that layer's call, and a
-different sequence of calls later (data-dependent branching). A layer called several times in
+under the same vmap. What the hooks cannot see is found when a block is first run on records
+of a new shape (``ghost_blocks._discover``, on one record, with every tapped output cut from
+its layer's parameters): a layer whose parameters reach the output outside its calls (e.g.
+``nn.MultiheadAttention``'s ``out_proj``) joins the block's own parameters (vmap; ``rules()``
+shows the plan before that), and a different sequence of calls later (data-dependent
+branching) is refused by name. A layer called several times in
 one forward is one layer whose record gradient is the sum over its calls (:func:`_calls`).
 Assumed: the registry's entries are true (registering a mixing layer with ``with_per_record``
 breaks the guarantee; the tests include that mutant), and torch's kernels and vmap rules are
@@ -546,14 +548,14 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 def capture(taps: list[tuple], total_loss: Tensor) -> tuple[_Layer | _Block | _Embedding, ...]:
     """One backward of ``total_loss`` (= Σ_i ℓ_i) to every tap: the per-layer records."""
     targets = [t for stage, _, tap in taps
-               for t in ((*tap[0].values(), *tap[3]) if stage.kind == "block" else (tap,))]
+               for t in ((*tap[1].values(), *tap[4]) if stage.kind == "block" else (tap,))]
     grads = iter(torch.autograd.grad(total_loss, targets, allow_unused=True) if targets else ())
     layers: list[_Layer | _Block | _Embedding] = []
     for stage, x, tap in taps:
         if stage.kind != "block":
             layers.append(_layer(stage, x.detach(), _given(next(grads), tap)))
             continue
-        expanded, calls, inputs, probes = tap
+        stage, expanded, calls, inputs, probes = tap  # the stage run (see ghost_blocks.run_block)
         if expanded:
             names = dict(stage.names)
             layers.append(_Block(stage, {names[local]: _given(next(grads), t) for local, t in expanded.items()}))

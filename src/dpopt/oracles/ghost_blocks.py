@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -131,43 +132,55 @@ class _Tap:
         return out.detach() if self.expected is None else out + self._current[n]
 
 
-def _discover(stage: Stage, shared: dict[str, Tensor], params: dict[str, Tensor], x: Tensor) -> tuple:
-    """The calls ``stage``'s forward makes to its ghost layers on one record shaped like those of
-    ``x`` (cached per shape), found by running it on the first record with every call's output cut
-    from its layer's parameters: a parameter that still reaches the output is used outside its
-    layer's call, which the layer's rule would miss, and is refused."""
+def _discover(stage: Stage, shared: dict[str, Tensor], params: dict[str, Tensor], x: Tensor
+              ) -> tuple[Stage, tuple]:
+    """The stage to run and the calls its forward makes to its ghost layers on one record shaped
+    like those of ``x`` (cached per shape).
+
+    Found by running the forward on the first record with every call's output cut from its
+    layer's parameters: a parameter that still reaches the output or a tapped call's input is
+    used outside its layer's call (e.g. ``nn.MultiheadAttention`` reads ``out_proj.weight``
+    without calling ``out_proj``), where the layer's rule would miss it. Such layers leave the
+    tapped set and join the block's own parameters, whose per-record gradients vmap gives: the
+    stage returned is then that block, discovered anew."""
     key = (tuple(x.shape[1:]), x.dtype)
     if key in stage.calls.by_shape:
         return stage.calls.by_shape[key]
     leaves = {name: t.detach().requires_grad_(True) for name, t in shared.items()}
     tap = _Tap(stage, None, ())
     with torch.enable_grad(), tap.hooked():
-        out, _ = _per_record(stage, {k: v[:1].detach() for k, v in params.items()}, x[:1], leaves, tap)
-        reached = (torch.autograd.grad(out.sum(), list(leaves.values()), allow_unused=True)
-                   if out.requires_grad else [None] * len(leaves))
-    for name, grad in zip(leaves, reached):
-        if grad is not None:
-            raise _validate.DpoptError(
-                f"engine='ghost': parameter {name!r} of module {stage.path!r} is used outside a call of its layer, "
-                "where the layer's ghost rule cannot see it; call the layer, or use engine='vmap'")
-    return stage.calls.remember(key, tuple(tap.calls))
+        out, inputs = _per_record(stage, {k: v[:1].detach() for k, v in params.items()}, x[:1], leaves, tap)
+        ends = [t for t in (out, *inputs) if t.requires_grad]
+        reached = (torch.autograd.grad(sum(t.sum() for t in ends), list(leaves.values()), allow_unused=True)
+                   if ends else [None] * len(leaves))
+    owner = {alias: k for k, inner in enumerate(stage.inner) for aliases in inner.aliases for alias in aliases}
+    bypassed = {owner[name] for name, grad in zip(leaves, reached) if grad is not None}
+    if not bypassed:
+        return stage.calls.remember(key, (stage, tuple(tap.calls)))
+    moved = [inner for k, inner in enumerate(stage.inner) if k in bypassed]
+    block = replace(stage, names=(*stage.names, *((aliases[0], theta) for inner in moved
+                                                  for (_, theta), aliases in zip(inner.names, inner.aliases))),
+                    aliases=(*stage.aliases, *(a for inner in moved for a in inner.aliases)),
+                    inner=tuple(inner for k, inner in enumerate(stage.inner) if k not in bypassed), calls=Calls())
+    return stage.calls.remember(key, (block, ()))
 
 
 def run_block(stage: Stage, views: dict[str, Tensor], x: Tensor, taps: bool) -> tuple[Tensor, tuple]:
-    """A block on each record alone: its output and ``(expanded parameters, calls, inputs, probes)``."""
-    own = {local: views[name] for local, name in stage.names}
-    expanded = {local: p.expand(len(x), *p.shape) for local, p in own.items()}
-    every = {alias: expanded[local] for (local, _), aliases in zip(stage.names, stage.aliases) for alias in aliases}
-    shared = {alias: views[name] for inner in stage.inner
-              for (_, name), aliases in zip(inner.names, inner.aliases) for alias in aliases}
-    if not (taps and stage.inner):
-        out, _ = _per_record(stage, every, x, shared)
-        return out, (expanded, (), (), ())
-    for inner in stage.inner:
+    """A block on each record alone: its output and ``(the stage run, its expanded parameters,
+    calls, inputs, probes)``; the stage run is ``stage`` less the layers :func:`_discover` found
+    used outside their calls."""
+    for inner in stage.inner if taps else ():
         if _hooked(inner.module):
             raise _validate.DpoptError(f"engine='ghost': layer {inner.path!r} has hooks registered after the "
                                        "oracle was made; make the oracle again (a hooked layer runs per record)")
-    calls = _discover(stage, shared, every, x)
+    expanded, every, shared = _parameters(stage, views, x)
+    if taps and stage.inner:
+        run, calls = _discover(stage, shared, every, x)
+        if run is not stage:
+            return run_block(run, views, x, taps)
+    if not (taps and stage.inner):
+        out, _ = _per_record(stage, every, x, shared)
+        return out, (stage, expanded, (), (), ())
     probes = tuple(torch.zeros((len(x), *shape), dtype=dtype, device=x.device, requires_grad=True)
                    for _, shape, dtype in calls)
     tap = _Tap(stage, calls, probes)
@@ -177,4 +190,15 @@ def run_block(stage: Stage, views: dict[str, Tensor], x: Tensor, taps: bool) -> 
         raise _validate.DpoptError(f"engine='ghost': module {stage.path!r} called fewer of its layers than on the "
                                    "records it was first traced with: its forward branches on the data; use "
                                    "engine='vmap'")
-    return out, (expanded, calls, inputs, probes)
+    return out, (stage, expanded, calls, inputs, probes)
+
+
+def _parameters(stage: Stage, views: dict[str, Tensor], x: Tensor
+                ) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]:
+    """A block's own parameters expanded to one copy per record (by local name, and by every
+    alias), and its ghost layers' parameters, shared by all records (by alias)."""
+    expanded = {local: views[name].expand(len(x), *views[name].shape) for local, name in stage.names}
+    every = {alias: expanded[local] for (local, _), aliases in zip(stage.names, stage.aliases) for alias in aliases}
+    shared = {alias: views[name] for inner in stage.inner
+              for (_, name), aliases in zip(inner.names, inner.aliases) for alias in aliases}
+    return expanded, every, shared
