@@ -222,7 +222,8 @@ class Attends(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.embed, self.mha, self.head = nn.Linear(4, 8), nn.MultiheadAttention(8, 2, batch_first=True), nn.Linear(8, 4)
+        self.embed, self.head = nn.Linear(4, 8), nn.Linear(8, 4)
+        self.mha = nn.MultiheadAttention(8, 2, batch_first=True)
 
     def forward(self, x):
         h = self.embed(x.view(len(x), 2, 2).repeat(1, 1, 2))
