@@ -136,6 +136,9 @@ def kept_from(report: str, rerun: set[str]) -> tuple[list[dict[str, Any]], str]:
         if module in kept:
             kept[module]["rows"].append(line)
     when = "; ".join(line[2:] for line in head.splitlines() if line.startswith(("- Date:", "- Command:")))
+    partial = re.search(r"^- Only (.+?) rerun; .* previous report \((.*)\)$", head, re.MULTILINE)
+    if partial and set(partial.group(1).split(", ")) <= rerun:  # the kept sections are older than that report
+        when = partial.group(2)
     return list(kept.values()), when
 
 
