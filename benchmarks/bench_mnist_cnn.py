@@ -29,9 +29,10 @@ Contenders (interleaved: one warm-up round each, then rounds in a rotated order)
   forward, ``CrossEntropyLoss`` (mean), backward, step, the batch drawn by Opacus' Poisson
   loader (``make_private`` outside the timer, the loader's work inside it).
 
-Targets (acceptance text): DP-SGD / non-private ≤ 1.5× (Opacus was measured at 2.85× on this
-machine); Opacus DP-SGD / dpopt DP-SGD ≥ 1.9×; DP-SRM / non-private ≤ 2.5×; dpopt's default
-engine (ghost) for the checks.
+Targets (acceptance text): DP-SGD / non-private channels-last step ≤ 1.5× (against the
+channels-last step, since dpopt's ghost engine runs the convolutions in that layout: the
+default-layout ratio flatters it); Opacus DP-SGD / dpopt DP-SGD ≥ 2.0×; DP-SRM / non-private ≤
+2.5×; dpopt's default engine (ghost) for the checks.
 
 OpenMP wait policy: the measurement runs in a child process with ``OMP_WAIT_POLICY=PASSIVE``
 (a value set by the caller is kept). PyTorch's libgomp spins its idle threads by default; on
@@ -82,7 +83,7 @@ NOISE = 1.0
 LR = 0.1
 STEPS_PER_ROUND = 5
 TARGET_DPSGD = 1.5
-TARGET_OPACUS = 1.9
+TARGET_OPACUS = 2.0
 TARGET_DPSRM = 2.5
 
 PLAIN = "non-private SGD (PyTorch)"
@@ -137,11 +138,12 @@ class Stepper:
 
     def __init__(self, algorithm: Any, X: torch.Tensor, y: torch.Tensor, engine: str) -> None:
         from dpopt.accounting import Ledger
+        from dpopt.mechanisms import SeededNoise
         from dpopt.oracles import TorchModel
 
         self.algorithm = algorithm
         self.oracle = TorchModel(_model(), _cross_entropy, X, y, engine=engine)
-        self.gens = torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)
+        self.gens = torch.Generator().manual_seed(0), SeededNoise(1)
         self.state = algorithm.init(self.oracle.flat_params().double(), 10_000, self.gens[0])
         self.ledger, self.t = Ledger(algorithm.relation()), 0
 
@@ -267,7 +269,7 @@ def report(data: dict[str, Any], how: str) -> dict[str, Any]:
     stats = {name: summary(rows) for name, rows in results.items()}
     med = {name: s["median"] for name, s in stats.items()}
     plain, plain_cl = med[PLAIN], med[PLAIN_CL]
-    dp_ratio, srm_ratio, opacus_ratio = med[GHOST] / plain, med[SRM] / plain, med[OPACUS] / med[GHOST]
+    dp_ratio, srm_ratio, opacus_ratio = med[GHOST] / plain_cl, med[SRM] / plain, med[OPACUS] / med[GHOST]
 
     def per_round(num: str, den: str) -> str:
         ratios = [a["seconds"] / b["seconds"] for a, b in zip(results[num], results[den])]
@@ -292,10 +294,11 @@ def report(data: dict[str, Any], how: str) -> dict[str, Any]:
                   f"{mb(data['memory'][name])} |")
     md += [
         "",
-        f"- **DP-SGD (dpopt, ghost) / non-private = {dp_ratio:.2f}×** (per round {per_round(GHOST, PLAIN)}); "
-        f"target ≤ {TARGET_DPSGD}×: **{'PASS' if dp_ratio <= TARGET_DPSGD else 'FAIL'}**. "
-        f"Opacus / non-private = {med[OPACUS] / plain:.2f}×; dpopt's vmap engine / non-private = "
-        f"{med[VMAP] / plain:.2f}×.",
+        f"- **DP-SGD (dpopt, ghost) / non-private channels-last = {dp_ratio:.2f}×** (per round "
+        f"{per_round(GHOST, PLAIN_CL)}); target ≤ {TARGET_DPSGD}×: "
+        f"**{'PASS' if dp_ratio <= TARGET_DPSGD else 'FAIL'}**. "
+        f"Against the default-layout step: {med[GHOST] / plain:.2f}×. Opacus / non-private = "
+        f"{med[OPACUS] / plain:.2f}×; dpopt's vmap engine / non-private = {med[VMAP] / plain:.2f}×.",
         f"- **Opacus DP-SGD / dpopt DP-SGD = {opacus_ratio:.2f}×** (per round {per_round(OPACUS, GHOST)}); "
         f"target ≥ {TARGET_OPACUS}×: **{'PASS' if opacus_ratio >= TARGET_OPACUS else 'FAIL'}**.",
         f"- **DP-SRM (dpopt, ghost) / non-private = {srm_ratio:.2f}×** (per round {per_round(SRM, PLAIN)}); "
@@ -313,7 +316,7 @@ def report(data: dict[str, Any], how: str) -> dict[str, Any]:
         "set at its start (median of 3): the pages a step touches.",
     ]
     checks = [
-        _check("DP-SGD / non-private step, MNIST CNN", dp_ratio, TARGET_DPSGD, above=False),
+        _check("DP-SGD / non-private channels-last step, MNIST CNN", dp_ratio, TARGET_DPSGD, above=False),
         _check("Opacus / dpopt DP-SGD step, MNIST CNN", opacus_ratio, TARGET_OPACUS, above=True),
         _check("DP-SRM / non-private step, MNIST CNN", srm_ratio, TARGET_DPSRM, above=False),
     ]

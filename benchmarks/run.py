@@ -1,12 +1,14 @@
 """Run every benchmark in ``benchmarks/`` and rewrite ``BENCHMARKS.md``.
 
-    python benchmarks/run.py [--quick] [--out PATH] [--strict]
+    python benchmarks/run.py [--quick] [--out PATH] [--strict] [--only bench_a.py ...]
 
 Each ``benchmarks/bench_*.py`` exposes ``run(quick: bool) -> dict`` returning ``title``
 (str), ``markdown`` (a Markdown section body) and ``checks`` (a list of ``{"name", "value",
 "target", "passed"}``). The report is written atomically (temporary file, then rename). A
 benchmark that raises is reported as FAIL and the others still run. The exit status is 1 if
-a benchmark raised, or with ``--strict`` if any check failed; 0 otherwise.
+a benchmark raised, or with ``--strict`` if any check failed; 0 otherwise. ``--only`` reruns the
+named benchmarks and keeps the other benchmarks' rows and sections of the existing report as they
+were (its header then says which were rerun, and when the others were measured).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import importlib.metadata
 import importlib.util
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -118,8 +121,30 @@ def _value(check: dict[str, Any]) -> str:
     return f"{value:.2f}{check.get('unit', '×')}" if isinstance(value, float) else str(value)
 
 
+def kept_from(report: str, rerun: set[str]) -> tuple[list[dict[str, Any]], str]:
+    """The benchmarks of an existing ``report`` not in ``rerun``, as results rendered verbatim
+    (their Targets rows and their section), and the report's date and command line."""
+    head, _, rest = report.partition("\n## Targets\n")
+    targets, *chunks = rest.split("\n## ")
+    kept: dict[str, dict[str, Any]] = {}
+    for chunk in chunks:
+        found = re.search(r"`benchmarks/(bench_\w+\.py)`", chunk)
+        if found and found.group(1) not in rerun:
+            kept[found.group(1)] = {"module": found.group(1), "rows": [], "section": "## " + chunk.rstrip()}
+    for line in targets.splitlines():
+        module = line[2:].split(" | ")[0] if line.startswith("| bench_") else None
+        if module in kept:
+            kept[module]["rows"].append(line)
+    when = "; ".join(line[2:] for line in head.splitlines() if line.startswith(("- Date:", "- Command:")))
+    partial = re.search(r"^- Only (.+?) rerun; .* previous report \((.*)\)$", head, re.MULTILINE)
+    if partial and set(partial.group(1).split(", ")) <= rerun:  # the kept sections are older than that report
+        when = partial.group(2)
+    return list(kept.values()), when
+
+
 def render(results: list[dict[str, Any]], command: str, quick: bool, started: dt.datetime,
-           seconds: float) -> str:
+           seconds: float, kept: str = "") -> str:
+    """The report; ``results`` may hold verbatim ones (:func:`kept_from`), measured at ``kept``."""
     info = machine()
     lines = [
         "# Benchmarks",
@@ -132,6 +157,8 @@ def render(results: list[dict[str, Any]], command: str, quick: bool, started: dt
         f"- Versions: Python {info['python']}, torch {info['torch']}, opacus {info['opacus']}, "
         f"dp-accounting {info['dp-accounting']}, numpy {info['numpy']}, dpopt {info['dpopt']} "
         f"(git {info['git']})",
+        *([f"- Only {', '.join(r['module'] for r in results if 'section' not in r)} rerun; the other sections "
+           f"are kept from the previous report ({kept})"] if kept else []),
         "",
         "## Targets",
         "",
@@ -139,6 +166,9 @@ def render(results: list[dict[str, Any]], command: str, quick: bool, started: dt
         "|---|---|---:|---|---|",
     ]
     for result in results:
+        if "section" in result:
+            lines += result["rows"]
+            continue
         if result["error"]:
             lines.append(f"| {result['module']} | benchmark raised | — | runs | **FAIL** |")
         for check in result["checks"]:
@@ -146,6 +176,9 @@ def render(results: list[dict[str, Any]], command: str, quick: bool, started: dt
             lines.append(f"| {result['module']} | {check['name']} | {_value(check)} | "
                          f"{check['target']} | **{verdict}** |")
     for result in results:
+        if "section" in result:
+            lines += ["", result["section"]]
+            continue
         lines += ["", f"## {result['title']}", "", f"`benchmarks/{result['module']}`, {result['seconds']:.0f} s.", ""]
         if result["error"]:
             lines += ["The benchmark raised:", "", "```", result["error"].rstrip(), "```"]
@@ -170,21 +203,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer repeats, no fp64 or profile (< 60 s)")
     parser.add_argument("--out", type=Path, default=REPO / "BENCHMARKS.md", help="report path (default: %(default)s)")
     parser.add_argument("--strict", action="store_true", help="exit 1 if any target is missed")
+    parser.add_argument("--only", nargs="+", metavar="BENCH", help="rerun only these bench_*.py files, keeping "
+                        "the other sections of the existing report")
     args = parser.parse_args(argv)
+    paths = discover()
+    if args.only:
+        unknown = sorted(set(args.only) - {path.name for path in paths})
+        if unknown:
+            parser.error(f"--only {' '.join(unknown)}: no such benchmark (choose from "
+                         f"{', '.join(path.name for path in paths)})")
+        paths = [path for path in paths if path.name in args.only]
 
     command = "python benchmarks/run.py" + (" " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "")
     started = dt.datetime.now().astimezone()
     start = time.perf_counter()
-    results = run_all(discover(), args.quick)
-    text = render(results, command, args.quick, started, time.perf_counter() - start)
+    results, kept = run_all(paths, args.quick), ""
+    if args.only and args.out.exists():
+        verbatim, kept = kept_from(args.out.read_text(encoding="utf-8"), set(args.only))
+        order = {path.name: k for k, path in enumerate(discover())}
+        results = sorted([*results, *verbatim], key=lambda result: order.get(result["module"], len(order)))
+    text = render(results, command, args.quick, started, time.perf_counter() - start, kept)
     write_atomic(args.out, text)
     print(f"[bench] wrote {args.out}", file=sys.stderr)
     for result in results:
-        for check in result["checks"]:
+        for check in result.get("checks", ()):
             print(f"{result['module']}: {check['name']} = {_value(check)} "
                   f"(target {check['target']}): {'PASS' if check['passed'] else 'FAIL'}")
-    raised = any(result["error"] for result in results)
-    missed = any(not check["passed"] for result in results for check in result["checks"])
+    raised = any(result.get("error") for result in results)
+    missed = any(not check["passed"] for result in results for check in result.get("checks", ()))
     return 1 if raised or (args.strict and missed) else 0
 
 

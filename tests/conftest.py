@@ -30,3 +30,14 @@ def one_torch_thread() -> None:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test with a ``device`` argument runs on every device present: the CPU always, CUDA and
+    MPS where available."""
+    if "device" in metafunc.fixturenames:
+        import torch
+
+        present = ["cpu", *(["cuda"] if torch.cuda.is_available() else []),
+                   *(["mps"] if torch.backends.mps.is_available() else [])]
+        metafunc.parametrize("device", present)

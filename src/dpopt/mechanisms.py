@@ -73,8 +73,9 @@ def _gumbel(uniform: Tensor, scale: float) -> Tensor:
 @dataclass
 class SeededNoise:
     """Every draw from one ``torch.Generator`` seeded with ``seed`` (reproducible: a run with the
-    same seed adds the same noise, so its guarantee rests on the seed staying secret). A seed
-    from the operating system (:meth:`from_os`) is the default of every run."""
+    same seed adds the same noise, so its guarantee rests on the seed staying secret), made on
+    the device of the tensor it is shaped like (:meth:`on`). A seed from the operating system
+    (:meth:`from_os`) is the default of every run."""
 
     seed: int
     generator: torch.Generator = field(init=False, repr=False)
@@ -87,13 +88,23 @@ class SeededNoise:
         """Seeded with 63 bits from ``os.urandom``."""
         return cls(int.from_bytes(os.urandom(8), "little") >> 1)
 
+    def on(self, device: torch.device) -> torch.Generator:
+        """The generator of a draw on ``device``: ``generator`` on the CPU; elsewhere a generator of
+        that device seeded with 63 bits drawn from ``generator`` (so the run's one saved state, the
+        CPU generator's, still determines every draw, a resumed run continues exactly, and no two
+        draws share a seed but with probability ~2⁻⁶³ per pair)."""
+        if device.type == "cpu":
+            return self.generator
+        seed = int(torch.randint(2**63 - 1, (), generator=self.generator))
+        return torch.Generator(device=device).manual_seed(seed)
+
     def gaussian(self, like: Tensor, std: float) -> Tensor:
-        draws = torch.randn(like.shape, generator=self.generator, dtype=like.dtype)
-        return draws.mul_(std).to(like.device)
+        draws = torch.randn(like.shape, generator=self.on(like.device), dtype=like.dtype, device=like.device)
+        return draws.mul_(std)
 
     def gumbel(self, like: Tensor, scale: float) -> Tensor:
-        draws = torch.rand(like.shape, generator=self.generator, dtype=like.dtype)
-        return _gumbel(draws.clamp_(min=torch.finfo(like.dtype).tiny), scale).to(like.device)
+        draws = torch.rand(like.shape, generator=self.on(like.device), dtype=like.dtype, device=like.device)
+        return _gumbel(draws.clamp_(min=torch.finfo(like.dtype).tiny), scale)
 
 
 @dataclass

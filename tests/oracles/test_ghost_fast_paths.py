@@ -90,11 +90,11 @@ def test_pool_falls_back_to_the_module_when_it_must():
 @pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
 def test_unfold_equals_torch_unfold(conv, layout):
     x = torch.randn(5, conv.in_channels, 13, 11, generator=torch.Generator().manual_seed(0), dtype=F64)
-    padding = ghost._padding(conv)
+    padding = ghost.geometry(conv).padding
     want = F.unfold(x, conv.kernel_size, conv.dilation, padding, conv.stride).transpose(1, 2)
     x = x.contiguous(memory_format=layout)
-    assert torch.equal(ghost.unfold(x, conv), want)
-    assert ghost.unfold(x[:0], conv).shape == (0, *want.shape[1:])
+    assert torch.equal(ghost.unfold(x, ghost.geometry(conv)), want)
+    assert ghost.unfold(x[:0], ghost.geometry(conv)).shape == (0, *want.shape[1:])
 
 
 # --------------------------------------------------------------------- rows reused, T = 1 conv

@@ -167,7 +167,9 @@ def loop_losses(oracle: TorchModel, theta: torch.Tensor) -> torch.Tensor:
     (nn.MaxPool2d(2), "plain"), (nn.AdaptiveAvgPool2d(1), "plain"), (nn.Dropout(0.1), "plain"),
     (nn.Identity(), "plain"), (nn.Flatten(), "plain"), (nn.Flatten(0), None), (nn.Flatten(-2), None),
     (nn.Unflatten(1, (2, 2)), "plain"), (nn.Unflatten(-1, (2, 2)), None), (nn.Softmax(dim=1), "plain"),
-    (nn.Softmax(dim=-1), None), (nn.Softmax(), None), (nn.LayerNorm(3, elementwise_affine=False), None),
+    (nn.Softmax(dim=-1), None), (nn.Softmax(), None), (nn.LayerNorm(3, elementwise_affine=False), "layernorm"),
+    (nn.Embedding(3, 2), "embedding"), (nn.Embedding(3, 2, max_norm=1.0), None),
+    (nn.Embedding(3, 2, scale_grad_by_freq=True), None), (nn.Conv1d(1, 2, 3, padding=1), "conv"), (nn.GroupNorm(1, 2), "groupnorm"),
     (Centre(), None), (ReLUOverridden(), None), (ReLUSubclass(), "plain"),
 ])
 def test_the_registry_knows_layers_by_class_forward_and_condition(module, kind):
@@ -183,16 +185,16 @@ def test_registering_returns_a_new_registry():
 
 @pytest.mark.parametrize("known", [ghost.KNOWN_LAYERS, ghost.KNOWN_LAYERS.with_per_record(Cube)])
 def test_unknown_modules_run_per_record_and_agree_with_the_loop(known):
-    """Parameter-free modules that are not known (a custom activation, a parameter-free
-    LayerNorm, a softmax over dim −1, a Flatten of dim 0) run per record; a registered one on the
-    whole batch. Either way norms and clipped sums are the per-record loop's."""
+    """Parameter-free modules that are not known (a custom activation, a softmax over dim −1, a
+    Flatten of dim 0) run per record; a registered one (or a known layer without trainable
+    parameters: a LayerNorm without affine parameters) on the whole batch. Either way norms and clipped sums are the per-record loop's."""
     torch.manual_seed(0)
     module = nn.Sequential(nn.Linear(5, 6), Cube(), nn.LayerNorm(6, elementwise_affine=False), nn.Linear(6, 4),
                            nn.Softmax(dim=-1), nn.Linear(4, 1), nn.Flatten(0)).double()
     X, y = torch.randn(9, 5, dtype=F64), torch.randn(9, dtype=F64)
     oracle = TorchModel(module, lambda out, y: (out - y).square(), X, y, known_layers=known)
     per_record = [("1", "vmap")] if known is ghost.KNOWN_LAYERS else []
-    assert oracle.rules() == [("0", "ghost"), *per_record, ("2", "vmap"), ("3", "ghost"), ("4", "vmap"),
+    assert oracle.rules() == [("0", "ghost"), *per_record, ("3", "ghost"), ("4", "vmap"),
                               ("5", "ghost"), ("6", "vmap")]
     theta, indices = oracle.flat_params(), torch.arange(9)
     want = loop_reference(oracle, theta, indices)

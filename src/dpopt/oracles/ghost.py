@@ -58,81 +58,110 @@ differences of two points); in float64, ≲ 1e−12. A record whose Gram terms c
 gradient far smaller than ``Σ_t ‖a_t‖‖g_t‖``) gets a bound further above its norm (by
 γ_{T+3}·Σ_t ‖a_t‖‖g_t‖, the rounding its sum may have): conservative, never below.
 
-How layers are found (DESIGN rule 7: no hooks, no monkey-patching, no global state).
+Other layers (the rows are the records' gradients, so norm and sum are those of the same rows):
+
+* Embedding: record i's gradient is ``Σ_t e_{idx_t} g_tᵀ``, so ``‖∇ℓ_i‖² = Σ_{s,t: idx_s = idx_t}
+  ⟨g_s, g_t⟩`` (the Gram form with one-hot inputs, no ``[B, V, D]`` rows) and the sum scatters
+  ``w_i g_t`` into the table's rows (:class:`_Embedding`); the padding index gets no gradient.
+* LayerNorm / GroupNorm: ``y = x̂ ⊙ γ + β`` with x̂ normalised within the record, so the rows
+  ``Σ g ⊙ x̂`` and ``Σ g`` (over positions, or spatial dims) are as small as γ: built directly,
+  from x̂ recomputed from the input (:func:`_norm_rows`).
+* Conv1d: a Conv2d of kernel (1, k) on ``[B, C, 1, L]`` (:func:`geometry`).
+
+How layers are found, and why each record's gradient is its own (DESIGN rule 7: nothing is left
+on the user's module: no persistent hook, no attribute, no monkey-patching).
 :func:`plan` walks the module: an ``nn.Sequential`` (whose forward is not overridden) is opened
 and its children are run by this module's own functional forward, one stage after another.
 Each child is looked up in a :class:`Registry` of layer types whose per-record structure is
 known (:data:`KNOWN_LAYERS`; imitating Opacus's ``GRAD_SAMPLERS`` as an extension point, but
 an immutable object passed to the oracle, ``TorchModel(..., known_layers=...)``, not a global
-table nor hooks): the class itself or the nearest registered base class whose ``forward`` it
-keeps, and only if that entry's condition holds (e.g. ``nn.Flatten`` with ``start_dim ≥ 1``).
-Then the child is
+table): the class itself or the nearest registered base class whose ``forward`` it keeps, and
+only if that entry's condition holds (e.g. ``nn.Flatten`` with ``start_dim ≥ 1``, an Embedding
+without ``max_norm`` or ``scale_grad_by_freq``). Then the child is
 
-* ``linear`` / ``conv``: ``nn.Linear``, ``nn.Conv2d`` (zero padding, ``weight``/``bias`` not
-  parametrized) with trainable parameters: computed here with ``F.linear`` / ``F.conv2d`` on
-  views of θ; their outputs are kept and ``torch.autograd.grad`` w.r.t. those outputs gives
-  every ``g`` in one backward (which skips the weight-gradient products: only ``∂ℓ/∂s`` is
-  asked for);
-* ``block``: any other module with trainable parameters (GroupNorm, LayerNorm, Embedding, a
-  custom layer, a container with its own forward, the whole model if it is not a Sequential):
-  run under ``vmap`` with its parameters expanded to one copy per record, so the same backward
-  returns that block's per-record gradients ``[B, *shape]`` (dense, but only for that block:
-  cheap for normalisation layers, costly for a large Embedding). Under ``vmap`` each record is
-  computed on its own, so a block cannot mix records whatever its forward does. Conv2d with
-  non-zero padding modes or ``padding="same"`` is a block;
+* a ghost layer (:data:`GHOST_KINDS`: ``nn.Linear``; ``nn.Conv2d``/``nn.Conv1d`` with zero
+  padding; ``nn.Embedding``; ``nn.LayerNorm``; ``nn.GroupNorm``; ``weight``/``bias`` not
+  parametrized) with trainable parameters: computed here with its functional form (``F.linear``,
+  ``F.conv2d``, …) on views of θ, after a check that its input has the rank at which the layer
+  acts within each record (:func:`_functional`: a Linear on a 1-D batch would act across the
+  records); the outputs are kept and ``torch.autograd.grad`` w.r.t. those outputs gives every
+  ``g`` in one backward (which skips the weight-gradient products: only ``∂ℓ/∂s`` is asked for);
+* ``block``: any other module with trainable parameters (a container with its own forward, the
+  whole model if it is not a Sequential, a custom layer, a padded convolution): run on each
+  record alone under ``vmap`` (:mod:`~dpopt.oracles.ghost_blocks`; each record as a batch of one, as the vmap
+  engine does), its own parameters expanded to one copy per record so that the same backward
+  returns their per-record gradients ``[B, *shape]``. The ghost layers inside it, at any depth
+  (:func:`_inner`), keep their ghost rules: forward hooks registered on them for the one call
+  and removed in a ``finally`` record each call's input and add to its output a
+  zero "probe" tensor, an input of the vmapped function, whose gradient is the call's output
+  gradient ``g``. Attention by ``F.scaled_dot_product_attention`` runs its math kernel there
+  (batched by vmap; the fused CPU kernel has no vmap rule);
 * ``plain``: no trainable parameters and known to act on each record on its own (activations,
   pooling, ``Flatten``/``Unflatten`` that keep dim 0, ``Identity``, dropout, softmax over a
-  dim ≥ 1, upsampling; or a registered layer) and no hooks: called on the whole batch as is,
-  except ``nn.MaxPool2d`` on a ≥ 16-channel NCHW input, run with PyTorch's own kernel in
-  channels-last layout (the same values, argmax and gradients, see :func:`_plain`);
-* ``isolated``: no trainable parameters and not known (a custom layer, a normalisation
-  without affine parameters, padding, anything with hooks): run on each record alone under
-  ``vmap``, like a block, since its forward might mix the records of the batch (e.g.
-  ``x - x.mean(0)``: called on the whole batch, one record would move every other record's
-  gradient, and clipping each record would no longer bound its influence).
+  dim ≥ 1, upsampling, a ghost layer without trainable parameters; or a registered layer) and no
+  hooks: called on the whole batch as is, except ``nn.MaxPool2d`` on a ≥ 16-channel NCHW input,
+  run with PyTorch's own kernel in channels-last layout (the same values, argmax and gradients,
+  see :func:`_plain`);
+* ``isolated``: no trainable parameters and not known (a custom layer, padding, anything with
+  hooks): run on each record alone under ``vmap``, like a block.
+
+Per-record independence: ghost norms are the norms of the records' gradients only if record i's
+output depends on record i alone; otherwise one record moves every other record's gradient and
+clipping no longer bounds its influence (e.g. ``x - x.mean(0)``, BatchNorm in training mode,
+attention across dim 0). It is enforced, not assumed: what runs on the whole batch is only (a) a
+registered layer type whose forward is the registered class's and whose condition holds, with
+the rank check above for ghost layers, and (b) the opened ``nn.Sequential``'s own forward
+(children in order, one tensor passed along); every other piece of code, in particular every
+custom ``forward`` with whatever it calls (``torch`` functions, parameter-free modules, user
+hooks), runs under ``vmap``, whose semantics is the function applied to each record on its
+own. Inside a block the hooks only read inputs and add zeros, and the ghost layers there run
+under the same vmap. What the hooks cannot see is found when a block is first run on records
+of a new shape (``ghost_blocks._discover``, on one record, with every tapped output cut from
+its layer's parameters): a layer whose parameters reach the output outside its calls (e.g.
+``nn.MultiheadAttention``'s ``out_proj``) joins the block's own parameters (vmap; ``rules()``
+shows the plan before that), and a different sequence of calls later (data-dependent
+branching) is refused by name. A layer called several times in
+one forward is one layer whose record gradient is the sum over its calls (:func:`_calls`).
+Assumed: the registry's entries are true (registering a mixing layer with ``with_per_record``
+breaks the guarantee; the tests include that mutant), and torch's kernels and vmap rules are
+correct.
 
 A ``block`` or ``isolated`` module that ``vmap`` cannot run (``.item()``, Python control flow
 on tensor values, in-place writes to captured tensors, torch's fused recurrent kernels) raises
 a :class:`~dpopt._validate.DpoptError` naming its path, at the first call.
 
-Layout (CPU): a convolution's input is passed channels-last in float32/bfloat16
+Layout (CPU): a Conv2d stage's input is passed channels-last in float32/bfloat16
 (:func:`_channels_last`), so oneDNN returns channels-last outputs and the activations and
 max-pools after it stay in that layout (PyTorch's NCHW max-pool kernel is several times slower
 on CPU: the MNIST CNN's first pool took 16 ms of a 38 ms plain step, one thread); the norms and
 sums read channels-last ``a`` and ``g`` in place. Values agree with the NCHW computation up to
 float rounding (oneDNN may sum in another order).
 
-Why not hooks, nor ``autograd.grad`` on every submodule of any model: without hooks the only
-outputs we can hold are those of calls we make ourselves, i.e. of a forward we write. For an
-``nn.Sequential`` that forward is known (children in order, one tensor passed along, records
-along dim 0), so it is rewritten here; a custom ``forward`` is opaque (tracing it with
-``torch.fx`` would be the next step).
-
-Limits: layers are seen only inside (nested) ``nn.Sequential`` containers; write models as
-Sequentials to get ghost norms (anything else is correct but runs as one dense ``block``).
-Module hooks registered by the user are not run for ``linear``/``conv`` stages nor for opened
-Sequentials (a max-pool with hooks is run per record). A parameter used by two stages (tied
-weights) is refused (use ``engine="vmap"``). BatchNorm and torch's recurrent layers are
-refused by the oracle. Squared norms are formed without rescaling, so a record whose gradient
-norm exceeds ~1e19 (float32) overflows to ∞ and is dropped by clipping like a NaN record, where
-the dense engine would clip it.
+Limits: module hooks registered by the user are not run for ghost stages nor for opened
+Sequentials (a plain module with hooks is run per record; a ghost layer with hooks inside a
+block is part of the block's vmap). A parameter used by two stages (tied weights) is refused
+(use ``engine="vmap"``); inside a block, layers sharing a parameter stay in its vmap. A block's
+convolution or GroupNorm must receive each record as one sample. BatchNorm and torch's
+recurrent layers are refused by the oracle. Squared norms are formed without rescaling, so a
+record whose gradient norm exceeds ~1e19 (float32) overflows to ∞ and is dropped by clipping
+like a NaN record, where the dense engine would clip it.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call, vmap
 
 from .. import _validate
 from ..clipping import weights_in
+from .ghost_blocks import Calls, _hooked, _per_record, run_block
 
 
 class Layout(Protocol):
@@ -143,19 +172,27 @@ class Layout(Protocol):
     def place(self, name: str) -> slice: ...
 
 
+#: Stage kinds with a ghost rule: per-record norms and sums from a layer's input and output gradient.
+GHOST_KINDS = ("linear", "conv", "embedding", "layernorm", "groupnorm")
+
+
 @dataclass(frozen=True)
 class Stage:
     """One step of the functional forward; ``names`` pairs each trainable parameter's name in
-    ``module`` with its name in θ. ``kind``: "linear" or "conv" (a ghost rule), "block" (other
-    trainable parameters, per-record gradients under vmap), "plain" (no trainable parameters,
-    known to act on each record on its own: called on the whole batch) or "isolated" (no
-    trainable parameters, not known: called on each record alone under vmap)."""
+    ``module`` with its name in θ. ``kind``: one of :data:`GHOST_KINDS` (a ghost rule), "block"
+    (other trainable parameters: run on each record alone under vmap, its own parameters'
+    per-record gradients dense, the ghost layers inside it, ``inner``, tapped by scoped hooks),
+    "plain" (no trainable parameters, known to act on each record on its own: called on the whole
+    batch) or "isolated" (no trainable parameters, not known: called on each record alone under
+    vmap). An inner stage's ``aliases`` are its parameters' names in the block's module."""
 
     kind: str
     module: nn.Module
     path: str
     names: tuple[tuple[str, str], ...]
     aliases: tuple[tuple[str, ...], ...] = ()   # per parameter: every local name that holds it
+    inner: tuple[Stage, ...] = ()
+    calls: Calls = field(default_factory=Calls, compare=False, repr=False)
 
 
 def parameter_names(module: nn.Module) -> dict[str, tuple[str, ...]]:
@@ -204,8 +241,9 @@ def _from_dim_1(attribute: str) -> Condition:
 
 @dataclass(frozen=True)
 class Known:
-    """A layer type whose per-record structure is known: its stage ``kind`` ("linear", "conv", or
-    "plain": acts on each record on its own) for the instances for which ``when`` holds."""
+    """A layer type whose per-record structure is known: its stage ``kind`` (one of
+    :data:`GHOST_KINDS`, or "plain": acts on each record on its own) for the instances for which
+    ``when`` holds."""
 
     layer: type[nn.Module]
     kind: str
@@ -255,10 +293,20 @@ _PER_RECORD = (
     nn.AdaptiveAvgPool3d, nn.Upsample,
 )
 
+def _plain_embedding(embedding: nn.Module) -> bool:
+    """An Embedding without ``max_norm`` (which rewrites the table in place during the forward) nor
+    ``scale_grad_by_freq`` (which scales a record's gradient by counts over the whole batch)."""
+    return embedding.max_norm is None and not embedding.scale_grad_by_freq
+
+
 #: The layers the ghost engine knows by default.
 KNOWN_LAYERS = Registry((
     Known(nn.Linear, "linear"),
     Known(nn.Conv2d, "conv", _zero_padding),
+    Known(nn.Conv1d, "conv", _zero_padding),
+    Known(nn.Embedding, "embedding", _plain_embedding),
+    Known(nn.LayerNorm, "layernorm"),
+    Known(nn.GroupNorm, "groupnorm"),
     *(Known(layer, "plain") for layer in _PER_RECORD),
     Known(nn.Flatten, "plain", _from_dim_1("start_dim")),
     Known(nn.Unflatten, "plain", _from_dim_1("dim")),
@@ -270,8 +318,40 @@ def _opens(module: nn.Module) -> bool:
     return isinstance(module, nn.Sequential) and type(module).forward is nn.Sequential.forward
 
 
-def _padding(module: nn.Conv2d) -> tuple[int, int]:
-    return (0, 0) if module.padding == "valid" else module.padding
+def _trainable(m: nn.Module, theta_names: dict[int, str], parent: nn.Module | None = None
+               ) -> tuple[tuple[tuple[str, str], ...], dict[str, tuple[str, ...]]]:
+    """``((local name, θ name), ...)`` of ``m``'s trainable parameters and each one's aliases, the
+    names of every attribute holding it, in ``parent`` (default ``m``)."""
+    params = dict(m.named_parameters())
+    local = {name: aliases for name, aliases in parameter_names(m).items() if id(params[name]) in theta_names}
+    names = tuple((name, theta_names[id(params[name])]) for name in local)
+    if parent is None:
+        return names, local
+    of_parent = dict(parent.named_parameters())
+    in_parent = {theta_names[id(of_parent[name])]: aliases for name, aliases in parameter_names(parent).items()
+                 if id(of_parent[name]) in theta_names}
+    return names, {name: in_parent[theta] for name, theta in names}
+
+
+def _ghost_rule(m: nn.Module, local: dict, known: Registry) -> str | None:
+    """``m``'s ghost rule: its registered kind if that has one and its trainable parameters are the
+    plain ``weight``/``bias`` (not parametrized)."""
+    rule = known.kind(m)
+    return rule if rule in GHOST_KINDS and set(local) <= {"weight", "bias"} else None
+
+
+def _inner(block: nn.Module, path: str, theta_names: dict[int, str], known: Registry) -> tuple[Stage, ...]:
+    """The ghost layers inside ``block`` (any depth) with trainable parameters, no hooks of the
+    user, and no parameter shared with another of them (tied layers stay in the block's vmap)."""
+    inner = []
+    for sub_path, sub in block.named_modules():
+        if sub is block or _hooked(sub):
+            continue
+        names, local = _trainable(sub, theta_names, block)
+        if names and (rule := _ghost_rule(sub, local, known)):
+            inner.append(Stage(rule, sub, f"{path}.{sub_path}" if path else sub_path, names, tuple(local.values())))
+    counts = Counter(theta for stage in inner for _, theta in stage.names)
+    return tuple(stage for stage in inner if all(counts[theta] == 1 for _, theta in stage.names))
 
 
 def plan(module: nn.Module, theta_names: dict[int, str], known: Registry = KNOWN_LAYERS) -> tuple[Stage, ...]:
@@ -283,18 +363,22 @@ def plan(module: nn.Module, theta_names: dict[int, str], known: Registry = KNOWN
             for name, child in m._modules.items():
                 walk(child, f"{path}.{name}" if path else name)
             return
-        params = dict(m.named_parameters())
-        local = {name: aliases for name, aliases in parameter_names(m).items() if id(params[name]) in theta_names}
-        names = tuple((name, theta_names[id(params[name])]) for name in local)
-        rule = known.kind(m)
-        if not names:  # a Linear or Conv2d without trainable parameters acts on each record on its own too
-            kind = "isolated" if rule is None else "plain"
-        else:  # a ghost rule needs the plain weight/bias (not parametrized)
-            kind = rule if rule in ("linear", "conv") and set(local) <= {"weight", "bias"} else "block"
-        stages.append(Stage(kind, m, path or "<model>", names, tuple(local.values())))
+        names, local = _trainable(m, theta_names)
+        path = path or "<model>"
+        if not names:  # a known layer without trainable parameters acts on each record on its own too
+            rule = known.kind(m)
+            stages.append(Stage("isolated" if rule is None or (rule != "plain" and _hooked(m)) else rule, m, path, ()))
+        elif rule := _ghost_rule(m, local, known):
+            stages.append(Stage(rule, m, path, names, tuple(local.values())))
+        else:
+            inner = _inner(m, "" if path == "<model>" else path, theta_names, known)
+            tapped = {theta for stage in inner for _, theta in stage.names}
+            own = tuple((name, theta) for name, theta in names if theta not in tapped)
+            stages.append(Stage("block", m, path, own, tuple(local[name] for name, _ in own), inner))
 
     walk(module, "")
-    shared = sorted(name for name, count in Counter(t for s in stages for _, t in s.names).items() if count > 1)
+    counts = Counter(t for s in stages for inner in (s, *s.inner) for _, t in inner.names)
+    shared = sorted(name for name, count in counts.items() if count > 1)
     if shared:
         raise _validate.DpoptError(
             f"engine='ghost' needs each parameter in one layer, but {', '.join(shared)} is used by several "
@@ -304,38 +388,15 @@ def plan(module: nn.Module, theta_names: dict[int, str], known: Registry = KNOWN
 
 
 def describe(stages: tuple[Stage, ...]) -> list[tuple[str, str]]:
-    """``(path, rule)`` of each stage not called on the whole batch as is: "ghost" (a Linear or
-    Conv2d with trainable parameters) or "vmap" (a block, or a parameter-free module run per record)."""
-    return [(s.path, "ghost" if s.kind in ("linear", "conv") else "vmap") for s in stages if s.kind != "plain"]
-
-
-def _one_record(module: nn.Module, params: dict[str, Tensor], x: Tensor) -> Tensor:
-    return functional_call(module, params, (x.unsqueeze(0),), tie_weights=False).squeeze(0)
-
-
-def _hooked(module: nn.Module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-                or module._backward_pre_hooks)
-
-
-def _per_record(stage: Stage, params: dict[str, Tensor], x: Tensor) -> Tensor:
-    """``stage.module`` on each record of ``x`` alone (``vmap``; ``params`` batched along dim 0
-    with the records, or empty), so the records cannot interact whatever its forward does."""
-    try:
-        return vmap(lambda ps, xi: _one_record(stage.module, ps, xi), randomness="different")(params, x)
-    except RuntimeError as error:
-        why = ("has trainable parameters without a ghost rule" if stage.kind == "block" else
-               "has no trainable parameters but is not known to act on each record on its own, so it might mix "
-               "the records of a batch")
-        known = ("" if stage.kind == "block" else
-                 "; if its output for each record depends on that record alone, register it to run it on the whole "
-                 f"batch: TorchModel(..., known_layers=dpopt.oracles.ghost.KNOWN_LAYERS.with_per_record("
-                 f"{type(stage.module).__name__}))")
-        raise _validate.DpoptError(
-            f"engine='ghost' runs module {stage.path!r} ({type(stage.module).__name__}) on each record alone under "
-            f"torch.func.vmap because it {why}, and vmap failed: {str(error).rstrip('. ')}. Write its forward with "
-            "vmap-compatible operations (no .item() or Python branching on tensor values, no in-place writes to "
-            f"tensors it does not own){known}") from error
+    """``(path, rule)`` of each stage not called on the whole batch as is: "ghost" (a layer with
+    a ghost rule, also inside a block) or "vmap" (a block, or a parameter-free module run per record)."""
+    rules = []
+    for s in stages:
+        if s.kind in GHOST_KINDS:
+            rules += [(s.path, "ghost")] if s.names else []
+        elif s.kind != "plain":
+            rules += [(s.path, "vmap"), *((inner.path, "ghost") for inner in s.inner)]
+    return rules
 
 
 #: Max-pooling of NCHW inputs with at least this many channels runs in channels-last layout.
@@ -414,37 +475,62 @@ def _plain(m: nn.Module, x: Tensor) -> Tensor:
     return m(x)
 
 
-def forward(stages: tuple[Stage, ...], views: dict[str, Tensor], x: Tensor) -> tuple[Tensor, list[tuple]]:
+def forward(stages: tuple[Stage, ...], views: dict[str, Tensor], x: Tensor, taps: bool = True
+            ) -> tuple[Tensor, list[tuple]]:
     """Run the stages on ``x`` with parameters ``views`` (θ name → tensor). Returns the output
-    and, per stage with parameters, ``(stage, input, tap)``: the tap is the stage's output
-    (linear/conv) or its per-record expanded parameters (block), to differentiate against.
-    A "plain" module that has hooks now is run per record (a hook might mix records)."""
-    taps = []
+    and, per stage with parameters, ``(stage, input, tap)``: the tap is the stage's output (a
+    ghost layer) or what :func:`_block` returns, to differentiate against (``taps=False``: only
+    the output). A "plain" module that has hooks now is run per record (a hook might mix records)."""
+    out_taps = []
     for stage in stages:
         m = stage.module
         if stage.kind == "plain" and not _hooked(m):
             x = _plain(m, x)
             continue
         if stage.kind in ("plain", "isolated"):
-            x = _per_record(stage, {}, x)
+            x, _ = _per_record(stage, {}, x)
+            continue
+        if stage.kind == "block":
+            out, tap = run_block(stage, views, x, taps)
+            out_taps.append((stage, x, tap))
+            x = out
+            continue
+        if not stage.names and _hooked(m):  # hooks added since the plan: they might mix records
+            x, _ = _per_record(stage, {}, x)
             continue
         params = {local: views[name] for local, name in stage.names}
-        if stage.kind == "block":
-            expanded = {local: p.expand(len(x), *p.shape) for local, p in params.items()}
-            every = {alias: expanded[local] for (local, _), aliases in zip(stage.names, stage.aliases)
-                     for alias in aliases}
-            out = _per_record(stage, every, x)
-            taps.append((stage, x, expanded))
-        else:
-            weight, bias = params.get("weight", m.weight), params.get("bias", m.bias)
-            if stage.kind == "linear":
-                out = _linear(x, weight, bias)
-            else:
-                x = _channels_last(x)
-                out = F.conv2d(x, weight, bias, m.stride, _padding(m), m.dilation, m.groups)
-            taps.append((stage, x, out))
+        if stage.kind == "conv" and isinstance(m, nn.Conv2d):
+            x = _channels_last(x)
+        out = _functional(stage, params, x)
+        if stage.names:
+            out_taps.append((stage, x, out))
         x = out
-    return x, taps
+    return x, out_taps
+
+
+def _functional(stage: Stage, params: dict[str, Tensor], x: Tensor) -> Tensor:
+    """A ghost layer's output with its trainable parameters ``params`` (its own frozen ones else),
+    computed here, without the module's call (and so without hooks)."""
+    m = stage.module
+    least, most = {"linear": (2, None), "conv": (len(getattr(m, "kernel_size", ())) + 2,) * 2,
+                   "layernorm": (len(getattr(m, "normalized_shape", ())) + 1, None)}.get(stage.kind, (1, None))
+    if x.ndim < least or (most is not None and x.ndim > most):
+        raise _validate.DpoptError(
+            f"engine='ghost' runs layer {stage.path!r} ({type(m).__name__}) on the whole batch, records along dim 0, "
+            f"so its input must have {least}{'' if most == least else ' or more'} dims; it has shape "
+            f"{tuple(x.shape)}, with which the layer would act across records")
+    weight, bias = params.get("weight", m.weight), params.get("bias", getattr(m, "bias", None))
+    if stage.kind == "linear":
+        return _linear(x, weight, bias)
+    if stage.kind == "conv":
+        conv = F.conv2d if isinstance(m, nn.Conv2d) else F.conv1d
+        padding = geometry(m).padding[-len(m.kernel_size):]
+        return conv(x, weight, bias, m.stride, padding, m.dilation, m.groups)
+    if stage.kind == "embedding":
+        return F.embedding(x, weight, m.padding_idx)
+    if stage.kind == "layernorm":
+        return F.layer_norm(x, m.normalized_shape, weight, bias, m.eps)
+    return F.group_norm(x, m.num_groups, weight, bias, m.eps)
 
 
 def _linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -459,18 +545,91 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return x @ w_t if bias is None else torch.addmm(bias, x, w_t)
 
 
-def capture(taps: list[tuple], total_loss: Tensor) -> tuple[_Layer | _Block, ...]:
+def capture(taps: list[tuple], total_loss: Tensor) -> tuple[_Layer | _Block | _Embedding, ...]:
     """One backward of ``total_loss`` (= Σ_i ℓ_i) to every tap: the per-layer records."""
-    targets = [t for stage, _, tap in taps for t in (tap.values() if stage.kind == "block" else [tap])]
+    targets = [t for stage, _, tap in taps
+               for t in ((*tap[1].values(), *tap[4]) if stage.kind == "block" else (tap,))]
     grads = iter(torch.autograd.grad(total_loss, targets, allow_unused=True) if targets else ())
-    layers: list[_Layer | _Block] = []
+    layers: list[_Layer | _Block | _Embedding] = []
     for stage, x, tap in taps:
-        if stage.kind == "block":
+        if stage.kind != "block":
+            layers.append(_layer(stage, x.detach(), _given(next(grads), tap)))
+            continue
+        stage, expanded, calls, inputs, probes = tap  # the stage run (see ghost_blocks.run_block)
+        if expanded:
             names = dict(stage.names)
-            layers.append(_Block(stage, {names[local]: _given(next(grads), t) for local, t in tap.items()}))
-        else:
-            layers.append(_Layer(stage, x.detach(), _given(next(grads), tap)))
+            layers.append(_Block(stage, {names[local]: _given(next(grads), t) for local, t in expanded.items()}))
+        uses: dict[int, list[tuple[Tensor, Tensor]]] = {}
+        for (k, _, _), a, probe in zip(calls, inputs, probes):
+            uses.setdefault(k, []).append(_one_sample(stage.inner[k], a.detach(), _given(next(grads), probe)))
+        layers += [_calls(stage.inner[k], pairs) for k, pairs in uses.items()]
     return tuple(layers)
+
+
+def _calls(stage: Stage, pairs: list[tuple[Tensor, Tensor]]) -> _Layer | _Block | _Embedding:
+    """One layer from its calls ``(a, g)`` in one forward: a record's gradient is the sum over the
+    calls. For a Linear or an Embedding the calls are more positions of one layer (stacked); for
+    the others the records' rows of each call are built and added up."""
+    if len(pairs) == 1:
+        return _layer(stage, *pairs[0])
+    B = len(pairs[0][1])
+    if stage.kind == "linear":
+        return _Layer(stage, *(torch.cat([t.reshape(B, -1, t.shape[-1]) for t in part], 1) for part in zip(*pairs)))
+    layers = [_layer(stage, a, g) for a, g in pairs]
+    if stage.kind == "embedding":
+        return _Embedding(stage, torch.cat([e.idx for e in layers], 1), torch.cat([e.g for e in layers], 1))
+    rows = [layer.grads if isinstance(layer, _Block) else layer.row_dict() for layer in layers]
+    return _Block(stage, {name: sum(r[name] for r in rows) for name in rows[0]})
+
+
+def _layer(stage: Stage, a: Tensor, g: Tensor) -> _Layer | _Block | _Embedding:
+    """The records of a ghost layer from its input ``a`` and output gradient ``g`` (``[B, *per
+    record]``; a call inside a block sees each record as a batch of one)."""
+    m, B = stage.module, len(g)
+    if stage.kind == "linear":
+        return _Layer(stage, a, g)
+    if stage.kind == "embedding":
+        idx, g = a.reshape(B, -1), g.reshape(B, -1, g.shape[-1])
+        if m.padding_idx is not None:  # the table's padding row gets no gradient
+            g = g.masked_fill((idx == m.padding_idx).unsqueeze(2), 0)
+        return _Embedding(stage, idx, g)
+    if stage.kind == "conv":
+        return _Layer(stage, a, g) if isinstance(m, nn.Conv2d) else _Layer(stage, a.unsqueeze(2), g.unsqueeze(2))
+    return _Block(stage, _norm_rows(stage, a, g))
+
+
+def _one_sample(stage: Stage, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    """A call's input and output gradient from a block, ``[B, *per record]``, as :func:`_layer`
+    takes them: a convolution's or GroupNorm's batched input (each record a batch of one) without
+    that dimension of one."""
+    m = stage.module
+    if stage.kind == "groupnorm" or (stage.kind == "conv" and a.ndim == len(m.kernel_size) + 3):
+        if a.shape[1] != 1:
+            raise _validate.DpoptError(f"engine='ghost' takes each record to layer {stage.path!r} as one sample; "
+                                       f"it was given {a.shape[1]} per record: use engine='vmap'")
+        return a.squeeze(1), g.squeeze(1)
+    return a, g
+
+
+def _norm_rows(stage: Stage, a: Tensor, g: Tensor) -> dict[str, Tensor]:
+    """Per-record gradients of a LayerNorm or GroupNorm's affine parameters: ``y = x̂ ⊙ γ + β``
+    (x̂ normalised per record: over the last dims, or per group of channels), so ``∇γ = Σ g ⊙ x̂``
+    and ``∇β = Σ g`` over the positions (LayerNorm) or the spatial dims (GroupNorm). x̂ is
+    recomputed from the input: ``[B, size of γ]`` rows, a block."""
+    m, B, names = stage.module, len(g), dict(stage.names)
+    if stage.kind == "layernorm":
+        shape = tuple(m.normalized_shape)
+        A, G = a.reshape(B, -1, *shape), g.reshape(B, -1, *shape)
+        xhat, over = F.layer_norm(A, shape, eps=m.eps), 1
+    else:
+        A, G = a.reshape(B, m.num_channels, -1), g.reshape(B, m.num_channels, -1)
+        xhat, over = F.group_norm(A, m.num_groups, eps=m.eps), 2
+    rows = {}
+    if "weight" in names:
+        rows[names["weight"]] = (G * xhat).sum(over).reshape(B, -1)
+    if "bias" in names:
+        rows[names["bias"]] = G.sum(over).reshape(B, -1)
+    return rows
 
 
 def _given(grad: Tensor | None, like: Tensor) -> Tensor:
@@ -590,11 +749,33 @@ def _patch_index(shape: tuple[int, int, int], kernel: tuple[int, int], stride: t
     return index.reshape(-1).to(device, torch.int32 if C * H * W < 2**31 else torch.int64)
 
 
-def unfold(x: Tensor, conv: nn.Conv2d) -> Tensor:
+@dataclass(frozen=True)
+class ConvGeometry:
+    """A convolution as a Conv2d: a Conv1d of kernel k is one of kernel (1, k) on inputs ``[B, C, 1, L]``."""
+
+    kernel_size: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    groups: int
+    weight_shape: tuple[int, int, int, int]
+
+
+def geometry(conv: nn.Module) -> ConvGeometry:
+    """The Conv2d geometry of a zero-padded ``nn.Conv2d`` or ``nn.Conv1d``."""
+    padding = (0,) * len(conv.kernel_size) if conv.padding == "valid" else tuple(conv.padding)
+    if isinstance(conv, nn.Conv2d):
+        return ConvGeometry(tuple(conv.kernel_size), tuple(conv.stride), padding, tuple(conv.dilation), conv.groups,
+                            tuple(conv.weight.shape))
+    return ConvGeometry((1, conv.kernel_size[0]), (1, conv.stride[0]), (0, padding[0]), (1, conv.dilation[0]),
+                        conv.groups, (*conv.weight.shape[:2], 1, conv.weight.shape[2]))
+
+
+def unfold(x: Tensor, conv: ConvGeometry) -> Tensor:
     """im2col: ``[B, L, C·kh·kw]`` patches of ``x [B, C, H, W]`` (``F.unfold``'s order, transposed;
     x in NCHW or channels-last layout), gathered with one ``index_select`` of precomputed
     positions (2–5× faster on CPU than ``F.unfold`` or a strided copy)."""
-    (ph, pw) = _padding(conv)
+    (ph, pw) = conv.padding
     if ph or pw:
         x = F.pad(x, (pw, pw, ph, ph))
     B, C, H, W = x.shape
@@ -618,18 +799,18 @@ class _Layer:
 
     def shape(self) -> tuple[int, int, int, int]:
         """``(groups, T, p, q)`` of the Linear rule (per group for a convolution)."""
-        m = self.stage.module
         if self.stage.kind == "linear":
             return 1, self.a[0].numel() // self.a.shape[-1], self.a.shape[-1], self.g.shape[-1]
-        groups = m.groups
-        return groups, self.g.shape[2] * self.g.shape[3], m.weight[0].numel(), m.out_channels // groups
+        m = geometry(self.stage.module)
+        q, per_group, kh, kw = m.weight_shape
+        return m.groups, self.g.shape[2] * self.g.shape[3], per_group * kh * kw, q // m.groups
 
     def matrices(self) -> tuple[Tensor, Tensor]:
         """``A [B·groups, T, p]`` and ``G [B·groups, T, q]`` of the Linear rule."""
         B, (groups, T, p, q) = self.a.shape[0], self.shape()
         if self.stage.kind == "linear":
             return self.a.reshape(B, T, p), self.g.reshape(B, T, q)
-        A = unfold(self.a, self.stage.module).view(B, T, groups, p).transpose(1, 2).reshape(B * groups, T, p)
+        A = unfold(self.a, geometry(self.stage.module)).view(B, T, groups, p).transpose(1, 2).reshape(B * groups, T, p)
         return A, self._positions(self.g)
 
     def _positions(self, g: Tensor) -> Tensor:
@@ -643,13 +824,13 @@ class _Layer:
     def per_record(self, kept: Tensor | None = None) -> Tensor:
         """The records' weight gradients ``[B, q·p]`` (direct form), optionally of ``kept`` only."""
         a, g = (self.a, self.g) if kept is None else (self.a[kept], self.g[kept])
-        m, B = self.stage.module, a.shape[0]
+        B = a.shape[0]
         if self.stage.kind == "linear":
             G, A = g.reshape(B, -1, g.shape[-1]), a.reshape(B, -1, a.shape[-1])
             return torch.einsum("btq,btp->bqp", G, A).reshape(B, -1)
         # per (record, conv group): G [q, T] @ A [T, p], A the im2col patches (one batched matmul)
         groups, T, p, q = self.shape()
-        A = unfold(a, m)
+        A = unfold(a, geometry(self.stage.module))
         if groups > 1:
             A = A.view(B, T, groups, p).transpose(1, 2).reshape(B * groups, T, p)
         G = self._positions(g).mT if _hwc(g) else g.reshape(B * groups, q, T)  # [B·groups, q, T], a view
@@ -660,6 +841,15 @@ class _Layer:
         """:meth:`per_record` of every record, built once: the direct form's norms, the difference
         of two points and the book-keeping sum all use it."""
         return self.per_record()
+
+    def row_dict(self) -> dict[str, Tensor]:
+        """θ name → the records' gradient rows of each trainable parameter (direct form)."""
+        rows = {}
+        if weight := self._trainable("weight"):
+            rows[weight] = self.rows
+        if bias := self._trainable("bias"):
+            rows[bias] = self.bias_g
+        return rows
 
     @cached_property
     def bias_g(self) -> Tensor:
@@ -727,7 +917,6 @@ class _Layer:
         """``total += Σ_i w_i ∇ℓ_i`` over the records ``kept`` (None: all). Where the records'
         weight gradients were built (the direct form) the sum is ``w @ rows``, else the
         weight-gradient product of a backward pass on ``(a, w·g)``."""
-        m = self.stage.module
         v = w if kept is None else w[kept]
         if weight := self._trainable("weight"):
             rows = self.__dict__.get("rows")  # built by the norms (cached_property)
@@ -741,7 +930,8 @@ class _Layer:
                 elif self.stage.kind == "linear":
                     grad = gw.reshape(-1, gw.shape[-1]).T @ a.reshape(-1, a.shape[-1])
                 else:
-                    grad = torch.nn.grad.conv2d_weight(a, m.weight.shape, gw, m.stride, _padding(m), m.dilation,
+                    m = geometry(self.stage.module)
+                    grad = torch.nn.grad.conv2d_weight(a, m.weight_shape, gw, m.stride, m.padding, m.dilation,
                                                        m.groups)
             total[layout.place(weight)] += grad.reshape(-1)
         if bias := self._trainable("bias"):
@@ -778,6 +968,38 @@ class _Block:
 
 
 @dataclass(frozen=True)
+class _Embedding:
+    """An Embedding layer of one chunk: the records' indices ``idx [B, T]`` and output gradients
+    ``g [B, T, D]`` (zero at the padding index). Record i's gradient is ``Σ_t e_{idx_t} g_tᵀ``, so
+    ``‖∇ℓ_i‖² = Σ_{s,t: idx_s = idx_t} ⟨g_s, g_t⟩`` (the Linear rule's Gram form with one-hot inputs,
+    in float64) and the sum scatters ``w_i g_t`` into row idx_t of the table."""
+
+    stage: Stage
+    idx: Tensor
+    g: Tensor
+
+    def bounds(self) -> Tensor:
+        """Upper bounds (float64) of the norms of the records' contributions per unit weight: the
+        Gram norm enlarged by its rounding, times ``(1 + u)²`` (``fl(w·g_t)``), plus the rounding
+        of each table row's sum over the record's positions, γ_{T+3}·Σ_t ‖g_t‖."""
+        if "weight" not in dict(self.stage.names):
+            return self.g.new_zeros(len(self.g), dtype=torch.float64)
+        G = self.g.double()
+        (_, T, D), u = G.shape, _unit(self.g.dtype)
+        same = self.idx.unsqueeze(2) == self.idx.unsqueeze(1)
+        size = torch.linalg.vector_norm(G, dim=2).sum(1) * (1 + 2 * _gamma(D + T + 4, U64))
+        sq = ((G @ G.mT) * same).sum((1, 2)).clamp(min=0) + _gamma(D + T * T + 8, U64) * size.square()
+        return (1 + u) ** 2 * sq.sqrt() + _gamma(T + 3, u) * size
+
+    def add_weighted(self, w: Tensor, kept: Tensor | None, total: Tensor, layout: Layout) -> None:
+        if (name := dict(self.stage.names).get("weight")) is None:
+            return
+        idx, g, v = (self.idx, self.g, w) if kept is None else (self.idx[kept], self.g[kept], w[kept])
+        table = total[layout.place(name)].view(-1, g.shape[-1])
+        table.index_add_(0, idx.reshape(-1), (g * v.view(-1, 1, 1)).reshape(-1, g.shape[-1]))
+
+
+@dataclass(frozen=True)
 class _Stacked:
     """A Linear or Conv2d layer's difference at two points with different inputs, in the Gram
     form: ``parts = ((a, g − g′), (a − a′, g′))``, the second without the bias (whose difference
@@ -799,7 +1021,8 @@ class _Stacked:
             part.add_weighted(w, kept, total, layout)
 
 
-def _difference(left: _Layer | _Block, right: _Layer | _Block) -> _Layer | _Block | _Stacked:
+def _difference(left: _Layer | _Block | _Embedding, right: _Layer | _Block | _Embedding
+                ) -> _Layer | _Block | _Embedding | _Stacked:
     """The layer of ``∇ℓ_i(θ) − ∇ℓ_i(θ′)``, whose norms and sums are of the same difference.
 
     Where both points saw the same input (a first layer, whose input is the data) it is one
@@ -809,6 +1032,10 @@ def _difference(left: _Layer | _Block, right: _Layer | _Block) -> _Layer | _Bloc
     (kept there for that point's norms and sums); else the stacked Gram form (:class:`_Stacked`)."""
     if isinstance(left, _Block):
         return _Block(left.stage, {name: g - right.grads[name] for name, g in left.grads.items()})
+    if isinstance(left, _Embedding):  # indices are integers: never a function of θ
+        if not torch.equal(left.idx, right.idx):
+            raise ValueError(f"layer {left.stage.path!r} was given other indices at the two points")
+        return _Embedding(left.stage, left.idx, left.g - right.g)
     if _same_memory(left.a, right.a):
         _share_input(left, right)
         difference = _Layer(left.stage, left.a, left.g - right.g)

@@ -14,12 +14,15 @@ Engines for per-record gradients (``engine=``):
   interact (tied weights too); memory O(B·d) for the rows of the whole batch.
 * ``"ghost"``: ghost norms and book-keeping sums from one forward/backward per chunk, never a
   ``[B, d]`` matrix: it keeps each layer's input and output gradient for the batch (the memory
-  of one non-private step on it). See :mod:`dpopt.oracles.ghost` for the rules and their limits
-  (layers are found inside ``nn.Sequential`` containers). Only layers whose per-record
-  structure is known (``known_layers``, a :class:`~dpopt.oracles.ghost.Registry`: Linear,
-  zero-padded Conv2d, activations, pooling, Flatten, dropout, ...) are run on the whole batch;
-  every other module is run on each record alone under ``vmap``, so a layer that mixes the
-  records of a batch cannot leak one record into another's gradient. Its norms are upper
+  of one non-private step on it). See :mod:`dpopt.oracles.ghost` for the rules and their limits.
+  Ghost rules for Linear (also on ``[B, T, p]``), zero-padded Conv1d/Conv2d, Embedding,
+  LayerNorm and GroupNorm, found at any depth, also inside modules with their own forward.
+  Only layers whose per-record structure is known (``known_layers``, a
+  :class:`~dpopt.oracles.ghost.Registry`: those, activations, pooling, Flatten, dropout, ...)
+  and ``nn.Sequential``'s own forward are run on the whole batch; every other module, and every
+  custom forward, is run on each record alone under ``vmap`` (its ghost layers tapped by hooks
+  removed after the call), so code that mixes the records of a batch cannot leak one record
+  into another's gradient. Its norms are upper
   bounds of what its sums add per record (never below, by ~1e−6 in float32). Gradient
   differences at two points (DP-SRM) are exact, without cancellation.
 
@@ -327,7 +330,7 @@ class TorchModel:
         on each record on their own run per record), or each record alone under vmap."""
         if self.engine == "vmap":
             return vmap(self._one_loss, in_dims=(None, 0, 0), randomness="different")(theta, x, y)
-        out, _ = ghost.forward(self.stages, self.layout.views(theta), x)
+        out, _ = ghost.forward(self.stages, self.layout.views(theta), x, taps=False)
         return self._losses(out, y)
 
     def _one_loss(self, theta: Tensor, xi: Tensor, yi: Tensor) -> Tensor:

@@ -1,0 +1,204 @@
+"""A module run on each record alone, with the ghost layers inside it tapped (see
+:mod:`dpopt.oracles.ghost`, "How layers are found").
+
+:func:`run_block` runs a block (a module with its own forward) under ``torch.func.vmap``, each
+record as a batch of one, so nothing in its forward can mix the records of a batch. Its ghost
+layers (``Stage.inner``) stay ghost layers: forward hooks registered on them for one call and
+removed in a ``finally`` (:class:`_Tap`) record each call's input and add a zero probe, an input
+of the vmapped function, to its output; the loss's gradient with respect to a probe is that
+call's output gradient. :func:`_discover` finds the calls once per record shape and refuses a
+parameter that reaches the output outside its layer's call; every later call is checked against
+them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, vmap
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from .. import _validate
+
+if TYPE_CHECKING:
+    from .ghost import Stage
+
+
+class Calls:
+    """The calls a block makes to its ghost layers on records of one shape, found once per shape
+    (:func:`_discover`) and then checked at every call: ``by_shape[(shape, dtype)]`` is a tuple of
+    ``(index into Stage.inner, output shape per record, output dtype)``. Owned by its stage,
+    bounded to :data:`SHAPES` shapes."""
+
+    SHAPES = 8
+
+    def __init__(self) -> None:
+        self.by_shape: dict[tuple, tuple[tuple[int, tuple[int, ...], torch.dtype], ...]] = {}
+
+    def remember(self, key: tuple, calls: tuple) -> tuple:
+        if len(self.by_shape) >= self.SHAPES:
+            self.by_shape.pop(next(iter(self.by_shape)))
+        self.by_shape[key] = calls
+        return calls
+
+
+
+def _one_record(module: nn.Module, params: dict[str, Tensor], x: Tensor) -> Tensor:
+    return functional_call(module, params, (x.unsqueeze(0),), tie_weights=False).squeeze(0)
+
+
+def _hooked(module: nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks)
+
+
+def _per_record(stage: Stage, params: dict[str, Tensor], x: Tensor, shared: dict[str, Tensor] | None = None,
+                tap: _Tap | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
+    """``stage.module`` on each record of ``x`` alone (``vmap``; ``params`` batched along dim 0
+    with the records, or empty; ``shared`` the same for every record), so the records cannot
+    interact whatever its forward does. With ``tap``, also the inputs of its ghost layers' calls,
+    ``[B, *input per record]``, whose outputs are shifted by ``tap.probes`` (``[B, *output per
+    record]`` zeros: the loss's gradient with respect to them is each call's output gradient)."""
+
+    def one(ps: dict[str, Tensor], xi: Tensor, probes: tuple[Tensor, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
+        if tap is None:
+            return _one_record(stage.module, {**(shared or {}), **ps}, xi), ()
+        with tap.recording(probes):
+            return _one_record(stage.module, {**(shared or {}), **ps}, xi), tuple(tap.inputs)
+
+    try:
+        # attention by its math kernel, which vmap batches (the fused CPU kernel would run record by record)
+        with sdpa_kernel(SDPBackend.MATH):
+            return vmap(one, randomness="different")(params, x, tap.probes if tap is not None else ())
+    except RuntimeError as error:
+        why = ("has trainable parameters without a ghost rule" if stage.kind == "block" else
+               "has no trainable parameters but is not known to act on each record on its own, so it might mix "
+               "the records of a batch")
+        known = ("" if stage.kind == "block" else
+                 "; if its output for each record depends on that record alone, register it to run it on the whole "
+                 f"batch: TorchModel(..., known_layers=dpopt.oracles.ghost.KNOWN_LAYERS.with_per_record("
+                 f"{type(stage.module).__name__}))")
+        raise _validate.DpoptError(
+            f"engine='ghost' runs module {stage.path!r} ({type(stage.module).__name__}) on each record alone under "
+            f"torch.func.vmap because it {why}, and vmap failed: {str(error).rstrip('. ')}. Write its forward with "
+            "vmap-compatible operations (no .item() or Python branching on tensor values, no in-place writes to "
+            f"tensors it does not own){known}") from error
+
+
+class _Tap:
+    """Scoped forward hooks on a block's ghost layers (``stage.inner``), registered by
+    :meth:`hooked` and removed when it exits: each call's input is recorded and its output
+    shifted by a probe; the calls must be those of ``expected`` (None: record them, and cut each
+    output from its layer's parameters: :func:`_discover`)."""
+
+    def __init__(self, stage: Stage, expected: tuple | None, probes: tuple[Tensor, ...]) -> None:
+        self.stage, self.expected, self.probes = stage, expected, probes
+        self.index = {id(inner.module): k for k, inner in enumerate(stage.inner)}
+        self.inputs: list[Tensor] = []
+        self.calls: list[tuple[int, tuple[int, ...], torch.dtype]] = []
+        self._current: tuple[Tensor, ...] = ()
+
+    @contextmanager
+    def hooked(self) -> Iterator[_Tap]:
+        handles = [inner.module.register_forward_hook(self._hook) for inner in self.stage.inner]
+        try:
+            yield self
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    @contextmanager
+    def recording(self, probes: tuple[Tensor, ...]) -> Iterator[_Tap]:
+        self.inputs, self.calls, self._current = [], [], probes
+        yield self
+
+    def _hook(self, module: nn.Module, args: tuple, out: Tensor) -> Tensor:
+        k, n = self.index[id(module)], len(self.calls)
+        if self.expected is not None and (n >= len(self.expected) or self.expected[n][0] != k):
+            raise _validate.DpoptError(
+                f"engine='ghost': module {self.stage.path!r} called its layers in another order than on the records "
+                f"it was first traced with (call {n + 1} is {self.stage.inner[k].path!r}): its forward branches on "
+                "the data; use engine='vmap'")
+        if len(args) != 1 or not isinstance(out, Tensor):
+            raise _validate.DpoptError(f"engine='ghost' taps layer {self.stage.inner[k].path!r} by its one input "
+                                       "tensor and its output tensor; it was called otherwise: use engine='vmap'")
+        self.calls.append((k, tuple(out.shape), out.dtype))
+        self.inputs.append(args[0])
+        return out.detach() if self.expected is None else out + self._current[n]
+
+
+def _discover(stage: Stage, shared: dict[str, Tensor], params: dict[str, Tensor], x: Tensor
+              ) -> tuple[Stage, tuple]:
+    """The stage to run and the calls its forward makes to its ghost layers on one record shaped
+    like those of ``x`` (cached per shape).
+
+    Found by running the forward on the first record with every call's output cut from its
+    layer's parameters: a parameter that still reaches the output or a tapped call's input is
+    used outside its layer's call (e.g. ``nn.MultiheadAttention`` reads ``out_proj.weight``
+    without calling ``out_proj``), where the layer's rule would miss it. Such layers leave the
+    tapped set and join the block's own parameters, whose per-record gradients vmap gives: the
+    stage returned is then that block, discovered anew."""
+    key = (tuple(x.shape[1:]), x.dtype)
+    if key in stage.calls.by_shape:
+        return stage.calls.by_shape[key]
+    leaves = {name: t.detach().requires_grad_(True) for name, t in shared.items()}
+    tap = _Tap(stage, None, ())
+    with torch.enable_grad(), tap.hooked():
+        out, inputs = _per_record(stage, {k: v[:1].detach() for k, v in params.items()}, x[:1], leaves, tap)
+        ends = [t for t in (out, *inputs) if t.requires_grad]
+        reached = (torch.autograd.grad(sum(t.sum() for t in ends), list(leaves.values()), allow_unused=True)
+                   if ends else [None] * len(leaves))
+    owner = {alias: k for k, inner in enumerate(stage.inner) for aliases in inner.aliases for alias in aliases}
+    bypassed = {owner[name] for name, grad in zip(leaves, reached) if grad is not None}
+    if not bypassed:
+        return stage.calls.remember(key, (stage, tuple(tap.calls)))
+    moved = [inner for k, inner in enumerate(stage.inner) if k in bypassed]
+    block = replace(stage, names=(*stage.names, *((aliases[0], theta) for inner in moved
+                                                  for (_, theta), aliases in zip(inner.names, inner.aliases))),
+                    aliases=(*stage.aliases, *(a for inner in moved for a in inner.aliases)),
+                    inner=tuple(inner for k, inner in enumerate(stage.inner) if k not in bypassed), calls=Calls())
+    return stage.calls.remember(key, (block, ()))
+
+
+def run_block(stage: Stage, views: dict[str, Tensor], x: Tensor, taps: bool) -> tuple[Tensor, tuple]:
+    """A block on each record alone: its output and ``(the stage run, its expanded parameters,
+    calls, inputs, probes)``; the stage run is ``stage`` less the layers :func:`_discover` found
+    used outside their calls."""
+    for inner in stage.inner if taps else ():
+        if _hooked(inner.module):
+            raise _validate.DpoptError(f"engine='ghost': layer {inner.path!r} has hooks registered after the "
+                                       "oracle was made; make the oracle again (a hooked layer runs per record)")
+    expanded, every, shared = _parameters(stage, views, x)
+    if taps and stage.inner:
+        run, calls = _discover(stage, shared, every, x)
+        if run is not stage:
+            return run_block(run, views, x, taps)
+    if not (taps and stage.inner):
+        out, _ = _per_record(stage, every, x, shared)
+        return out, (stage, expanded, (), (), ())
+    probes = tuple(torch.zeros((len(x), *shape), dtype=dtype, device=x.device, requires_grad=True)
+                   for _, shape, dtype in calls)
+    tap = _Tap(stage, calls, probes)
+    with tap.hooked():
+        out, inputs = _per_record(stage, every, x, shared, tap)
+    if len(inputs) != len(calls):
+        raise _validate.DpoptError(f"engine='ghost': module {stage.path!r} called fewer of its layers than on the "
+                                   "records it was first traced with: its forward branches on the data; use "
+                                   "engine='vmap'")
+    return out, (stage, expanded, calls, inputs, probes)
+
+
+def _parameters(stage: Stage, views: dict[str, Tensor], x: Tensor
+                ) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]:
+    """A block's own parameters expanded to one copy per record (by local name, and by every
+    alias), and its ghost layers' parameters, shared by all records (by alias)."""
+    expanded = {local: views[name].expand(len(x), *views[name].shape) for local, name in stage.names}
+    every = {alias: expanded[local] for (local, _), aliases in zip(stage.names, stage.aliases) for alias in aliases}
+    shared = {alias: views[name] for inner in stage.inner
+              for (_, name), aliases in zip(inner.names, inner.aliases) for alias in aliases}
+    return expanded, every, shared
