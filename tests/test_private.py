@@ -137,6 +137,10 @@ def test_no_step_beyond_the_plan_and_no_mixing():
     private.backward()
     with pytest.raises(DpoptError, match="the 2 planned steps are done"):
         private.backward()
+    idle = dpopt.Private(model(), loss, (X, y), epsilon=2.0, delta=DELTA, steps=2, batch_size=20, seed=0)
+    with pytest.raises(DpoptError, match="step=0 was not taken"):
+        for _ in idle:
+            pass
 
 
 def test_o2nc_has_no_gradient_for_an_optimizer_but_steps_on_its_own():
@@ -186,6 +190,8 @@ def test_bad_arguments_are_named():
     X, y = data()
     with pytest.raises(DpoptError, match="give exactly one of them"):
         dpopt.Private(model(), loss, (X, y), epsilon=1.0, delta=DELTA, steps=3, epochs=1.0)
+    with pytest.raises(DpoptError, match="algorithm='dp-sgd' by name needs an epsilon"):
+        dpopt.Private(model(), loss, (X, y), epsilon=None, delta=DELTA, steps=3)
     with pytest.raises(DpoptError, match="algorithm='storm' is not private"):
         dpopt.Private(model(), loss, (X, y), algorithm="storm", epsilon=1.0, delta=DELTA, steps=3)
 

@@ -51,6 +51,11 @@ Compared with Opacus, opake and optax:
   ``dpsgd`` takes per-example gradients the user computed and leaves sampling and accounting to
   the user); here sampling, clipping, noise and the ledger cannot be separated.
 
+What the guarantee covers: the releases of ``Private`` (``backward`` *replaces* ``.grad``, so a
+gradient the loop computed itself is discarded) and what is computed from them. It does not cover
+anything else the loop computes from the training data (a training loss printed per step, a
+non-private backward added to the private gradient).
+
 Checkpoints (:meth:`save`, :meth:`Private.resume`) hold the algorithm's state, both generators,
 the step and the ledger in dpopt's checkpoint format (no pickle); they are secret, like the
 seed. The optimizer's state is the user's to save (``optimizer.state_dict()``).
@@ -108,6 +113,9 @@ class Private:
             if algorithm in NON_PRIVATE:
                 raise _validate.DpoptError(f"algorithm={algorithm!r} is not private (ε = ∞): train it with dpopt.run as "
                                            "a non-private reference")
+            if epsilon is None:
+                raise _validate.DpoptError(f"epsilon=None keeps the noise multipliers of an algorithm object; "
+                                           f"algorithm={algorithm!r} by name needs an epsilon to calibrate to")
             algorithm = build(algorithm, n=n, batch_size=batch_size, lr=lr, clip=clip, **options)
         elif options:
             raise _validate.DpoptError(f"options {sorted(options)} build an algorithm by name; algorithm="
@@ -136,9 +144,14 @@ class Private:
         return self.steps
 
     def __iter__(self) -> Iterator[int]:
-        """The remaining step numbers t, up to the planned steps."""
+        """The remaining step numbers t, up to the planned steps; each iteration must take its
+        step (``backward()`` or ``step()``)."""
         while self.stepper.t < self.steps:
-            yield self.stepper.t
+            t = self.stepper.t
+            yield t
+            if self.stepper.t == t:
+                raise _validate.DpoptError(f"step={t} was not taken: call private.backward() (or private.step()) once "
+                                           "in every iteration over private")
 
     def backward(self) -> None:
         """Step t: draw B_t, release g̃_t (the algorithm's ``step``; its event goes to the ledger)

@@ -176,7 +176,7 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int | None = None, 
         theta0: Tensor | None = None, accountant: str = "pld", noise_source: NoiseSource | None = None,
         test_error: Callable[[Tensor], float] | None = None, log_every: int | None = None,
         checkpoint_path: str | Path | None = None, checkpoint_every: int | None = None,
-        max_epsilon: float | None = None, progress: bool | None = False, diagnostics: bool = False,
+        max_epsilon: float | None = None, progress: bool | None = None, diagnostics: bool = False,
         train_metrics: bool = True, diagnostic_sample: int | None = None,
         log_metrics: Callable[[Tensor], dict[str, float]] | None = None) -> History:
     """Train ``algorithm`` on ``oracle`` for ``steps`` steps and return the :class:`History`.
