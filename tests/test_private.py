@@ -49,7 +49,7 @@ class Counting(Dataset):
         return self.X[i], self.y[i]
 
 
-@pytest.mark.parametrize("algorithm", ["dp-sgd", "dp-srm", "dp-gd", "rrpsgd"])
+@pytest.mark.parametrize("algorithm", ["dp-sgd", "dp-srm", "dp-gd", "rrpsgd", "aclip"])
 def test_sgd_on_the_private_gradient_is_the_run(algorithm):
     """torch.optim.SGD(lr=η) on g̃_t takes exactly the steps dpopt.run takes with the same seed
     (float64 module): the release comes from the same code path, the optimizer is θ − η g̃."""

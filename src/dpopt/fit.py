@@ -30,7 +30,7 @@ from . import _validate
 from .algorithms.by_name import NON_PRIVATE
 from .oracles import TorchModel, records
 from .private import Private
-from .train import History, drive
+from .train import DIAGNOSTIC_SAMPLE, History, drive
 
 #: Test records classified per forward pass.
 TEST_CHUNK = 4096
@@ -60,7 +60,8 @@ def fit(model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], train_dat
         microbatch_size: int = 512, test_data: Dataset | tuple[Tensor, Tensor] | None = None,
         log_every: int | None = None, checkpoint_path: str | Path | None = None,
         checkpoint_every: int | None = None, progress: bool | None = None, diagnostics: bool = False,
-        train_metrics: bool = True, diagnostic_sample: int | None = 4096, **options: Any) -> History:
+        train_metrics: bool = True, diagnostic_sample: int | None = DIAGNOSTIC_SAMPLE,
+        **options: Any) -> History:
     """Train ``model`` with ``algorithm`` at (``epsilon``, ``delta``) for ``epochs`` passes.
 
     ``options`` go to :func:`dpopt.algorithms.by_name.build` (``clip_diff``, ``gamma``,

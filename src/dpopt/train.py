@@ -65,6 +65,9 @@ class History:
             "theta": self.theta.tolist()}
 
 
+#: Training records the diagnostics F(θ) and ‖∇F(θ)‖ are measured on by default (spread evenly).
+DIAGNOSTIC_SAMPLE = 10_000
+
 SEEDED = "seeded by the user: the run is reproducible and its guarantee rests on the seed staying secret"
 FROM_OS = "seeded from the operating system (secret; saved in checkpoints, which are secret too)"
 SYSTEM = "release noise from the operating system's CSPRNG"
@@ -177,7 +180,7 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int | None = None, 
         test_error: Callable[[Tensor], float] | None = None, log_every: int | None = None,
         checkpoint_path: str | Path | None = None, checkpoint_every: int | None = None,
         max_epsilon: float | None = None, progress: bool | None = None, diagnostics: bool = False,
-        train_metrics: bool = True, diagnostic_sample: int | None = None,
+        train_metrics: bool = True, diagnostic_sample: int | None = DIAGNOSTIC_SAMPLE,
         log_metrics: Callable[[Tensor], dict[str, float]] | None = None) -> History:
     """Train ``algorithm`` on ``oracle`` for ``steps`` steps and return the :class:`History`.
 
@@ -195,8 +198,9 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int | None = None, 
 
     ``diagnostics=True`` adds, at the same log points, apart and labelled as not private
     (:attr:`History.diagnostics`): F(θ_t) and ‖∇F(θ_t)‖ on the training data (unless
-    ``train_metrics=False``; on ``diagnostic_sample`` records spread evenly over the data set, or
-    all records for None: on a large data set each costs a full pass), the realised data passes
+    ``train_metrics=False``; on ``diagnostic_sample`` records spread evenly over the data set, by
+    default :data:`DIAGNOSTIC_SAMPLE`, or on all records for None: each then costs a full pass),
+    the realised data passes
     Σ|B_t|/n, the CPU and wall time of training so far, ``log_metrics(θ) -> {name: value}``
     (measurement only: it must not touch the generators) and the algorithm's own
     ``diagnostics(state)`` (O2NC: how often its clips bit). Nothing of this is computed without
@@ -231,7 +235,7 @@ def drive(stepper: Stepper, *, seed: int | None, delta: float, theta0: Tensor,
           test_error: Callable[[Tensor], float] | None = None, log_every: int | None = None,
           checkpoint_path: str | Path | None = None, checkpoint_every: int | None = None,
           max_epsilon: float | None = None, progress: bool | None = False, diagnostics: bool = False,
-          train_metrics: bool = True, diagnostic_sample: int | None = None,
+          train_metrics: bool = True, diagnostic_sample: int | None = DIAGNOSTIC_SAMPLE,
           log_metrics: Callable[[Tensor], dict[str, float]] | None = None) -> History:
     """:func:`run`'s loop over ``stepper`` (at step 0, started from ``theta0`` with ``seed``):
     logging, diagnostics, checkpoints and divergence as :func:`run` documents them."""
