@@ -229,3 +229,22 @@ def test_test_error_is_measured_in_eval_mode():
     oracle = TorchModel(net, loss, X, y)
     assert a.final["test_error"] == oracle.error(a.theta, X, y)
     assert steps_for_epochs(build("dp-sgd", n=N, batch_size=40), N, 1) == 5
+
+
+def test_a_lazy_dataset_gives_the_tensors_results_in_chunks():
+    """Full passes (loss, gradient) and a DP-GD run over a lazy dataset read it chunk by chunk and
+    equal those over the same records as tensors."""
+    X, y = data()
+    lazy = TorchModel(model(), loss, Counting(X, y), microbatch_size=64)
+    dense = TorchModel(model(), loss, X, y, microbatch_size=64)
+    theta = dense.flat_params().double()
+    assert float(lazy.loss(theta)) == pytest.approx(float(dense.loss(theta)), rel=1e-6)
+    assert torch.allclose(lazy.gradient(theta), dense.gradient(theta), atol=1e-6)
+    assert lazy.data_digest != TorchModel(model(), loss, Counting(X, 1 - y)).data_digest
+    a = dpopt.Private(model(), loss, Counting(X, y), algorithm="dp-gd", epsilon=2.0, delta=DELTA, steps=3, seed=0)
+    b = dpopt.Private(model(), loss, (X, y), algorithm="dp-gd", epsilon=2.0, delta=DELTA, steps=3, seed=0)
+    for _ in a:
+        a.step()
+    for _ in b:
+        b.step()
+    assert torch.allclose(a.output(), b.output(), atol=1e-6)

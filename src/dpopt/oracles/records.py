@@ -30,6 +30,8 @@ class Records(Protocol):
 
     def gather(self, indices: Tensor) -> tuple[Tensor, Tensor]: ...
 
+    def chunks(self, size: int) -> Iterator[tuple[Tensor, Tensor]]: ...
+
     def digest(self) -> str: ...
 
 
@@ -48,6 +50,10 @@ class Tensors:
     def gather(self, indices: Tensor) -> tuple[Tensor, Tensor]:
         indices = indices.to(self.X.device)
         return self.X[indices], self.y[indices]
+
+    def chunks(self, size: int) -> Iterator[tuple[Tensor, Tensor]]:
+        """All records in order, ``size`` at a time (slices, not copies)."""
+        return zip(self.X.split(size), self.y.split(size))
 
     def digest(self) -> str:
         return sha256_of(self.X, self.y)
@@ -80,6 +86,7 @@ class Lazy:
                 torch.stack([torch.as_tensor(y) for _, y in pairs]))
 
     def chunks(self, size: int) -> Iterator[tuple[Tensor, Tensor]]:
+        """All records in order, ``size`` at a time."""
         for part in torch.arange(len(self)).split(size):
             yield self.gather(part)
 

@@ -133,8 +133,8 @@ class TorchModel:
     interact, except inside modules that ``engine`` runs per record (all of them for "vmap";
     for "ghost", every module not in ``known_layers``); ``loss_fn(output, target) -> [B]``;
     ``X [n, ...]``, ``y [n, ...]`` tensors, or ``X`` a map-style Dataset of ``(x, y)`` pairs and
-    ``y`` None, read lazily by index (:mod:`dpopt.oracles.records`; floating-point X is cast to the module's dtype chunk
-    by chunk; they are not to be modified after: the oracle reuses the records and the
+    ``y`` None, read lazily by index (:mod:`dpopt.oracles.records`; floating-point X is cast to
+    the module's dtype chunk by chunk; they are not to be modified after: the oracle reuses the records and the
     per-record results of its recent calls); ``engine``: "ghost" (default) or "vmap";
     ``known_layers``: the layer types the ghost engine may run on the whole batch
     (:data:`~dpopt.oracles.ghost.KNOWN_LAYERS`, extended with ``.with_per_record(MyLayer)``);
@@ -216,10 +216,7 @@ class TorchModel:
         algorithm (DIFF2, DP-GD) asks for the same records twice a round, and gathering a large
         data set (BlogFeedback: 48k × 280 float64) costs as much as the forward pass."""
         if indices is None:
-            if isinstance(self.records, records.Lazy):
-                return [self._on_device(x, y) for x, y in self.records.chunks(self.microbatch_size)]
-            return [self._on_device(x, y) for x, y in zip(self.X.split(self.microbatch_size),
-                                                          self.y.split(self.microbatch_size))]
+            return [self._on_device(x, y) for x, y in self.records.chunks(self.microbatch_size)]
         indices = torch.as_tensor(indices).cpu()
         last_indices, last_chunks = self._gathered
         if last_indices is not None and torch.equal(last_indices, indices):
