@@ -16,7 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
-from torch.utils.data import TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
 
 from .. import _validate
 from .digest import sha256_of
@@ -63,6 +63,11 @@ class Lazy:
     """The records ``dataset[i] = (x_i, y_i)`` of a map-style dataset, read when asked for."""
 
     def __init__(self, dataset: Any, name: str = "train_data") -> None:
+        if isinstance(dataset, DataLoader):
+            raise _validate.DpoptError(
+                f"{name} is a DataLoader: pass its dataset ({name}.dataset) instead. dpopt draws the batches itself, "
+                "by index, from a secret generator (Poisson sampling, which the privacy accounting assumes); a "
+                "loader's own batches would not match the accounting")
         if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
             raise _validate.DpoptError(f"{name} must be a map-style torch Dataset of (x, y) pairs (with __getitem__ "
                                        f"and __len__) or a tuple (X, y), not {type(dataset).__name__}")
