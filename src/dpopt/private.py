@@ -51,6 +51,11 @@ Compared with Opacus, opake and optax:
   ``dpsgd`` takes per-example gradients the user computed and leaves sampling and accounting to
   the user); here sampling, clipping, noise and the ledger cannot be separated.
 
+Output classification (:mod:`dpopt.outputs`): everything ``Private`` hands out is private — the
+releases g̃_t, the parameters, ε and its ledger, the public plan (``steps``, ``t``); it measures
+nothing else on the training data (no diagnostics: :func:`dpopt.fit` and :func:`dpopt.run` give
+them when asked, labelled NOT PRIVATE).
+
 What the guarantee covers: the releases of ``Private`` (``backward`` *replaces* ``.grad``, so a
 gradient the loop computed itself is discarded) and what is computed from them. It does not cover
 anything else the loop computes from the training data (a training loss printed per step, a
