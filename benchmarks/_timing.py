@@ -97,6 +97,13 @@ def summary(rows: list[dict[str, float]], key: str = "seconds") -> dict[str, flo
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def at_most(name: str, value: float, target: float) -> tuple[str, dict[str, Any]]:
+    """A ratio check "``value`` ≤ ``target``×": its verdict sentence and its row of the targets table."""
+    passed = value <= target
+    sentence = f"**{name} = {value:.3f}×**. Target ≤ {target}×: **{'PASS' if passed else 'FAIL'}**."
+    return sentence, {"name": name, "value": value, "target": f"≤ {target}×", "passed": passed}
+
+
 def load_sentence(others: float, busy_advice: str) -> str:
     """How busy the machine was while measuring (``others`` from :func:`other_processes_share`), as
     a report's sentence; above :data:`QUIET` it flags the timings and ends with ``busy_advice``."""

@@ -7,10 +7,11 @@ from .accounting import Ledger, calibrate, epsilon_of
 from .algorithms import DIFF2, DPAGD, DPSGD, DPSRM, O2NC, AClip, O2NCMulti, LocalSteps, RestartedAClip, Stage, Storm, dp_gd, rrpsgd
 from .fit import fit
 from .mechanisms import SeededNoise, SystemNoise
+from .private import Private
 from .train import History, run
 
 __all__ = [
-    "AClip", "DIFF2", "DPAGD", "DPSGD", "DPSRM", "History", "Ledger", "LocalSteps", "O2NC", "O2NCMulti", "RestartedAClip",
-    "SeededNoise", "Stage", "Storm", "SystemNoise", "calibrate", "dp_gd", "epsilon_of", "fit", "rrpsgd", "run",
+    "AClip", "DIFF2", "DPAGD", "DPSGD", "DPSRM", "History", "Ledger", "LocalSteps", "O2NC", "O2NCMulti", "Private",
+    "RestartedAClip", "SeededNoise", "Stage", "Storm", "SystemNoise", "calibrate", "dp_gd", "epsilon_of", "fit", "rrpsgd", "run",
 ]
 __version__ = "0.1.0"

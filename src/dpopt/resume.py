@@ -52,12 +52,18 @@ def check(path: Path, saved: dict[str, Any], described: dict[str, str], algorith
     name = f"checkpoint={str(path)!r}"
     if not (isinstance(saved, dict) and set(saved) == KEYS):
         raise DpoptError(f"{name} is not a checkpoint of dpopt.run (it holds other data); it was not used")
-    _check_settings(name, saved["settings"], described)
-    done = saved["step"]
+    check_settings(name, saved["settings"], described)
+    return checked_ledger(name, saved["ledger"], saved["step"], algorithm, n=n, steps=steps, stop_at=stop_at)
+
+
+def checked_ledger(name: str, state: Any, done: Any, algorithm: Any, *, n: int, steps: int, stop_at: int) -> Ledger:
+    """The ledger saved as ``state`` after ``done`` steps, refused (naming checkpoint ``name``)
+    unless it records what ``algorithm``'s plan for ``steps`` steps spends in those steps
+    (:func:`check` says how)."""
     if type(done) is not int or not 0 <= done <= stop_at:
         raise DpoptError(f"{name} records step={done!r}, not a step in [0, {stop_at}] of this run")
     try:
-        ledger = Ledger.from_state(saved["ledger"])
+        ledger = Ledger.from_state(state)
     except (KeyError, TypeError, ValueError) as err:
         raise DpoptError(f"{name} holds no ledger ({err}); it was not used") from None
     relation = algorithm.relation()
@@ -76,7 +82,7 @@ def check(path: Path, saved: dict[str, Any], described: dict[str, str], algorith
     return ledger
 
 
-def _check_settings(name: str, saved: Any, described: dict[str, str]) -> None:
+def check_settings(name: str, saved: Any, described: dict[str, str]) -> None:
     """Refuse a checkpoint whose settings differ, naming the first setting that does."""
     if not isinstance(saved, dict):
         raise DpoptError(f"{name} records no settings; it was not used")

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -62,6 +64,9 @@ class History:
         return {key: value for key, value in dataclasses.asdict(self).items() if key != "theta"} | {
             "theta": self.theta.tolist()}
 
+
+#: Training records the diagnostics F(θ) and ‖∇F(θ)‖ are measured on by default (spread evenly).
+DIAGNOSTIC_SAMPLE = 10_000
 
 SEEDED = "seeded by the user: the run is reproducible and its guarantee rests on the seed staying secret"
 FROM_OS = "seeded from the operating system (secret; saved in checkpoints, which are secret too)"
@@ -124,12 +129,59 @@ def step(algorithm: Any, oracle: Oracle, state: Any, t: int, ledger: Ledger,
     return state, len(indices)
 
 
+@dataclasses.dataclass
+class Stepper:
+    """The moving parts of one run: the algorithm and its state, the oracle, the ledger, the
+    sampling generator and the noise source, and the next step ``t`` of ``steps`` planned.
+
+    :meth:`step` is step t of the run (:func:`step`); :func:`run` and :class:`dpopt.Private` (so
+    :func:`dpopt.fit`) drive the same object, so every release comes from one code path."""
+
+    algorithm: Any
+    oracle: Oracle
+    steps: int
+    state: Any
+    ledger: Ledger
+    sample_gen: torch.Generator
+    source: NoiseSource
+    origin: str  # where the randomness comes from (History.randomness)
+    t: int = 0
+
+    @classmethod
+    def start(cls, algorithm: Any, oracle: Oracle, *, steps: int, theta0: Tensor, seed: int | None = None,
+              noise_source: NoiseSource | None = None, accountant: str = "pld") -> Stepper:
+        """Step 0 of a run from ``theta0``, its randomness as :func:`randomness` says."""
+        sample_gen, source, origin = randomness(seed, noise_source)
+        state = algorithm.init(theta0, steps, sample_gen)
+        return cls(algorithm, oracle, steps, state, Ledger(algorithm.relation(), accountant), sample_gen, source,
+                   origin)
+
+    @functools.cached_property
+    def planned(self) -> Any:
+        """``algorithm.planned_event(n, steps)``: the second entry the ledger is checked against."""
+        return self.algorithm.planned_event(self.oracle.n, self.steps)
+
+    def step(self) -> int:
+        """Step t: draw its batch, let the algorithm step, record the event; returns the batch size."""
+        self.state, size = step(self.algorithm, self.oracle, self.state, self.t, self.ledger, self.sample_gen,
+                                self.source)
+        self.t += 1
+        return size
+
+    def epsilon(self, delta: float) -> float:
+        """The guarantee ε(δ) so far (:func:`dpopt.accounting.guarantee`: the ledger, checked
+        against the plan; a privacy filter's total)."""
+        return epsilon_of(guarantee(self.ledger.event(), self.planned), delta, self.ledger.relation,
+                          self.ledger.accountant)
+
+
 def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int | None = None, delta: float = 1e-5,
         theta0: Tensor | None = None, accountant: str = "pld", noise_source: NoiseSource | None = None,
         test_error: Callable[[Tensor], float] | None = None, log_every: int | None = None,
         checkpoint_path: str | Path | None = None, checkpoint_every: int | None = None,
-        max_epsilon: float | None = None, progress: bool = False, diagnostics: bool = False,
-        train_metrics: bool = True, log_metrics: Callable[[Tensor], dict[str, float]] | None = None) -> History:
+        max_epsilon: float | None = None, progress: bool | None = None, diagnostics: bool = False,
+        train_metrics: bool = True, diagnostic_sample: int | None = DIAGNOSTIC_SAMPLE,
+        log_metrics: Callable[[Tensor], dict[str, float]] | None = None) -> History:
     """Train ``algorithm`` on ``oracle`` for ``steps`` steps and return the :class:`History`.
 
     Randomness: without ``seed`` the sampling and the noise are seeded from the operating system
@@ -144,11 +196,15 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int | None = None, 
     passes. ``final`` holds the same at the algorithm's output. After every logged step the
     ledger is checked against ``algorithm.planned_event(n, steps)`` (:func:`dpopt.accounting.guarantee`).
 
-    ``diagnostics=True`` adds, apart and labelled as not private (:attr:`History.diagnostics`):
-    F(θ_t) and ‖∇F(θ_t)‖ on the training data (unless ``train_metrics=False``: on a large data set
-    each costs a full pass), the realised data passes Σ|B_t|/n, the CPU and wall time of
-    training so far, ``log_metrics(θ) -> {name: value}`` (measurement only: it must not touch
-    the generators) and the algorithm's own ``diagnostics(state)`` (O2NC: how often its clips bit).
+    ``diagnostics=True`` adds, at the same log points, apart and labelled as not private
+    (:attr:`History.diagnostics`): F(θ_t) and ‖∇F(θ_t)‖ on the training data (unless
+    ``train_metrics=False``; on ``diagnostic_sample`` records spread evenly over the data set, by
+    default :data:`DIAGNOSTIC_SAMPLE`, or on all records for None: each then costs a full pass),
+    the realised data passes
+    Σ|B_t|/n, the CPU and wall time of training so far, ``log_metrics(θ) -> {name: value}``
+    (measurement only: it must not touch the generators) and the algorithm's own
+    ``diagnostics(state)`` (O2NC: how often its clips bit). Nothing of this is computed without
+    ``diagnostics=True``. ``progress``: a progress bar (None: when standard error is a terminal).
 
     With ``checkpoint_path`` the run resumes from that file if it exists and writes it every
     ``checkpoint_every`` steps. With ``max_epsilon`` it stops before the first step whose planned
@@ -161,95 +217,117 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int | None = None, 
     """
     _validate.positive_int("steps", steps)
     _validate.open_unit("delta", delta)
-    log_every = max(1, steps // 50) if log_every is None else _validate.positive_int("log_every", log_every)
-    n = oracle.n
-    for t in sorted({0, 1, steps - 1}):
-        _validate.positive_int("batch_size", int(algorithm.sampler(t, n).expected_size), maximum=n, maximum_name="n")
     if getattr(oracle, "shares_noise", False) and (
             not isinstance(noise_source, SeededNoise | None) or isinstance(getattr(algorithm, "noise", None), Discrete)):
         raise _validate.DpoptError(
             f"noise_source={noise_source!r} / noise={getattr(algorithm, 'noise', None)!r} draws independently in "
             "every process: a data-parallel oracle needs the seeded noise, one draw shared by every rank")
     theta0 = torch.zeros(oracle.dim, dtype=torch.float64) if theta0 is None else theta0.to(torch.float64)
+    stepper = Stepper.start(algorithm, oracle, steps=steps, theta0=theta0, seed=seed, noise_source=noise_source,
+                            accountant=accountant)
+    return drive(stepper, seed=seed, delta=delta, theta0=theta0, test_error=test_error, log_every=log_every,
+                 checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, max_epsilon=max_epsilon,
+                 progress=progress, diagnostics=diagnostics, train_metrics=train_metrics,
+                 diagnostic_sample=diagnostic_sample, log_metrics=log_metrics)
+
+
+def drive(stepper: Stepper, *, seed: int | None, delta: float, theta0: Tensor,
+          test_error: Callable[[Tensor], float] | None = None, log_every: int | None = None,
+          checkpoint_path: str | Path | None = None, checkpoint_every: int | None = None,
+          max_epsilon: float | None = None, progress: bool | None = False, diagnostics: bool = False,
+          train_metrics: bool = True, diagnostic_sample: int | None = DIAGNOSTIC_SAMPLE,
+          log_metrics: Callable[[Tensor], dict[str, float]] | None = None) -> History:
+    """:func:`run`'s loop over ``stepper`` (at step 0, started from ``theta0`` with ``seed``):
+    logging, diagnostics, checkpoints and divergence as :func:`run` documents them."""
+    algorithm, oracle, steps = stepper.algorithm, stepper.oracle, stepper.steps
+    _validate.open_unit("delta", delta)
+    log_every = max(1, steps // 50) if log_every is None else _validate.positive_int("log_every", log_every)
+    if diagnostic_sample is not None:
+        _validate.positive_int("diagnostic_sample", diagnostic_sample)
+    n = oracle.n
+    for t in sorted({0, 1, steps - 1}):
+        _validate.positive_int("batch_size", int(algorithm.sampler(t, n).expected_size), maximum=n, maximum_name="n")
     stop_at = steps
     if max_epsilon is not None:
         _validate.positive("max_epsilon", max_epsilon)
-        stop_at = affordable_steps(algorithm, n, steps, delta, max_epsilon, accountant)
-    theta0_digest = hashlib.sha256(theta0.cpu().numpy().tobytes()).hexdigest()
-    described = resume.describe(algorithm, oracle, steps=steps, seed="from the operating system" if seed is None else seed,
-                                delta=delta, theta0=theta0_digest, accountant=accountant, max_epsilon=max_epsilon,
-                                log_every=log_every, noise_source=type(noise_source).__name__, diagnostics=diagnostics)
+        stop_at = affordable_steps(algorithm, n, steps, delta, max_epsilon, stepper.ledger.accountant)
     path = Path(checkpoint_path) if checkpoint_path else None
+    described: dict[str, str] = {}
+    if path is not None:  # the settings a checkpoint must match (the data digest is one pass over the data)
+        theta0_digest = hashlib.sha256(theta0.cpu().numpy().tobytes()).hexdigest()
+        described = resume.describe(
+            algorithm, oracle, steps=steps, seed="from the operating system" if seed is None else seed, delta=delta,
+            theta0=theta0_digest, accountant=stepper.ledger.accountant, max_epsilon=max_epsilon, log_every=log_every,
+            noise_source=type(stepper.source).__name__,
+            diagnostics=diagnostics)
+    if progress is None:
+        progress = sys.stderr.isatty()
     with lock.held(path) if path is not None else contextlib.nullcontext():
-        return _train(algorithm, oracle, steps=steps, stop_at=stop_at, seed=seed, noise_source=noise_source,
-                      delta=delta, theta0=theta0, accountant=accountant, test_error=test_error, log_every=log_every,
-                      path=path, checkpoint_every=checkpoint_every, max_epsilon=max_epsilon, progress=progress,
-                      diagnostics=diagnostics, train_metrics=train_metrics, log_metrics=log_metrics,
-                      described=described)
+        return _train(stepper, stop_at=stop_at, delta=delta, test_error=test_error, log_every=log_every, path=path,
+                      checkpoint_every=checkpoint_every, max_epsilon=max_epsilon, progress=progress,
+                      diagnostics=diagnostics, train_metrics=train_metrics, diagnostic_sample=diagnostic_sample,
+                      log_metrics=log_metrics, described=described)
 
 
-def _train(algorithm: Any, oracle: Oracle, *, steps: int, stop_at: int, seed: int | None,
-           noise_source: NoiseSource | None, delta: float, theta0: Tensor, accountant: str,
-           test_error: Callable[[Tensor], float] | None, log_every: int, path: Path | None,
-           checkpoint_every: int | None, max_epsilon: float | None, progress: bool, diagnostics: bool,
-           train_metrics: bool, log_metrics: Callable[[Tensor], dict[str, float]] | None,
-           described: dict[str, str]) -> History:
-    """:func:`run` once its arguments are checked (and with ``path``, its lock held)."""
+def _train(stepper: Stepper, *, stop_at: int, delta: float, test_error: Callable[[Tensor], float] | None,
+           log_every: int, path: Path | None, checkpoint_every: int | None, max_epsilon: float | None,
+           progress: bool, diagnostics: bool, train_metrics: bool, diagnostic_sample: int | None,
+           log_metrics: Callable[[Tensor], dict[str, float]] | None, described: dict[str, str]) -> History:
+    """:func:`drive` once its arguments are checked (and with ``path``, its lock held)."""
+    algorithm, oracle, steps = stepper.algorithm, stepper.oracle, stepper.steps
     n = oracle.n
-    planned = algorithm.planned_event(n, steps)
-    sample_gen, source, origin = randomness(seed, noise_source)
-    state = algorithm.init(theta0, steps, sample_gen)
-    ledger = Ledger(algorithm.relation(), accountant)
     records: list[dict[str, float]] = []
     logged: list[dict[str, float]] = []
-    start, visited, expected, cpu_spent, wall_spent, diverged_at = 0, 0, 0.0, 0.0, 0.0, None
+    visited, expected, cpu_spent, wall_spent, diverged_at = 0, 0.0, 0.0, 0.0, None
     if path is not None:
         checkpoint.remove_stale(path)  # under the lock: no live writer of path
     if path is not None and path.exists():
         saved = checkpoint.load(path)
-        ledger = resume.check(path, saved, described, algorithm, n=n, steps=steps, stop_at=stop_at)
-        state, start, visited, records = saved["state"], saved["step"], saved["visited"], saved["records"]
+        stepper.ledger = resume.check(path, saved, described, algorithm, n=n, steps=steps, stop_at=stop_at)
+        stepper.state, stepper.t, visited, records = saved["state"], saved["step"], saved["visited"], saved["records"]
         expected, logged = saved["expected"], saved["diagnostics"]
-        sample_gen.set_state(saved["sample_gen"])
-        source.generator.set_state(saved["noise_gen"])
+        stepper.sample_gen.set_state(saved["sample_gen"])
+        stepper.source.generator.set_state(saved["noise_gen"])
         cpu_spent, wall_spent, diverged_at = saved["cpu_time_s"], saved["wall_time_s"], saved["diverged_at"]
+    start = stepper.t
+    sample = None if diagnostic_sample is None or diagnostic_sample >= n else torch.linspace(
+        0, n - 1, diagnostic_sample).round().long()
 
     # what is logged: the algorithm's output so far where it defines one (averaging), else θ_t
     current = getattr(algorithm, "running_output", lambda state: state.theta)
 
-    def claimed() -> float:
-        return epsilon_of(guarantee(ledger.event(), planned), delta, ledger.relation, accountant)
-
     def measure(theta: Tensor) -> dict[str, float]:
-        return {"epsilon": claimed(), "test_error": test_error(theta) if test_error else math.nan,
+        return {"epsilon": stepper.epsilon(delta), "test_error": test_error(theta) if test_error else math.nan,
                 "expected_passes": expected / n}
+
+    def gradient(theta: Tensor) -> Tensor:
+        return oracle.gradient(theta) if sample is None else oracle.gradient_sum(theta, sample) / len(sample)
 
     def diagnose(theta: Tensor) -> dict[str, float]:
         return {
-            "objective": float(oracle.loss(theta)) if train_metrics else math.nan,
-            "grad_norm": float(oracle.gradient(theta).norm()) if train_metrics else math.nan,
+            "objective": float(oracle.loss(theta, sample)) if train_metrics else math.nan,
+            "grad_norm": float(gradient(theta).norm()) if train_metrics else math.nan,
             "passes": visited / n, "cpu_time_s": cpu_spent, "wall_time_s": wall_spent,
         } | (log_metrics(theta) if log_metrics else {})
 
     def save(t: int) -> None:
         checkpoint.save(path, {
-            "settings": described, "step": t, "state": state, "visited": visited, "expected": expected,
-            "records": records, "diagnostics": logged, "sample_gen": sample_gen.get_state(),
-            "noise_gen": source.generator.get_state(), "ledger": ledger.state(),
+            "settings": described, "step": t, "state": stepper.state, "visited": visited, "expected": expected,
+            "records": records, "diagnostics": logged, "sample_gen": stepper.sample_gen.get_state(),
+            "noise_gen": stepper.source.generator.get_state(), "ledger": stepper.ledger.state(),
             "cpu_time_s": cpu_spent, "wall_time_s": wall_spent, "diverged_at": diverged_at})
 
     bar = tqdm(total=stop_at, initial=start, disable=not progress, desc=type(algorithm).__name__, leave=False)
     for t in range(start, stop_at if diverged_at is None else start):  # (a diverged checkpoint: no step)
         cpu_start, wall_start = time.process_time(), time.perf_counter()
-        state, batch_size = step(algorithm, oracle, state, t, ledger, sample_gen, source)
-        visited += batch_size
+        visited += stepper.step()
         expected += algorithm.sampler(t, n).expected_size
         cpu_spent += time.process_time() - cpu_start
         wall_spent += time.perf_counter() - wall_start
         bar.update()
-        finite = bool(torch.isfinite(state.theta).all())
+        finite = bool(torch.isfinite(stepper.state.theta).all())
         if not finite or (t + 1) % log_every == 0 or t + 1 == stop_at:
-            theta_t = current(state)
+            theta_t = current(stepper.state)
             records.append({"step": t + 1} | measure(theta_t))
             if diagnostics:
                 logged.append({"step": t + 1} | diagnose(theta_t))
@@ -262,15 +340,17 @@ def _train(algorithm: Any, oracle: Oracle, *, steps: int, stop_at: int, seed: in
     done = stop_at if diverged_at is None else diverged_at
     if path is not None:
         save(done)  # a diverged run's too: its ledger holds every step taken
-    theta = algorithm.output(state)
+    theta = algorithm.output(stepper.state)
     report = None
     if diagnostics:
-        own = algorithm.diagnostics(state) if hasattr(algorithm, "diagnostics") else {}
+        own = algorithm.diagnostics(stepper.state) if hasattr(algorithm, "diagnostics") else {}
         report = {"label": NOT_PRIVATE, "records": logged, "final": diagnose(theta) | own}
     if diverged_at is not None:
         stopped = f"diverged at step {diverged_at}: θ has non-finite entries"
     else:
         stopped = None if stop_at == steps else f"max_epsilon={max_epsilon} reached"
+    ledger = stepper.ledger
     return History(records=records, final=measure(theta), theta=theta, delta=delta,
                    accountant=ledger.accountant, neighboring_relation=ledger.neighboring_relation,
-                   steps_done=done, randomness=origin, stopped=stopped, diagnostics=report, diverged_at=diverged_at)
+                   steps_done=done, randomness=stepper.origin, stopped=stopped, diagnostics=report,
+                   diverged_at=diverged_at)

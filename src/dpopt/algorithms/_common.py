@@ -43,6 +43,22 @@ class Algorithm(Protocol):
     def planned_event(self, n: int, steps: int) -> DpEvent: ...
 
 
+@runtime_checkable
+class Directed(Protocol):
+    """An algorithm whose update is θ_{t+1} = θ_t − η_t·g̃_t, with g̃_t its private gradient estimate
+    (its noised release after its own post-processing, e.g. momentum): ``direction(state)`` is
+    the g̃_t of the step that produced ``state``, and ``moved(state, theta)`` is that state with
+    θ_{t+1} replaced by ``theta`` (what another update rule, e.g. a ``torch.optim`` optimizer,
+    made of g̃_t: post-processing, no privacy cost). The state's other parts (momentum, output
+    rule, averages) then follow ``theta``. :class:`dpopt.Private` hands g̃_t to the user's optimizer
+    through these two methods and nothing else: the estimate comes from ``step``, the code path
+    of :func:`dpopt.run`."""
+
+    def direction(self, state: Any) -> Tensor: ...
+
+    def moved(self, state: Any, theta: Tensor) -> Any: ...
+
+
 @dataclass(frozen=True)
 class Batch:
     """The records step ``t`` sees and the sampler that chose them (for ``wrap`` and the

@@ -60,6 +60,7 @@ class AClipState(NamedTuple):
     theta: Tensor
     iterate_sum: Tensor  # Σ x^k over the current stage's steps so far
     count: int
+    direction: Tensor    # g̃_{k−1}, the last step's noised clipped mean (zero before the first)
 
 
 def _project(theta: Tensor, radius: float) -> Tensor:
@@ -78,11 +79,11 @@ def _aclip_step(state: AClipState, batch: Batch, oracle: Oracle, source: mechani
     mean = oracle.gradient_sum(state.theta, batch.indices) / batch.sampler.expected_size
     noised, event = mechanisms.gaussian(clipping.clip_aggregate(mean, clip), noise_multiplier, source, noise)
     theta = _project(state.theta.add(noised, alpha=-lr), radius)
-    return AClipState(theta, state.iterate_sum + theta, state.count + 1), batch.sampler.wrap(event)
+    return AClipState(theta, state.iterate_sum + theta, state.count + 1, noised), batch.sampler.wrap(event)
 
 
 def _start(theta0: Tensor) -> AClipState:
-    return AClipState(theta0.clone(), torch.zeros_like(theta0), 0)
+    return AClipState(theta0.clone(), torch.zeros_like(theta0), 0, torch.zeros_like(theta0))
 
 
 def _average(state: AClipState) -> Tensor:
@@ -132,6 +133,15 @@ class AClip:
     def running_output(self, state: AClipState) -> Tensor:
         """The output if the run stopped now (what the training loop logs)."""
         return _average(state)
+
+    def direction(self, state: AClipState) -> Tensor:
+        """g̃_k = clip(g_k, λ) + noise of the last step."""
+        return state.direction
+
+    def moved(self, state: AClipState, theta: Tensor) -> AClipState:
+        """x^{k+1} := ``theta`` (the average then counts ``theta``; no projection: the new rule is
+        the caller's)."""
+        return state._replace(theta=theta, iterate_sum=state.iterate_sum - state.theta + theta)
 
     def planned_event(self, n: int, steps: int) -> dpa.DpEvent:
         step = self.sampler(0, n).wrap(self.noise.event(self.noise_multiplier))

@@ -31,6 +31,7 @@ from ._common import OUTPUT_RULES, Batch, Output, check_noise, output_init, outp
 class DPSGDState(NamedTuple):
     theta: Tensor
     out: Output
+    direction: Tensor  # g̃_{t−1}, the last step's private estimate (zero before the first)
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ class DPSGD:
         return self.sampling.of(n, self.batch_size)
 
     def init(self, theta0: Tensor, steps: int, gen: torch.Generator) -> DPSGDState:
-        return DPSGDState(theta0.clone(), output_init(self.output_rule, theta0, steps, gen))
+        return DPSGDState(theta0.clone(), output_init(self.output_rule, theta0, steps, gen), torch.zeros_like(theta0))
 
     def step(self, state: DPSGDState, batch: Batch, oracle: Oracle,
              source: mechanisms.NoiseSource) -> tuple[DPSGDState, dpa.DpEvent]:
@@ -77,7 +78,15 @@ class DPSGD:
         noised, event = mechanisms.gaussian(clipped, self.noise_multiplier, source, self.noise)
         out = output_track(state.out, batch.t, state.theta)
         theta = state.theta.add(noised, alpha=-self.lr / batch.sampler.expected_size)
-        return DPSGDState(theta, out), batch.sampler.wrap(event)
+        return DPSGDState(theta, out, noised / batch.sampler.expected_size), batch.sampler.wrap(event)
+
+    def direction(self, state: DPSGDState) -> Tensor:
+        """g̃_t = (noised clipped sum)/b of the last step."""
+        return state.direction
+
+    def moved(self, state: DPSGDState, theta: Tensor) -> DPSGDState:
+        """θ_{t+1} := ``theta`` (the output rule tracks it from the next step on)."""
+        return state._replace(theta=theta)
 
     def output(self, state: DPSGDState) -> Tensor:
         return output_value(state.out, state.theta)

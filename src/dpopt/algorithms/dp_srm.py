@@ -111,6 +111,14 @@ class DPSRM:
         theta = state.theta - self._step_size(momentum) * momentum
         return DPSRMState(theta, state.theta, momentum, out), batch.sampler.wrap(event)
 
+    def direction(self, state: DPSRMState) -> Tensor:
+        """g̃_t = v^t, the private momentum of the last step."""
+        return state.momentum
+
+    def moved(self, state: DPSRMState, theta: Tensor) -> DPSRMState:
+        """θ^{t+1} := ``theta``; θ^t (for the next gradient difference) and v^t are kept."""
+        return state._replace(theta=theta)
+
     def _step_size(self, momentum: Tensor) -> float:
         if self.step_rule == "plain":
             return self.lr

@@ -76,7 +76,8 @@ class Problem:
     def run(self, algorithm: Any, seed: int, settings: dict[str, Any]) -> History:
         history = with_diagnostics(run(algorithm, self.oracle, seed=seed, test_error=self.test_error,
                                        theta0=self.theta0, diagnostics=True, train_metrics=self.train_metrics,
-                                       log_metrics=self.log_metrics, **settings))
+                                       log_metrics=self.log_metrics, progress=False, diagnostic_sample=None,
+                                       **settings))
         if self.extra_metrics is not None:
             history.final.update(self.extra_metrics(history.theta))
         if self.history_metrics is not None:

@@ -61,7 +61,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from .. import _validate
 from ..clipping import Dense
 from . import ghost
-from .digest import sha256_of
+from . import records
 
 ENGINES = ("vmap", "ghost")
 RECENT = 2  #: per-record results kept for reuse (the two points of a gradient difference)
@@ -135,8 +135,9 @@ class TorchModel:
     ``module``: an ``nn.Module`` without BatchNorm or torch's recurrent layers whose records do not
     interact, except inside modules that ``engine`` runs per record (all of them for "vmap";
     for "ghost", every module not in ``known_layers``); ``loss_fn(output, target) -> [B]``;
-    ``X [n, ...]``, ``y [n, ...]`` tensors (floating-point X is cast to the module's dtype chunk
-    by chunk; they are not to be modified after: the oracle reuses the records and the
+    ``X [n, ...]``, ``y [n, ...]`` tensors, or ``X`` a map-style Dataset of ``(x, y)`` pairs and
+    ``y`` None, read lazily by index (:mod:`dpopt.oracles.records`; floating-point X is cast to
+    the module's dtype chunk by chunk; they are not to be modified after: the oracle reuses the records and the
     per-record results of its recent calls); ``engine``: "ghost" (default) or "vmap";
     ``known_layers``: the layer types the ghost engine may run on the whole batch
     (:data:`~dpopt.oracles.ghost.KNOWN_LAYERS`, extended with ``.with_per_record(MyLayer)``);
@@ -146,7 +147,8 @@ class TorchModel:
     forward/backward with its fixed cost (~10 % of a step of the MNIST CNN).
     """
 
-    def __init__(self, module: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], X: Tensor, y: Tensor, *,
+    def __init__(self, module: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], X: Tensor | records.Records,
+                 y: Tensor | None = None, *,
                  engine: str = "ghost", microbatch_size: int = 512,
                  known_layers: ghost.Registry = ghost.KNOWN_LAYERS) -> None:
         if not isinstance(module, nn.Module):
@@ -158,10 +160,9 @@ class TorchModel:
             raise _validate.DpoptError(f"known_layers={type(known_layers).__name__} must be a "
                                        "dpopt.oracles.ghost.Registry (e.g. ghost.KNOWN_LAYERS.with_per_record(...))")
         self.microbatch_size = _validate.positive_int("microbatch_size", microbatch_size)
-        self.X, self.y = torch.as_tensor(X), torch.as_tensor(y)
-        if self.X.ndim < 1 or self.y.ndim < 1 or len(self.X) != len(self.y) or len(self.X) == 0:
-            raise _validate.DpoptError(f"X.shape={tuple(self.X.shape)} and y.shape={tuple(self.y.shape)} must hold "
-                                       "the same number n >= 1 of records along their first dimension")
+        self.records = records.of(X, y)
+        if isinstance(self.records, records.Tensors):
+            self.X, self.y = self.records.X, self.records.y
         params = {name: p for name, p in module.named_parameters() if p.requires_grad}
         if not params:
             raise _validate.DpoptError("module has no trainable parameters (requires_grad=True)")
@@ -171,7 +172,7 @@ class TorchModel:
         self.module, self.loss_fn = module, loss_fn
         self.dtype, self.device = next(iter(kinds))
         self.layout = Layout.of(module)
-        self.n, self.dim = len(self.X), self.layout.dim
+        self.n, self.dim = len(self.records), self.layout.dim
         self.stages = (ghost.plan(module, {id(p): name for name, p in params.items()}, known_layers)
                        if engine == "ghost" else ())
         self._gathered: tuple[Tensor | None, list[tuple[Tensor, Tensor]]] = (None, [])
@@ -182,7 +183,7 @@ class TorchModel:
     @functools.cached_property
     def data_digest(self) -> str:
         """sha256 of the training data (X and y), computed once: checkpoints of other data differ."""
-        return sha256_of(self.X, self.y)
+        return self.records.digest()
 
     def flat_params(self) -> Tensor:
         """θ0: the module's current trainable parameters, flattened (a copy)."""
@@ -218,13 +219,12 @@ class TorchModel:
         algorithm (DIFF2, DP-GD) asks for the same records twice a round, and gathering a large
         data set (BlogFeedback: 48k × 280 float64) costs as much as the forward pass."""
         if indices is None:
-            return [self._on_device(x, y) for x, y in zip(self.X.split(self.microbatch_size),
-                                                          self.y.split(self.microbatch_size))]
-        indices = torch.as_tensor(indices).to(self.X.device)
+            return [self._on_device(x, y) for x, y in self.records.chunks(self.microbatch_size)]
+        indices = torch.as_tensor(indices).cpu()
         last_indices, last_chunks = self._gathered
         if last_indices is not None and torch.equal(last_indices, indices):
             return last_chunks
-        chunks = [self._on_device(self.X[part], self.y[part])
+        chunks = [self._on_device(*self.records.gather(part))
                   for part in (indices.split(self.microbatch_size) if len(indices) else ())]
         self._gathered = (indices.clone(), chunks)
         return chunks
@@ -322,7 +322,7 @@ class TorchModel:
         clipped loss, so no record may move another's)."""
         with torch.no_grad():
             columns = [torch.cat([self._record_losses(self._theta(t), x, y) for x, y in self._chunks(indices)]
-                                 or [self.X.new_zeros(0, dtype=self.dtype, device=self.device)]) for t in thetas]
+                                 or [torch.zeros(0, dtype=self.dtype, device=self.device)]) for t in thetas]
         return torch.stack(columns, dim=1).to(thetas.device, thetas.dtype)
 
     def _record_losses(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:

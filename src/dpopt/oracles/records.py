@@ -1,0 +1,117 @@
+"""Where an oracle's training records come from: tensors in memory, or a map-style Dataset read
+lazily by index.
+
+A :class:`Records` is ``n = len(records)`` records ``(x_i, y_i)`` that an oracle reads by index:
+``gather(indices)`` stacks the records ``indices`` into a pair of tensors. :class:`Tensors` slices
+two tensors ``X [n, ...]``, ``y [n, ...]``; :class:`Lazy` calls ``dataset[i]`` for each index
+asked for (``__getitem__`` and ``__len__``: a ``torch.utils.data.Dataset``), so the data set need
+not fit in memory: a step reads only its batch, a full pass reads it chunk by chunk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, TensorDataset
+
+from .. import _validate
+from .digest import sha256_of
+
+
+@runtime_checkable
+class Records(Protocol):
+    """Records read by index; ``digest()`` tells one data set from another (checkpoints)."""
+
+    def __len__(self) -> int: ...
+
+    def gather(self, indices: Tensor) -> tuple[Tensor, Tensor]: ...
+
+    def chunks(self, size: int) -> Iterator[tuple[Tensor, Tensor]]: ...
+
+    def digest(self) -> str: ...
+
+
+class Tensors:
+    """The records ``(X[i], y[i])`` of two tensors with the same first dimension n ≥ 1."""
+
+    def __init__(self, X: Tensor, y: Tensor) -> None:
+        self.X, self.y = torch.as_tensor(X), torch.as_tensor(y)
+        if self.X.ndim < 1 or self.y.ndim < 1 or len(self.X) != len(self.y) or len(self.X) == 0:
+            raise _validate.DpoptError(f"X.shape={tuple(self.X.shape)} and y.shape={tuple(self.y.shape)} must hold "
+                                       "the same number n >= 1 of records along their first dimension")
+
+    def __len__(self) -> int:
+        return len(self.X)
+
+    def gather(self, indices: Tensor) -> tuple[Tensor, Tensor]:
+        indices = indices.to(self.X.device)
+        return self.X[indices], self.y[indices]
+
+    def chunks(self, size: int) -> Iterator[tuple[Tensor, Tensor]]:
+        """All records in order, ``size`` at a time (slices, not copies)."""
+        return zip(self.X.split(size), self.y.split(size))
+
+    def digest(self) -> str:
+        return sha256_of(self.X, self.y)
+
+
+class Lazy:
+    """The records ``dataset[i] = (x_i, y_i)`` of a map-style dataset, read when asked for."""
+
+    def __init__(self, dataset: Any, name: str = "train_data") -> None:
+        if isinstance(dataset, DataLoader):
+            raise _validate.DpoptError(
+                f"{name} is a DataLoader: pass its dataset ({name}.dataset) instead. dpopt draws the batches itself, "
+                "by index, from a secret generator (Poisson sampling, which the privacy accounting assumes); a "
+                "loader's own batches would not match the accounting")
+        if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+            raise _validate.DpoptError(f"{name} must be a map-style torch Dataset of (x, y) pairs (with __getitem__ "
+                                       f"and __len__) or a tuple (X, y), not {type(dataset).__name__}")
+        if len(dataset) == 0:
+            raise _validate.DpoptError(f"{name} is empty")
+        first = dataset[0]
+        if not (isinstance(first, (tuple, list)) and len(first) == 2):
+            raise _validate.DpoptError(f"{name} must be a map-style torch Dataset of (x, y) pairs or a tuple (X, y): "
+                                       f"{name}[0] is a {type(first).__name__}, not an (x, y) pair")
+        self.dataset, self.name = dataset, name
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def gather(self, indices: Tensor) -> tuple[Tensor, Tensor]:
+        pairs = [self.dataset[i] for i in indices.tolist()]
+        if not pairs:
+            x, y = self.dataset[0]
+            return (torch.as_tensor(x).unsqueeze(0)[:0], torch.as_tensor(y).unsqueeze(0)[:0])
+        return (torch.stack([torch.as_tensor(x) for x, _ in pairs]),
+                torch.stack([torch.as_tensor(y) for _, y in pairs]))
+
+    def chunks(self, size: int) -> Iterator[tuple[Tensor, Tensor]]:
+        """All records in order, ``size`` at a time."""
+        for part in torch.arange(len(self)).split(size):
+            yield self.gather(part)
+
+    def digest(self) -> str:
+        """sha256 over every record in order (one pass over the data set)."""
+        digest = hashlib.sha256()
+        for x, y in self.chunks(1024):
+            digest.update(sha256_of(x, y).encode())
+        return digest.hexdigest()
+
+
+def of(data: Any, y: Tensor | None = None, name: str = "train_data") -> Tensors | Lazy:
+    """Records from tensors ``(data, y)``, a pair ``data = (X, y)``, a ``TensorDataset(X, y)``
+    (sliced, not read record by record) or any map-style dataset of ``(x, y)`` pairs (lazy)."""
+    if isinstance(data, Tensors | Lazy):
+        return data
+    if y is not None:
+        return Tensors(data, y)
+    if isinstance(data, tuple) and len(data) == 2 and all(isinstance(part, Tensor) for part in data):
+        return Tensors(*data)
+    if isinstance(data, TensorDataset) and len(data.tensors) == 2:
+        return Tensors(*data.tensors)
+    return Lazy(data, name)

@@ -1,0 +1,259 @@
+"""``dpopt.Private``: your model, your loop, your optimizer; dpopt's private gradient.
+
+    private = dpopt.Private(model, loss_fn, train_set, algorithm="dp-sgd", epsilon=3.0, delta=1e-5,
+                            epochs=5, batch_size=256, clip=1.0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in private:                  # the planned steps, no more
+        private.backward()             # p.grad = the algorithm's private estimate g̃_t
+        optimizer.step()
+    private.epsilon()                  # the guarantee, from the ledger
+
+Step t draws its batch B_t from the run's secret sampling generator (Poisson, fixed size without
+replacement, or the full data, as the algorithm says), reads only those records of the
+map-style dataset, and runs the algorithm's ``step`` — the code path of :func:`dpopt.run`, with
+the same mechanisms, the same :class:`~dpopt.accounting.Ledger` and the same double entry against
+``planned_event`` (:class:`dpopt.train.Stepper`). ``backward`` then writes g̃_t, the algorithm's
+noised release after its own post-processing (DP-SGD and DP-GD: (Σ clip(∇f_i, C) + noise)/b;
+DP-SRM: its momentum v^t; AClip: clip(batch mean, λ) + noise; RRPSGD as DP-SGD) into each
+parameter's ``.grad``. Whatever the optimizer, its momentum, weight decay or learning-rate schedule
+make of g̃_t is post-processing of released values and costs no privacy; so is anything the user
+does to the parameters between steps. The next step's gradients are taken where the optimizer
+left the parameters. ``step()`` instead applies the algorithm's own update (every single-machine
+algorithm, O2NC and DP-AGD included; :func:`dpopt.fit` is this loop).
+
+Algorithms whose update is not θ ← θ − η·g̃ are refused by ``backward`` with the reason:
+O2NC (its release estimates the gradient at a random point between iterates and drives the
+online learner's increment Δ, clipped to a ball, not the parameters), DP-AGD (the step size is
+itself a private choice), R-AClip (each stage restarts from an average). Their ``step()`` runs.
+
+Compared with Opacus, opake and optax:
+
+* Opacus ``make_private`` / ``make_private_with_epsilon`` — kept: the user's module, optimizer
+  and LR scheduler; calibration of the noise to a target (ε, δ) for a number of epochs; Poisson
+  sampling by default. Rejected: wrapping the module in a GradSampleModule with hooks and
+  attributes left on it and on its tensors (nothing here outlives a call: the module is read
+  with ``torch.func.functional_call``), the DPOptimizer subclass ladder (noise is not the
+  optimizer's business: any ``torch.optim`` optimizer consumes ``.grad``), a DataLoader swapped
+  for another (the batches are drawn here, by index, from a generator that is secret unless a
+  seed is given), and an accountant that counts optimizer steps (here every release returns
+  its own event, checked against the plan). ``BatchMemoryManager`` — kept: the logical
+  (Poisson) batch is processed in physical chunks of ``microbatch_size`` records; rejected: the
+  user-visible loop over physical batches and skipped optimizer steps (the chunks are internal,
+  the user sees one step per logical batch).
+* opake (functional DP on ``torch.func``) — kept: no hooks, explicit state (the algorithm's
+  state is a NamedTuple, the randomness explicit generators, checkpointed), clipping and noise as
+  functions. Rejected: assembling clip, noise and accounting by hand in the user's loop, where
+  a forgotten or doubled event goes unnoticed; here the release and its event come out of one
+  mechanism call.
+* optax ``chain`` — kept: the private gradient is the first transformation of a chain whose
+  later links (the user's optimizer) are pure post-processing, with state of their own.
+  Rejected: the privacy-relevant link as a user-composable transformation (optax's
+  ``dpsgd`` takes per-example gradients the user computed and leaves sampling and accounting to
+  the user); here sampling, clipping, noise and the ledger cannot be separated.
+
+Output classification (:mod:`dpopt.outputs`): everything ``Private`` hands out is private — the
+releases g̃_t, the parameters, ε and its ledger, the public plan (``steps``, ``t``); it measures
+nothing else on the training data (no diagnostics: :func:`dpopt.fit` and :func:`dpopt.run` give
+them when asked, labelled NOT PRIVATE).
+
+What the guarantee covers: the releases of ``Private`` (``backward`` *replaces* ``.grad``, so a
+gradient the loop computed itself is discarded) and what is computed from them. It does not cover
+anything else the loop computes from the training data (a training loss printed per step, a
+non-private backward added to the private gradient).
+
+Checkpoints (:meth:`save`, :meth:`Private.resume`) hold the algorithm's state, both generators,
+the step and the ledger in dpopt's checkpoint format (no pickle); they are secret, like the
+seed. The optimizer's state is the user's to save (``optimizer.state_dict()``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from . import _validate, checkpoint
+from .accounting import Ledger, calibrate
+from .algorithms._common import Directed
+from .algorithms.by_name import NON_PRIVATE, build, steps_for_epochs
+from .mechanisms import NoiseSource
+from .oracles import TorchModel, records
+from .train import Stepper
+
+#: The keys of a :meth:`Private.save` checkpoint.
+KEYS = frozenset({"private", "step", "state", "sample_gen", "noise_gen", "ledger"})
+
+
+class Private:
+    """Private gradients of ``loss_fn(module(x), y)`` over ``data`` for a loop of one's own.
+
+    ``module``: the user's ``nn.Module`` (trained in place; its parameters are θ). ``loss_fn``:
+    one loss per record (``reduction="none"``). ``data``: a map-style dataset of ``(x, y)``
+    pairs (``__getitem__``/``__len__``, e.g. a ``torch.utils.data.Dataset``; read lazily, only the
+    records of each batch), a ``TensorDataset`` or a pair of tensors. ``algorithm``: a name of
+    :mod:`dpopt.algorithms.by_name` (built with ``batch_size``, ``clip`` and ``options``; ``lr``
+    matters only to ``step()``) or an algorithm object. ``epsilon``: calibrate the noise to
+    (ε, ``delta``) for the planned steps (``epochs`` or ``steps``); None keeps an algorithm
+    object's noise multipliers. ``seed``: None draws the sampling and the noise from a seed
+    from the operating system (secret); with a seed the run is reproducible and the guarantee
+    rests on the seed staying secret. ``engine``, ``microbatch_size``: per-record gradients
+    (:class:`~dpopt.oracles.TorchModel`).
+    """
+
+    def __init__(self, module: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], data: Any, *,
+                 algorithm: str | Any = "dp-sgd", epsilon: float | None, delta: float, epochs: float | None = None,
+                 steps: int | None = None, batch_size: int = 256, clip: float = 1.0, lr: float = 0.1,
+                 seed: int | None = None, accountant: str = "pld", engine: str = "ghost", microbatch_size: int = 512,
+                 noise_source: NoiseSource | None = None, **options: Any) -> None:
+        _validate.open_unit("delta", delta)
+        if (epochs is None) == (steps is None):
+            raise _validate.DpoptError(f"epochs={epochs!r}, steps={steps!r}: give exactly one of them")
+        self.module = module
+        self.oracle = TorchModel(module, loss_fn, records.of(data), engine=engine, microbatch_size=microbatch_size)
+        n = self.oracle.n
+        if isinstance(algorithm, str):
+            if algorithm in NON_PRIVATE:
+                raise _validate.DpoptError(f"algorithm={algorithm!r} is not private (ε = ∞): train it with dpopt.run as "
+                                           "a non-private reference")
+            if epsilon is None:
+                raise _validate.DpoptError(f"epsilon=None keeps the noise multipliers of an algorithm object; "
+                                           f"algorithm={algorithm!r} by name needs an epsilon to calibrate to")
+            algorithm = build(algorithm, n=n, batch_size=batch_size, lr=lr, clip=clip, **options)
+        elif options:
+            raise _validate.DpoptError(f"options {sorted(options)} build an algorithm by name; algorithm="
+                                       f"{type(algorithm).__name__} is already built")
+        if steps is None:
+            steps = steps_for_epochs(algorithm, n, epochs)
+        self.steps = _validate.positive_int("steps", steps)
+        if epsilon is not None:
+            _validate.positive("epsilon", epsilon)
+            algorithm = calibrate(algorithm, epsilon=epsilon, delta=delta, n=n, steps=self.steps, accountant=accountant)
+        self.algorithm, self.delta = algorithm, delta
+        self.theta0 = self.oracle.flat_params().to(torch.float64)
+        self.stepper = Stepper.start(algorithm, self.oracle, steps=self.steps, theta0=self.theta0, seed=seed,
+                                     noise_source=noise_source, accountant=accountant)
+        self._params = [p for name, p in module.named_parameters() if name in set(self.oracle.layout.names)]
+        self._own_update: bool | None = None  # step() (True) or backward() (False), fixed by the first call
+
+    # ------------------------------------------------------------------------------ the loop
+
+    @property
+    def t(self) -> int:
+        """Steps taken."""
+        return self.stepper.t
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Iterator[int]:
+        """The remaining step numbers t, up to the planned steps; each iteration must take its
+        step (``backward()`` or ``step()``)."""
+        while self.stepper.t < self.steps:
+            t = self.stepper.t
+            yield t
+            if self.stepper.t == t:
+                raise _validate.DpoptError(f"step={t} was not taken: call private.backward() (or private.step()) once "
+                                           "in every iteration over private")
+
+    def backward(self) -> None:
+        """Step t: draw B_t, release g̃_t (the algorithm's ``step``; its event goes to the ledger)
+        and write it into the parameters' ``.grad`` (replacing what was there), at the
+        parameters' dtype and device. The gradients are taken at the module's current
+        parameters."""
+        if not isinstance(self.algorithm, Directed):
+            raise _validate.DpoptError(
+                f"algorithm={type(self.algorithm).__name__} has no private gradient for an optimizer of your own: its "
+                "update is not θ ← θ − η·g (O2NC: its release is the gradient at a random point between iterates and "
+                "drives a clipped increment; DP-AGD: the step size is itself a private choice; R-AClip: stages "
+                "restart from an average). Use Private.step() (its own update) or dpopt.fit")
+        self._mode(own_update=False)
+        self.stepper.state = self.algorithm.moved(self.stepper.state, self._theta())
+        self._advance()
+        direction = self.algorithm.direction(self.stepper.state)
+        views = self.oracle.layout.views(direction)
+        for name, param in zip(self.oracle.layout.names, self._params):
+            param.grad = views[name].to(param.device, param.dtype).clone()
+
+    def step(self) -> None:
+        """Step t with the algorithm's own update (as :func:`dpopt.run` takes it); the module's
+        parameters then hold the iterate θ_{t+1} (the state keeps it in float64)."""
+        self._mode(own_update=True)
+        self._advance()
+        self.oracle.load(self.stepper.state.theta)
+
+    def _advance(self) -> None:
+        if self.stepper.t >= self.steps:
+            raise _validate.DpoptError(f"step={self.stepper.t}: the {self.steps} planned steps are done; the noise "
+                                       "was calibrated for them and another step would spend more than epsilon")
+        self.stepper.step()
+
+    def _mode(self, *, own_update: bool) -> None:
+        if self._own_update is None:
+            self._own_update = own_update
+        elif self._own_update != own_update:
+            raise _validate.DpoptError("backward() and step() cannot be mixed in one run: backward() hands the "
+                                       "private gradient to your optimizer, step() applies the algorithm's own update")
+
+    def _theta(self) -> Tensor:
+        """θ: the module's current parameters, flat, in float64."""
+        return self.oracle.flat_params().to(torch.float64)
+
+    # ---------------------------------------------------------------------- what it releases
+
+    @property
+    def ledger(self) -> Ledger:
+        """The events of the releases so far."""
+        return self.stepper.ledger
+
+    def epsilon(self) -> float:
+        """The guarantee ε(δ) of the steps so far (a privacy filter: its total), the ledger
+        checked against the planned event."""
+        return self.stepper.epsilon(self.delta)
+
+    def output(self) -> Tensor:
+        """The algorithm's output θ (flat, float64): its output rule (last iterate, RRPSGD's
+        random iterate, AClip's average) over the iterates so far."""
+        if self._own_update is False:
+            return self.algorithm.output(self.algorithm.moved(self.stepper.state, self._theta()))
+        return self.algorithm.output(self.stepper.state)
+
+    def load_output(self) -> nn.Module:
+        """Write :meth:`output` into the module; returns it."""
+        return self.oracle.load(self.output())
+
+    # ---------------------------------------------------------------------------- checkpoints
+
+    def _described(self) -> dict[str, str]:
+        return {"algorithm": repr(self.algorithm), "n": str(self.oracle.n), "dim": str(self.oracle.dim),
+                "steps": str(self.steps), "delta": repr(self.delta), "data": self.oracle.data_digest}
+
+    def save(self, path: str | Path) -> None:
+        """Write the run's state (secret: it holds the generators) to ``path``, atomically."""
+        state = self.stepper.state
+        if self._own_update is False:
+            state = self.algorithm.moved(state, self._theta())
+        checkpoint.save(Path(path), {
+            "private": self._described(), "step": self.stepper.t, "state": state,
+            "sample_gen": self.stepper.sample_gen.get_state(), "noise_gen": self.stepper.source.generator.get_state(),
+            "ledger": self.stepper.ledger.state()})
+
+    def resume(self, path: str | Path) -> None:
+        """Continue from a :meth:`save` of the same run (same algorithm, data, steps and δ),
+        whose ledger records exactly what the plan spends in its steps; the module gets the
+        saved θ."""
+        from . import resume as resuming
+
+        saved = checkpoint.load(Path(path))
+        name = f"checkpoint={str(path)!r}"
+        if not (isinstance(saved, dict) and set(saved) == KEYS):
+            raise _validate.DpoptError(f"{name} is not a checkpoint of dpopt.Private; it was not used")
+        resuming.check_settings(name, saved["private"], self._described())
+        ledger = resuming.checked_ledger(name, saved["ledger"], saved["step"], self.algorithm, n=self.oracle.n,
+                                         steps=self.steps, stop_at=self.steps)
+        self.stepper.state, self.stepper.t, self.stepper.ledger = saved["state"], saved["step"], ledger
+        self.stepper.sample_gen.set_state(saved["sample_gen"])
+        self.stepper.source.generator.set_state(saved["noise_gen"])
+        self.oracle.load(self.stepper.state.theta)
