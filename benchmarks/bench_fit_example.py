@@ -57,7 +57,7 @@ def measure(epochs: float) -> dict[str, Any]:
     algo = build("dp-sgd", n=oracle.n, batch_size=256, lr=LR)
     steps = steps_for_epochs(algo, oracle.n, epochs)
     algo = dpopt.calibrate(algo, epsilon=3.0, delta=1e-5, n=oracle.n, steps=steps)
-    sample_gen, source = train._generators(0)
+    sample_gen, source, _ = train.randomness(0)
     state, ledger = algo.init(oracle.flat_params().double(), steps, sample_gen), Ledger(algo.relation())
     for t in range(steps):
         state, _ = train.step(algo, oracle, state, t, ledger, sample_gen, source)

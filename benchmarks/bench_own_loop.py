@@ -88,7 +88,7 @@ def contenders(X: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
         start = time.perf_counter()
         model = make_model("mnist-cnn", seed=0)
         oracle = TorchModel(model, _loss, X, y)
-        sample_gen, source = train._generators(0)
+        sample_gen, source, _ = train.randomness(0)
         state, ledger = algo.init(oracle.flat_params().double(), STEPS, sample_gen), Ledger(algo.relation())
         for t in range(STEPS):
             state, _ = train.step(algo, oracle, state, t, ledger, sample_gen, source)

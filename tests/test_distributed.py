@@ -94,7 +94,7 @@ def run_case(name: str, sharded: bool) -> dict[str, Any]:
     if sharded:
         oracle = Counting(oracle)
     theta0 = oracle.flat_params() if hasattr(oracle, "flat_params") else torch.zeros(DIM, dtype=torch.float64)
-    sample_gen, noise_gen = train._generators(SEED)
+    sample_gen, noise_gen, _ = train.randomness(SEED)
     state = algorithm.init(theta0.double(), STEPS, sample_gen)
     ledger = Ledger(algorithm.relation())
     thetas = []

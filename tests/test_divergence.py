@@ -32,7 +32,7 @@ def gradient_descent() -> dpopt.Storm:
 
 def first_non_finite_step(algorithm: dpopt.Storm) -> int:
     """The step after which θ first has a non-finite entry (the run's loop, replayed)."""
-    sample_gen, noise_gen = train._generators(0)
+    sample_gen, noise_gen, _ = train.randomness(0)
     state = algorithm.init(torch.zeros(4, dtype=torch.float64), STEPS, sample_gen)
     ledger = Ledger(algorithm.relation())
     for t in range(STEPS):

@@ -43,7 +43,7 @@ def diff2(backend: Any, z: float = 1.0) -> dpopt.DIFF2:
 def trajectory(backend: Any) -> dict[str, Any]:
     """θ^1 … θ^T of dpopt.run's loop (train.step), the ledger, and one first round at z and at 0."""
     algorithm = diff2(backend)
-    sample_gen, noise_gen = train._generators(SEED)
+    sample_gen, noise_gen, _ = train.randomness(SEED)
     state = algorithm.init(torch.zeros(DIM, dtype=torch.float64), STEPS, sample_gen)
     ledger, thetas = Ledger(algorithm.relation()), []
     for t in range(STEPS):

@@ -28,7 +28,7 @@ from torch.utils.data import Dataset
 
 from . import _validate
 from .algorithms.by_name import NON_PRIVATE
-from .oracles import TorchModel, records
+from .oracles import TorchModel, ghost, records
 from .private import Private
 from .train import DIAGNOSTIC_SAMPLE, History, drive
 
@@ -57,7 +57,7 @@ def test_error(oracle: TorchModel, data: Dataset | tuple[Tensor, Tensor]) -> Cal
 def fit(model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], train_data: Dataset | tuple[Tensor, Tensor],
         *, algorithm: str = "dp-sgd", epsilon: float, delta: float, epochs: float, batch_size: int = 256,
         lr: float = 0.1, clip: float = 1.0, seed: int | None = None, accountant: str = "pld", engine: str = "ghost",
-        microbatch_size: int = 512, test_data: Dataset | tuple[Tensor, Tensor] | None = None,
+        microbatch_size: int = 512, known_layers: ghost.Registry = ghost.KNOWN_LAYERS, test_data: Dataset | tuple[Tensor, Tensor] | None = None,
         log_every: int | None = None, checkpoint_path: str | Path | None = None,
         checkpoint_every: int | None = None, progress: bool | None = None, diagnostics: bool = False,
         train_metrics: bool = True, diagnostic_sample: int | None = DIAGNOSTIC_SAMPLE,
@@ -69,7 +69,9 @@ def fit(model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], train_dat
     ``seed`` is given (see :func:`dpopt.run`). ``log_every``: steps between log points (default:
     one per epoch). ``diagnostics=True``: the non-private diagnostics of :func:`dpopt.run`, the
     training objective and gradient norm on ``diagnostic_sample`` records (None: all) unless
-    ``train_metrics=False``. ``progress``: None shows a bar on a terminal. Returns the run's
+    ``train_metrics=False``. ``known_layers``: the ghost engine's layer registry
+    (:data:`dpopt.oracles.KNOWN_LAYERS` extended with ``.with_per_record(MyLayer)``). ``progress``:
+    None shows a bar on a terminal. Returns the run's
     History (its ``final`` holds the guarantee ε and, with ``test_data``, the test error); the
     module holds the output θ.
     """
@@ -81,7 +83,7 @@ def fit(model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], train_dat
     _validate.positive("epochs", epochs)
     private = Private(model, loss_fn, train_data, algorithm=algorithm, epsilon=epsilon, delta=delta, epochs=epochs,
                       batch_size=batch_size, lr=lr, clip=clip, seed=seed, accountant=accountant, engine=engine,
-                      microbatch_size=microbatch_size, **options)
+                      microbatch_size=microbatch_size, known_layers=known_layers, **options)
     if log_every is None:
         log_every = max(1, round(private.steps / epochs))
     history = drive(private.stepper, seed=seed, delta=delta, theta0=private.theta0,

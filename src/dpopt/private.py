@@ -80,7 +80,7 @@ from .accounting import Ledger, calibrate
 from .algorithms._common import Directed
 from .algorithms.by_name import NON_PRIVATE, build, steps_for_epochs
 from .mechanisms import NoiseSource
-from .oracles import TorchModel, records
+from .oracles import TorchModel, ghost, records
 from .train import Stepper
 
 #: The keys of a :meth:`Private.save` checkpoint.
@@ -99,20 +99,23 @@ class Private:
     (ε, ``delta``) for the planned steps (``epochs`` or ``steps``); None keeps an algorithm
     object's noise multipliers. ``seed``: None draws the sampling and the noise from a seed
     from the operating system (secret); with a seed the run is reproducible and the guarantee
-    rests on the seed staying secret. ``engine``, ``microbatch_size``: per-record gradients
-    (:class:`~dpopt.oracles.TorchModel`).
+    rests on the seed staying secret. ``engine``, ``microbatch_size``, ``known_layers``: per-record
+    gradients (:class:`~dpopt.oracles.TorchModel`; ``known_layers`` extends the ghost engine's
+    registry with your own per-record layers).
     """
 
     def __init__(self, module: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], data: Any, *,
                  algorithm: str | Any = "dp-sgd", epsilon: float | None, delta: float, epochs: float | None = None,
                  steps: int | None = None, batch_size: int = 256, clip: float = 1.0, lr: float = 0.1,
                  seed: int | None = None, accountant: str = "pld", engine: str = "ghost", microbatch_size: int = 512,
-                 noise_source: NoiseSource | None = None, **options: Any) -> None:
+                 known_layers: ghost.Registry = ghost.KNOWN_LAYERS, noise_source: NoiseSource | None = None,
+                 **options: Any) -> None:
         _validate.open_unit("delta", delta)
         if (epochs is None) == (steps is None):
             raise _validate.DpoptError(f"epochs={epochs!r}, steps={steps!r}: give exactly one of them")
         self.module = module
-        self.oracle = TorchModel(module, loss_fn, records.of(data), engine=engine, microbatch_size=microbatch_size)
+        self.oracle = TorchModel(module, loss_fn, records.of(data), engine=engine, microbatch_size=microbatch_size,
+                                 known_layers=known_layers)
         n = self.oracle.n
         if isinstance(algorithm, str):
             if algorithm in NON_PRIVATE:

@@ -90,12 +90,6 @@ def randomness(seed: int | None, noise_source: NoiseSource | None = None) -> tup
     return sample_gen, SeededNoise(int(noise_seed)), SEEDED if seeded else FROM_OS
 
 
-def _generators(seed: int) -> tuple[torch.Generator, NoiseSource]:
-    """The sampling generator and noise source of a run seeded with ``seed``."""
-    sample_gen, source, _ = randomness(seed)
-    return sample_gen, source
-
-
 def affordable_steps(algorithm: Any, n: int, steps: int, delta: float, max_epsilon: float, accountant: str) -> int:
     """The largest t ≤ steps whose planned ε(δ) stays ≤ ``max_epsilon`` (bisection; ε grows with t)."""
     relation = algorithm.relation()

@@ -5,7 +5,7 @@
 (c) calibrate, then run: the run's ε is within the target;
 (d) hyper-parameter validation: a bad value raises DpoptError naming the field.
 
-The run is replayed by hand with ``train._generators`` (the generator and noise source ``dpopt.run`` uses), so
+The run is replayed by hand with ``train.randomness`` (the generator and noise source ``dpopt.run`` uses), so
 the replay's ledger is the run's ledger; the replay is checked against ``dpopt.run``'s output.
 """
 
@@ -113,7 +113,7 @@ class Replay:
 
 def replay(algo: Any, steps: int, seed: int = SEED, track_epsilon: bool = False) -> Replay:
     """``dpopt.run``'s loop, by hand: the same generators, samplers, steps and ledger."""
-    sample_gen, source = train._generators(seed)
+    sample_gen, source, _ = train.randomness(seed)
     theta0 = torch.zeros(DIM, dtype=torch.float64)
     state = algo.init(theta0, steps, sample_gen)
     ledger = Ledger(algo.relation())
@@ -228,7 +228,7 @@ def sgd_reference(lr: float, batch_size: int, sampling: str, steps: int, seed: i
                   uniform_output: bool = False) -> tuple[list[torch.Tensor], int]:
     """Plain minibatch SGD with autograd on ``oracle.loss``: θ ← θ − η·∇(Σ_{i∈B} f_i(θ))/b, b the
     sampler's expected batch size, batches drawn exactly as dpopt.run draws them."""
-    sample_gen, _ = train._generators(seed)
+    sample_gen, _, _ = train.randomness(seed)
     pick = int(torch.randint(steps, (1,), generator=sample_gen)) if uniform_output else -1
     sampler = dpopt.sampling.by_name(sampling).of(N, batch_size)
     theta = torch.zeros(DIM, dtype=torch.float64)
@@ -335,7 +335,7 @@ def o2nc_reference(algo: Any, steps: int, seed: int = SEED) -> list[torch.Tensor
     Random draws in the algorithm's order (the window from the sampling generator; per step s_t
     and the directions or points from the noise source's generator). Returns
     x_0 … x_T and the output."""
-    sample_gen, source = train._generators(seed)
+    sample_gen, source, _ = train.randomness(seed)
     noise_gen = source.generator
     pick = int(torch.randint(steps // algo.window, (1,), generator=sample_gen))
 
@@ -387,7 +387,7 @@ def mean_clipping_reference(stages: list[tuple[int, int, float, float]], radius:
     """SGD with mean clipping and iterate averaging, by hand with autograd: per stage
     (N_s, m_s, λ_s, γ_s): θ ← Proj_R(θ − γ_s·clip(∇(Σ_{i∈B} f_i)(θ)/m_s, λ_s)); after a stage,
     θ ← the stage's average of θ^1..θ^{N_s}. Returns θ^0..θ^T and appends the output."""
-    sample_gen, _ = train._generators(seed)
+    sample_gen, _, _ = train.randomness(seed)
 
     def project(theta: torch.Tensor) -> torch.Tensor:
         norm = float(theta.norm())
@@ -558,7 +558,7 @@ def test_every_algorithm_implements_the_protocols(name):
     assert isinstance(algo, Algorithm)
     assert all(isinstance(algo.sampler(t, N), Sampler) for t in range(3))
     assert isinstance(oracle(), dpopt.oracles.Oracle)
-    assert isinstance(train._generators(0)[1], NoiseSource) and isinstance(dpopt.SystemNoise(), NoiseSource)
+    assert isinstance(train.randomness(0)[1], NoiseSource) and isinstance(dpopt.SystemNoise(), NoiseSource)
 
 
 # ------------------------------------------------------------------------------------- DIFF2

@@ -110,7 +110,7 @@ def spied_run(algo: Any, steps: int, spy: Spy, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(mechanisms, "gaussian", spied_gaussian)
     monkeypatch.setattr(mechanisms.TreeAggregator, "add", spied_add)
     monkeypatch.setattr(mechanisms, "noisy_argmin", spied_argmin)
-    sample_gen, source = train._generators(3)
+    sample_gen, source, _ = train.randomness(3)
     queried = QueryOracle(spy)
     state = algo.init(torch.zeros(DIM, dtype=torch.float64), steps, sample_gen)
     ledger, thetas = Ledger(algo.relation()), [state.theta.clone()]

@@ -245,7 +245,7 @@ def test_results_come_back_in_thetas_dtype(engine):
 def sgd_reference(o: TorchModel, lr: float, batch_size: int, steps: int, seed: int) -> torch.Tensor:
     """Plain minibatch SGD with autograd through the module on the batches dpopt.run draws:
     θ ← θ − η·Σ_{i∈B} ∇ℓ_i(θ)/b, b the sampler's expected batch size."""
-    sample_gen, _ = train._generators(seed)
+    sample_gen, _, _ = train.randomness(seed)
     sampler = sampling.Poisson.of(o.n, batch_size)
     module = copy.deepcopy(o.module)
     params = list(module.parameters())
@@ -311,7 +311,7 @@ def test_private_run_with_the_torch_oracle_records_its_plan(name):
     for event, and the run reports the plan's ε."""
     o, algo, steps = oracle("ghost"), PRIVATE[name], 5
     history = dpopt.run(algo, o, steps=steps, seed=0, theta0=o.flat_params(), log_every=steps)
-    sample_gen, noise_gen = train._generators(0)
+    sample_gen, noise_gen, _ = train.randomness(0)
     state, ledger = algo.init(o.flat_params(), steps, sample_gen), Ledger(algo.relation())
     for t in range(steps):
         state, _ = train.step(algo, o, state, t, ledger, sample_gen, noise_gen)

@@ -42,7 +42,7 @@ def patience_run(algorithm: Any, problem: Problem, steps: int, seed: int, *, che
 
     Returns (final training loss, or NaN if abandoned; the run's ledger; rounds run)."""
     oracle = problem.oracle
-    sample_gen, noise_gen = train._generators(seed)
+    sample_gen, noise_gen, _ = train.randomness(seed)
     theta0 = torch.zeros(oracle.dim, dtype=torch.float64) if problem.theta0 is None else problem.theta0.double()
     state = algorithm.init(theta0, steps, sample_gen)
     ledger = Ledger(algorithm.relation())
