@@ -151,3 +151,43 @@ def in_child(script: str | Path, quick: bool) -> tuple[dict[str, Any], str]:
 def report_from_child(data: dict[str, Any]) -> None:
     """The child's side of :func:`in_child`: print ``data`` as one marked JSON line."""
     print(RESULT_MARK + json.dumps(data))
+
+
+def script(measure: Callable[..., dict[str, Any]], run: Callable[..., dict[str, Any]]) -> None:
+    """A child-measured benchmark run as a script: with ``--child`` measure for :func:`in_child`,
+    else run it and print its section and checks (``--quick`` for the short version)."""
+    quick = "--quick" in sys.argv
+    if "--child" in sys.argv:
+        report_from_child(measure(quick=quick))
+        return
+    result = run(quick=quick)
+    print(result["markdown"])
+    for check in result["checks"]:
+        print(f"{check['name']}: {check['value']:.2f} (target {check['target']}): "
+              f"{'PASS' if check['passed'] else 'FAIL'}")
+
+
+class Stepper:
+    """``steps`` calls of dpopt's ``train.step`` (what ``dpopt.run`` runs per step) of ``algorithm``
+    on ``oracle`` per measurement, continuing one run (the first call is the warm-up, so DP-SRM's
+    timed steps have t ≥ 1)."""
+
+    def __init__(self, algorithm: Any, oracle: Any, steps: int) -> None:
+        import torch
+
+        from dpopt.accounting import Ledger
+        from dpopt.mechanisms import SeededNoise
+
+        self.algorithm, self.oracle, self.steps = algorithm, oracle, steps
+        self.gens = torch.Generator().manual_seed(0), SeededNoise(1)
+        self.state = algorithm.init(oracle.flat_params().double(), 10_000, self.gens[0])
+        self.ledger, self.t = Ledger(algorithm.relation()), 0
+
+    def __call__(self) -> dict[str, float]:
+        from dpopt import train
+
+        start, records = time.perf_counter(), 0
+        for _ in range(self.steps):
+            self.state, size = train.step(self.algorithm, self.oracle, self.state, self.t, self.ledger, *self.gens)
+            self.t, records = self.t + 1, records + size
+        return {"seconds": (time.perf_counter() - start) / self.steps, "batch": records / self.steps}

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from _timing import data_dir, interleaved, mb, other_processes_share, summary
+from _timing import Stepper, data_dir, interleaved, mb, other_processes_share, summary
 
 TITLE = "AClipped-dpSGD step vs DP-SGD step, same CNN and batch"
 TARGET = 0.6
@@ -27,27 +27,6 @@ STEPS_PER_ROUND = 5
 
 def _cross_entropy(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(out, y.long(), reduction="none")
-
-
-class Stepper:
-    """``STEPS_PER_ROUND`` steps of ``algorithm`` on a torch-model oracle, continuing one run."""
-
-    def __init__(self, algorithm: Any, oracle: Any) -> None:
-        from dpopt.accounting import Ledger
-
-        self.algorithm, self.oracle = algorithm, oracle
-        self.gens = torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)
-        self.state = algorithm.init(oracle.flat_params().double(), 10_000, self.gens[0])
-        self.ledger, self.t = Ledger(algorithm.relation()), 0
-
-    def __call__(self) -> dict[str, float]:
-        from dpopt import train
-
-        start, records = time.perf_counter(), 0
-        for _ in range(STEPS_PER_ROUND):
-            self.state, size = train.step(self.algorithm, self.oracle, self.state, self.t, self.ledger, *self.gens)
-            self.t, records = self.t + 1, records + size
-        return {"seconds": (time.perf_counter() - start) / STEPS_PER_ROUND, "batch": records / STEPS_PER_ROUND}
 
 
 def _problem(model: str, X: torch.Tensor, y: torch.Tensor, batch: int) -> dict[str, Callable[[], dict[str, float]]]:
@@ -60,8 +39,8 @@ def _problem(model: str, X: torch.Tensor, y: torch.Tensor, batch: int) -> dict[s
 
     aclip = AClip(lr=0.1, clip=1.0, noise_multiplier=1.0, batch_size=batch)
     dpsgd = DPSGD(lr=0.1, clip=1.0, noise_multiplier=1.0, batch_size=batch)
-    return {"AClip": Stepper(aclip, oracle("ghost")), "DP-SGD (ghost)": Stepper(dpsgd, oracle("ghost")),
-            "DP-SGD (vmap)": Stepper(dpsgd, oracle("vmap"))}
+    return {"AClip": Stepper(aclip, oracle("ghost"), STEPS_PER_ROUND), "DP-SGD (ghost)": Stepper(dpsgd, oracle("ghost"), STEPS_PER_ROUND),
+            "DP-SGD (vmap)": Stepper(dpsgd, oracle("vmap"), STEPS_PER_ROUND)}
 
 
 def _mnist() -> tuple[torch.Tensor, torch.Tensor, str]:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import itertools
 import statistics
-import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -44,7 +43,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from _timing import (data_dir, in_child, interleaved, load_sentence, mb, other_processes_share, report_from_child,
+from _timing import (data_dir, in_child, interleaved, load_sentence, mb, other_processes_share, script,
                      summary)
 
 TITLE = "One DP-SGD epoch, logistic regression on ijcnn1: dpopt vs Opacus"
@@ -273,8 +272,4 @@ def run(quick: bool = False) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    if "--child" in sys.argv:
-        report_from_child(measure(quick="--quick" in sys.argv))
-        sys.exit(0)
-    result = run(quick="--quick" in sys.argv)
-    print(result["markdown"])
+    script(measure, run)

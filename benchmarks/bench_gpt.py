@@ -27,7 +27,6 @@ The measurement runs in a child process with ``OMP_WAIT_POLICY=PASSIVE`` (see ``
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -35,7 +34,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _timing import in_child, interleaved, load_sentence, other_processes_share, report_from_child, summary
+from _timing import Stepper, in_child, interleaved, load_sentence, other_processes_share, script, summary
 from torch import nn
 
 TITLE = "GPT-style classifier step, batch 64: dpopt DP-SGD vs plain PyTorch and Opacus"
@@ -103,29 +102,6 @@ class Plain:
         return {"seconds": (time.perf_counter() - start) / steps, "batch": float(BATCH)}
 
 
-class Stepper:
-    def __init__(self, X: torch.Tensor, y: torch.Tensor) -> None:
-        from dpopt.accounting import Ledger
-        from dpopt.algorithms import DPSGD
-        from dpopt.mechanisms import SeededNoise
-        from dpopt.oracles import TorchModel
-
-        self.algorithm = DPSGD(lr=LR, clip=CLIP, noise_multiplier=NOISE, batch_size=BATCH)
-        self.oracle = TorchModel(_model(), _cross_entropy, X, y)
-        self.gens = torch.Generator().manual_seed(0), SeededNoise(1)
-        self.state = self.algorithm.init(self.oracle.flat_params().double(), 10_000, self.gens[0])
-        self.ledger, self.t = Ledger(self.algorithm.relation()), 0
-
-    def __call__(self, steps: int = STEPS_PER_ROUND) -> dict[str, float]:
-        from dpopt import train
-
-        start, records = time.perf_counter(), 0
-        for _ in range(steps):
-            self.state, size = train.step(self.algorithm, self.oracle, self.state, self.t, self.ledger, *self.gens)
-            self.t, records = self.t + 1, records + size
-        return {"seconds": (time.perf_counter() - start) / steps, "batch": records / steps}
-
-
 class Opacus:
     def __init__(self, X: torch.Tensor, y: torch.Tensor, mode: str) -> None:
         from opacus import PrivacyEngine
@@ -164,12 +140,18 @@ class Opacus:
 
 
 def measure(quick: bool) -> dict[str, Any]:
+    from dpopt.algorithms import DPSGD
+    from dpopt.oracles import TorchModel
+
     torch.set_num_threads(THREADS)
     gen = torch.Generator().manual_seed(3)
     X = torch.randint(0, VOCAB, (N, TOKENS), generator=gen)
     y = torch.randint(0, CLASSES, (N,), generator=gen)
     contenders: dict[str, Callable[[], dict[str, float]]] = {
-        PLAIN: Plain(X, y), GHOST: Stepper(X, y), HOOKS: Opacus(X, y, "hooks"), OPACUS_GHOST: Opacus(X, y, "ghost")}
+        PLAIN: Plain(X, y),
+        GHOST: Stepper(DPSGD(lr=LR, clip=CLIP, noise_multiplier=NOISE, batch_size=BATCH),
+                       TorchModel(_model(), _cross_entropy, X, y), STEPS_PER_ROUND),
+        HOOKS: Opacus(X, y, "hooks"), OPACUS_GHOST: Opacus(X, y, "ghost")}
     repeats, budget = ((3, 3), 0.0) if quick else ((4, 8), 120.0)
     start = time.perf_counter()
     results, others = other_processes_share(lambda: interleaved(contenders, repeats, budget))
@@ -217,11 +199,4 @@ def run(quick: bool = False) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    if "--child" in sys.argv:
-        report_from_child(measure(quick="--quick" in sys.argv))
-        sys.exit(0)
-    result = run(quick="--quick" in sys.argv)
-    print(result["markdown"])
-    for check in result["checks"]:
-        print(f"{check['name']}: {check['value']:.2f}× (target {check['target']}): "
-              f"{'PASS' if check['passed'] else 'FAIL'}")
+    script(measure, run)

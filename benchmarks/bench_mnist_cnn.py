@@ -63,7 +63,6 @@ import gc
 import math
 import os
 import statistics
-import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -72,7 +71,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _timing import (data_dir, in_child, interleaved, load_sentence, mb, other_processes_share, report_from_child,
+from _timing import (Stepper, data_dir, in_child, interleaved, load_sentence, mb, other_processes_share, script,
                      status_mb, summary)
 
 TITLE = "MNIST CNN step, batch 256: dpopt DP-SGD / DP-SRM vs plain PyTorch and Opacus"
@@ -130,31 +129,6 @@ class Plain:
             loss.backward()
             optimizer.step()
         return {"seconds": (time.perf_counter() - start) / steps, "batch": float(BATCH)}
-
-
-class Stepper:
-    """``STEPS_PER_ROUND`` dpopt ``train.step`` calls of ``algorithm`` on a TorchModel oracle,
-    continuing one run (the first call is the warm-up, so DP-SRM's timed steps have t ≥ 1)."""
-
-    def __init__(self, algorithm: Any, X: torch.Tensor, y: torch.Tensor, engine: str) -> None:
-        from dpopt.accounting import Ledger
-        from dpopt.mechanisms import SeededNoise
-        from dpopt.oracles import TorchModel
-
-        self.algorithm = algorithm
-        self.oracle = TorchModel(_model(), _cross_entropy, X, y, engine=engine)
-        self.gens = torch.Generator().manual_seed(0), SeededNoise(1)
-        self.state = algorithm.init(self.oracle.flat_params().double(), 10_000, self.gens[0])
-        self.ledger, self.t = Ledger(algorithm.relation()), 0
-
-    def __call__(self, steps: int = STEPS_PER_ROUND) -> dict[str, float]:
-        from dpopt import train
-
-        start, records = time.perf_counter(), 0
-        for _ in range(steps):
-            self.state, size = train.step(self.algorithm, self.oracle, self.state, self.t, self.ledger, *self.gens)
-            self.t, records = self.t + 1, records + size
-        return {"seconds": (time.perf_counter() - start) / steps, "batch": records / steps}
 
 
 class Opacus:
@@ -235,6 +209,7 @@ def _working_set(fn: Callable[..., dict[str, float]]) -> float:
 def measure(quick: bool) -> dict[str, Any]:
     """The measurement itself (run in the child process): timings, memory, machine load."""
     from dpopt.algorithms import DPSGD, DPSRM
+    from dpopt.oracles import TorchModel
 
     torch.set_num_threads(THREADS)
     X, y, load_seconds = _mnist()
@@ -244,10 +219,10 @@ def measure(quick: bool) -> dict[str, Any]:
     contenders: dict[str, Callable[[], dict[str, float]]] = {
         PLAIN: Plain(X, y),
         PLAIN_CL: Plain(X, y, channels_last=True),
-        GHOST: Stepper(dpsgd, X, y, "ghost"),
-        SRM: Stepper(dpsrm, X, y, "ghost"),
+        GHOST: Stepper(dpsgd, TorchModel(_model(), _cross_entropy, X, y), STEPS_PER_ROUND),
+        SRM: Stepper(dpsrm, TorchModel(_model(), _cross_entropy, X, y), STEPS_PER_ROUND),
         OPACUS: Opacus(X, y),
-        VMAP: Stepper(dpsgd, X, y, "vmap"),
+        VMAP: Stepper(dpsgd, TorchModel(_model(), _cross_entropy, X, y, engine="vmap"), STEPS_PER_ROUND),
     }
     repeats, budget = ((3, 3), 0.0) if quick else ((6, 20), 80.0)
     start = time.perf_counter()
@@ -332,11 +307,4 @@ def run(quick: bool = False) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    if "--child" in sys.argv:
-        report_from_child(measure(quick="--quick" in sys.argv))
-        sys.exit(0)
-    result = run(quick="--quick" in sys.argv)
-    print(result["markdown"])
-    for check in result["checks"]:
-        print(f"{check['name']}: {check['value']:.2f}× (target {check['target']}): "
-              f"{'PASS' if check['passed'] else 'FAIL'}")
+    script(measure, run)
