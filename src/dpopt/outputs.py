@@ -60,16 +60,22 @@ PRIVATE_FIELDS = frozenset(PRIVATE_METRICS) | {
     "step", "records", "final", "theta", "delta", "accountant", "neighboring_relation", "steps_done", "stopped",
     "randomness", "algorithm", "dataset", "model", "epsilon_target", "hyperparameters", "processes", "out",
     "diagnostics", "diverged_at",
+    # a private tuning's release (dpopt.tuning): the selected run, its score on held-out data, the
+    # distribution of the number of trials, one trial's ε alone
+    "validation_score", "trial_epsilon", "trials",
 }
+#: Private fields whose content is a set of public settings named by the user (not walked).
+SETTINGS_FIELDS = frozenset({"hyperparameters"})
 #: Fields of the ``"diagnostics"`` section.
-DIAGNOSTIC_FIELDS = frozenset(DIAGNOSTIC_METRICS) | {"label", "records", "final", "step"}
+DIAGNOSTIC_FIELDS = frozenset(DIAGNOSTIC_METRICS) | {"label", "records", "final", "step", "trials_run"}
 
 
 def _keys(payload: Any, inside: bool, path: str) -> Iterator[tuple[str, bool]]:
     if isinstance(payload, dict):
         for key, value in payload.items():
             yield f"{path}.{key}".lstrip("."), inside
-            yield from _keys(value, inside or key == "diagnostics", f"{path}.{key}")
+            if key not in SETTINGS_FIELDS:
+                yield from _keys(value, inside or key == "diagnostics", f"{path}.{key}")
     elif isinstance(payload, list):
         for item in payload:
             yield from _keys(item, inside, f"{path}[]")
