@@ -194,3 +194,41 @@ def test_what_tune_writes_is_classified_and_k_only_among_the_diagnostics():
     assert outputs.unclassified(diagnosed.to_dict()) == []
     assert diagnosed.diagnostics["label"] == outputs.NOT_PRIVATE and "trials_run" not in str(plain.to_dict())
     assert math.isfinite(plain.final["validation_score"])
+
+
+# ------------------------------------------------------------------ the command line
+def test_dpopt_tune_prints_and_writes_the_guarantee_of_tuning_and_training(capsys, tmp_path):
+    import json
+
+    from dpopt.cli import main
+
+    argv = ["tune", "--algorithm", "dp-sgd", "--dataset", "adult", "--epsilon", "1", "--steps", "10",
+            "--grid", "lr=0.1,0.5", "--range", "clip=0.5,2", "--trials-mean", "2", "--seed", "1", "--json",
+            "--out", str(tmp_path)]
+    assert main(argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+    written = json.loads((tmp_path / "tuned.json").read_text())
+    trials = TruncatedNegativeBinomial(2.0, 1.0)
+    n = round(0.8 * 32561)
+    step = dpa.PoissonSampledDpEvent(256 / n, dpa.GaussianDpEvent(float(written["algorithm"].split(
+        "noise_multiplier=")[1].split(",")[0])))
+    accountant = rdp_privacy_accountant.RdpAccountant()
+    accountant.compose(dp_event.RepeatAndSelectDpEvent(dpa.SelfComposedDpEvent(step, 10), 2.0, 1.0))
+    assert printed["final"]["epsilon"] == written["final"]["epsilon"] == pytest.approx(
+        accountant.get_epsilon(1e-5), rel=1e-9)
+    assert 0.99 <= printed["final"]["epsilon"] <= 1.0 and repr(trials) == printed["trials"]
+    assert printed["hyperparameters"]["lr"] in (0.1, 0.5) and 0.5 <= printed["hyperparameters"]["clip"] <= 2
+    assert outputs.unclassified(written) == [] and written["diagnostics"] is None
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--grid", "batch_size=10,20"], "grid='batch_size' must be one of: lr, clip"),
+    (["--range", "lr=0.1"], "range lr='0.1' must be two numbers LOW,HIGH"),
+    (["--grid", "lr=0.1", "--trials-mean", "0.5"], "mean=0.5 must be >= 1"),
+    ([], "tune needs at least one --grid"),
+])
+def test_dpopt_tune_refuses_bad_input_with_exit_2(capsys, extra, message, tmp_path):
+    from dpopt.cli import main
+
+    assert main(["tune", "--algorithm", "dp-sgd", "--epsilon", "1", "--out", str(tmp_path), *extra]) == 2
+    assert message in capsys.readouterr().err

@@ -62,7 +62,7 @@ PRIVATE_FIELDS = frozenset(PRIVATE_METRICS) | {
     "diagnostics", "diverged_at",
     # a private tuning's release (dpopt.tuning): the selected run, its score on held-out data, the
     # distribution of the number of trials, one trial's ε alone
-    "validation_score", "trial_epsilon", "trials",
+    "validation_score", "trial_epsilon", "trials", "validation_fraction",
 }
 #: Private fields whose content is a set of public settings named by the user (not walked).
 SETTINGS_FIELDS = frozenset({"hyperparameters"})

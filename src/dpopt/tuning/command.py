@@ -1,0 +1,108 @@
+"""``dpopt tune``: private tuning of one algorithm on a registered data set (GLM models).
+
+The training file is split once, by a fixed public permutation, into the protected training
+records and a held-out validation split (``--validation-fraction``) on which candidates are
+scored by their error; the validation records are not protected by the guarantee. The test file
+gives the selected θ's test error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import _validate, data, report
+from ..algorithms.by_name import NON_PRIVATE, build
+from ..oracles import make
+from .space import Choice, Dimension, LogUniform, Space
+from .trials import Poisson, Trials, TruncatedNegativeBinomial
+from .tune import tune
+
+#: Hyper-parameters a private tuning may vary: they leave the privacy event unchanged.
+TUNABLE = ("lr", "clip", "clip_diff", "gamma", "obj_clip")
+MODELS = ("logistic", "nonconvex-logistic", "ridge")
+
+
+def trials_of(mean: float, shape: float) -> Trials:
+    """Poisson(mean) for shape = ∞ (dp_accounting's convention), else the truncated negative binomial."""
+    return Poisson(mean) if math.isinf(shape) else TruncatedNegativeBinomial(mean, shape)
+
+
+def _numbers(name: str, text: str) -> list[float]:
+    try:
+        return [float(value) for value in text.split(",")]
+    except ValueError:
+        raise _validate.DpoptError(f"{name}={text!r} must be comma-separated numbers") from None
+
+
+def space_of(grid: list[str], ranges: list[str]) -> Space:
+    """``--grid lr=0.1,0.3`` (one of the values) and ``--range clip=0.1,10`` (log-uniform) as a Space."""
+    dimensions: dict[str, Dimension] = {}
+    for option, specs in (("grid", grid), ("range", ranges)):
+        for spec in specs:
+            name, _, values = spec.partition("=")
+            _validate.one_of(option, name, TUNABLE)
+            numbers = _numbers(f"{option} {name}", values)
+            if option == "grid":
+                dimensions[name] = Choice(tuple(numbers))
+            elif len(numbers) != 2:
+                raise _validate.DpoptError(f"range {name}={values!r} must be two numbers LOW,HIGH")
+            else:
+                dimensions[name] = LogUniform(*numbers)
+    if not dimensions:
+        raise _validate.DpoptError("tune needs at least one --grid NAME=V1,V2,... or --range NAME=LOW,HIGH")
+    return Space(dimensions)
+
+
+def split(X: torch.Tensor, y: torch.Tensor, fraction: float) -> tuple[torch.Tensor, ...]:
+    """(X_train, y_train, X_val, y_val): a fixed public permutation (seed 0), the last ``fraction`` held out."""
+    _validate.open_unit("validation_fraction", fraction)
+    order = torch.randperm(len(X), generator=torch.Generator().manual_seed(0))
+    held = max(1, round(fraction * len(X)))
+    train, val = order[:-held], order[-held:]
+    return X[train], y[train], X[val], y[val]
+
+
+def run_tune(args: argparse.Namespace) -> dict[str, Any]:
+    """Tune ``args.algorithm`` privately, write ``tuned.json`` to ``--out``; the printed summary."""
+    _validate.one_of("dataset", args.dataset, data.names())
+    if args.algorithm in NON_PRIVATE:
+        raise _validate.DpoptError(f"algorithm={args.algorithm!r} is not private (ε = ∞): nothing to tune privately")
+    space = space_of(args.grid, args.range)
+    trials = trials_of(args.trials_mean, args.trials_shape)
+    dataset = data.load(args.dataset, args.data_dir)
+    X_train, y_train, X_val, y_val = split(torch.as_tensor(dataset.X_train), torch.as_tensor(dataset.y_train),
+                                           args.validation_fraction)
+    oracle = make(args.model, X_train, y_train, reg=args.reg)
+    X_test, y_test = torch.as_tensor(dataset.X_test), torch.as_tensor(dataset.y_test)
+    fixed = {"batch_size": args.batch_size, "sampling": args.sampling, "lr": args.lr, "clip": args.clip,
+             "clip_diff": args.clip_diff, "gamma": args.gamma}
+    tuned = tune(lambda candidate: build(args.algorithm, n=oracle.n, **(fixed | dict(candidate))), oracle,
+                 space=space, trials=trials, epsilon=args.epsilon, delta=args.delta, steps=args.steps,
+                 score=lambda theta: oracle.error(theta, X_val, y_val), seed=args.seed,
+                 test_error=lambda theta: oracle.error(theta, X_test, y_test), diagnostics=args.diagnostics)
+    out = Path(args.out or f"results/tune-{args.algorithm}-{args.dataset}")
+    payload = {"dataset": args.dataset, "model": args.model, "epsilon_target": args.epsilon,
+               "validation_fraction": args.validation_fraction, **tuned.to_dict()}
+    report.write_json(out / "tuned.json", payload)
+    return {key: value for key, value in payload.items() if key != "theta"} | {"out": str(out)}
+
+
+def summary(result: dict[str, Any]) -> str:
+    """One line per fact of a ``dpopt tune`` result."""
+    final = result["final"]
+    lines = [f"ε = {final['epsilon']:.4g} at δ = {result['delta']:g} for tuning and training ({result['accountant']}, "
+             f"{result['neighboring_relation']}); one trial alone: ε = {result['trial_epsilon']:.4g}",
+             f"trials: {result['trials']}"]
+    if result["hyperparameters"] is None:
+        lines.append("no trial was drawn (K = 0): nothing is released")
+    else:
+        lines.append(f"selected {result['hyperparameters']}: validation error {final['validation_score']:.4f}, "
+                     f"test error {final['test_error']:.4f}")
+    if result["diagnostics"] is not None:
+        lines.append(f"{result['diagnostics']['trials_run']} trials run (NOT PRIVATE: reveals K)")
+    return "\n".join(lines + [f"written to {result['out']}/tuned.json"])
