@@ -72,6 +72,7 @@ def test_reproduce_writes_the_documented_json(toy: str, tmp_path: Path) -> None:
     # ours against each private baseline at the same ε (not against the non-private reference)
     assert {(t["epsilon"], t["baseline"]) for t in written["t_tests"]} == {(1.0, "DP-GD"), (2.0, "DP-GD")}
     assert written["tuning"]["DP-GD ε=1.0"]["chosen"] == {"lr": 1.0}  # 0.01 barely moves θ in 10 steps
+    assert written["tuning"]["DP-GD ε=1.0"]["label"].startswith("NOT PRIVATE")  # chosen by the training objective
     assert {p.name for p in tmp_path.iterdir()} == {"results.json", "results.md", "curves_eps1.0.png",
                                                    "curves_eps2.0.png", "runs"}
     assert "toy notes" in (tmp_path / "results.md").read_text()
