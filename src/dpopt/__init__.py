@@ -8,9 +8,10 @@ from .algorithms import DIFF2, DPAGD, DPSGD, DPSRM, O2NC, AClip, O2NCMulti, Loca
 from .fit import fit
 from .mechanisms import SeededNoise, SystemNoise
 from .train import History, run
+from .tuning import tune
 
 __all__ = [
     "AClip", "DIFF2", "DPAGD", "DPSGD", "DPSRM", "History", "Ledger", "LocalSteps", "O2NC", "O2NCMulti", "RestartedAClip",
-    "SeededNoise", "Stage", "Storm", "SystemNoise", "calibrate", "dp_gd", "epsilon_of", "fit", "rrpsgd", "run",
+    "SeededNoise", "Stage", "Storm", "SystemNoise", "calibrate", "dp_gd", "epsilon_of", "fit", "rrpsgd", "run", "tune",
 ]
 __version__ = "0.1.0"

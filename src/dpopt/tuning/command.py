@@ -20,7 +20,7 @@ from ..algorithms.by_name import NON_PRIVATE, build
 from ..oracles import make
 from .space import Choice, Dimension, LogUniform, Space
 from .trials import Poisson, Trials, TruncatedNegativeBinomial
-from .tune import tune
+from .private import tune
 
 #: Hyper-parameters a private tuning may vary: they leave the privacy event unchanged.
 TUNABLE = ("lr", "clip", "clip_diff", "gamma", "obj_clip")
