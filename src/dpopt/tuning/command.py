@@ -1,10 +1,5 @@
-"""``dpopt tune``: private tuning of one algorithm on a registered data set (GLM models).
-
-The training file is split once, by a fixed public permutation, into the protected training
-records and a held-out validation split (``--validation-fraction``) on which candidates are
-scored by their error; the validation records are not protected by the guarantee. The test file
-gives the selected θ's test error.
-"""
+"""``dpopt tune``: private tuning of one algorithm on a registered data set (GLM models), scored
+on a held-out validation split of the training file (:mod:`dpopt.tuning.task`)."""
 
 from __future__ import annotations
 
@@ -13,18 +8,14 @@ import math
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from .. import _validate, data, report
-from ..algorithms.by_name import NON_PRIVATE, build
-from ..oracles import make
-from .space import Choice, Dimension, LogUniform, Space
-from .trials import Poisson, Trials, TruncatedNegativeBinomial
+from .. import _validate, report
 from .private import tune
+from .space import Choice, Dimension, LogUniform, Space
+from .task import builder, glm_task
+from .trials import Poisson, Trials, TruncatedNegativeBinomial
 
 #: Hyper-parameters a private tuning may vary: they leave the privacy event unchanged.
 TUNABLE = ("lr", "clip", "clip_diff", "gamma", "obj_clip")
-MODELS = ("logistic", "nonconvex-logistic", "ridge")
 
 
 def trials_of(mean: float, shape: float) -> Trials:
@@ -58,33 +49,17 @@ def space_of(grid: list[str], ranges: list[str]) -> Space:
     return Space(dimensions)
 
 
-def split(X: torch.Tensor, y: torch.Tensor, fraction: float) -> tuple[torch.Tensor, ...]:
-    """(X_train, y_train, X_val, y_val): a fixed public permutation (seed 0), the last ``fraction`` held out."""
-    _validate.open_unit("validation_fraction", fraction)
-    order = torch.randperm(len(X), generator=torch.Generator().manual_seed(0))
-    held = max(1, round(fraction * len(X)))
-    train, val = order[:-held], order[-held:]
-    return X[train], y[train], X[val], y[val]
-
-
 def run_tune(args: argparse.Namespace) -> dict[str, Any]:
     """Tune ``args.algorithm`` privately, write ``tuned.json`` to ``--out``; the printed summary."""
-    _validate.one_of("dataset", args.dataset, data.names())
-    if args.algorithm in NON_PRIVATE:
-        raise _validate.DpoptError(f"algorithm={args.algorithm!r} is not private (ε = ∞): nothing to tune privately")
     space = space_of(args.grid, args.range)
     trials = trials_of(args.trials_mean, args.trials_shape)
-    dataset = data.load(args.dataset, args.data_dir)
-    X_train, y_train, X_val, y_val = split(torch.as_tensor(dataset.X_train), torch.as_tensor(dataset.y_train),
-                                           args.validation_fraction)
-    oracle = make(args.model, X_train, y_train, reg=args.reg)
-    X_test, y_test = torch.as_tensor(dataset.X_test), torch.as_tensor(dataset.y_test)
+    task = glm_task(args.dataset, args.model, reg=args.reg, validation_fraction=args.validation_fraction,
+                    data_dir=args.data_dir)
     fixed = {"batch_size": args.batch_size, "sampling": args.sampling, "lr": args.lr, "clip": args.clip,
              "clip_diff": args.clip_diff, "gamma": args.gamma}
-    tuned = tune(lambda candidate: build(args.algorithm, n=oracle.n, **(fixed | dict(candidate))), oracle,
-                 space=space, trials=trials, epsilon=args.epsilon, delta=args.delta, steps=args.steps,
-                 score=lambda theta: oracle.error(theta, X_val, y_val), seed=args.seed,
-                 test_error=lambda theta: oracle.error(theta, X_test, y_test), diagnostics=args.diagnostics)
+    tuned = tune(builder(args.algorithm, task.oracle.n, fixed), task.oracle, space=space, trials=trials,
+                 epsilon=args.epsilon, delta=args.delta, steps=args.steps, score=task.validation_error,
+                 seed=args.seed, test_error=task.test_error, diagnostics=args.diagnostics)
     out = Path(args.out or f"results/tune-{args.algorithm}-{args.dataset}")
     payload = {"dataset": args.dataset, "model": args.model, "epsilon_target": args.epsilon,
                "validation_fraction": args.validation_fraction, **tuned.to_dict()}
