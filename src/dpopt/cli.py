@@ -267,6 +267,12 @@ def _tune(args: argparse.Namespace) -> dict[str, Any]:
     return run_tune(args)
 
 
+def _bench(args: argparse.Namespace) -> dict[str, Any]:
+    from .bench import run_bench
+
+    return run_bench(args, " ".join(["dpopt", *sys.argv[1:]]))
+
+
 def _data(args: argparse.Namespace) -> Any:
     if args.action == "list":
         return {"datasets": data.names(), "data_dir": str(Path(args.data_dir) if args.data_dir else data.default_data_dir())}
@@ -401,6 +407,17 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--out", help="output directory (default results/tune-<algorithm>-<dataset>)")
     common(sub)
 
+    sub = commands.add_parser("bench", help="every private optimiser on the declared problems, each tuned privately "
+                              "with the same budget for tuning and training")
+    sub.add_argument("--problem", action="append", help="a declared problem (default: all); repeatable")
+    sub.add_argument("--quick", action="store_true", help="the problems' quick settings (CI)")
+    sub.add_argument("--epsilon", type=float, action="append", help="run at this ε only (repeatable)")
+    sub.add_argument("--seeds", type=int, help="seeds per cell instead of the problem's")
+    sub.add_argument("--file", help="a problems file (default: the bundled problems.toml)")
+    sub.add_argument("--data-dir")
+    sub.add_argument("--out", help="output directory (default results/bench, results/bench-quick)")
+    common(sub)
+
     sub = commands.add_parser("data", help="list, describe or download data sets")
     sub.add_argument("action", choices=("list", "info", "fetch"))
     sub.add_argument("name", nargs="?")
@@ -410,7 +427,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 HANDLERS = {"account": _account, "calibrate": _calibrate, "run": _run, "audit": _audit, "reproduce": _reproduce,
-            "data": _data, "tune": _tune}
+            "data": _data, "tune": _tune, "bench": _bench}
 
 
 #: Exit code of a ``run`` that diverged.
@@ -471,6 +488,8 @@ def _human(command: str, result: Any) -> str:
         from .tuning.command import summary
 
         return summary(result)
+    if command == "bench":
+        return result["markdown"]
     if command == "reproduce":
         return f"wrote results for {result['experiment']} ({result['seeds']} seeds)"
     return report.to_json(result, indent=2)
