@@ -79,10 +79,6 @@ class Tuned:
     randomness: str
     diagnostics: dict[str, Any] | None = None
 
-    @property
-    def selected(self) -> bool:
-        return self.theta is not None
-
     def to_dict(self) -> dict[str, Any]:
         written = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
         return written | {"theta": None if self.theta is None else self.theta.tolist(),
