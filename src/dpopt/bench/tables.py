@@ -49,18 +49,18 @@ def figure(path: Path, problem: dict[str, Any]) -> None:
 
     cells = problem["cells"]
     epsilons = [cell["epsilon"] for cell in cells]
+    names = list(cells[0]["methods"])
     fig, ax = plt.subplots(figsize=(6, 4))
-    for name in cells[0]["methods"]:
+    for j, name in enumerate(names):  # ε on a categorical axis, the methods side by side at each ε
+        x = [i + 0.6 * (j - (len(names) - 1) / 2) / max(1, len(names)) for i in range(len(cells))]
         means = [cell["methods"][name]["test_error"]["mean"] for cell in cells]
         stds = [cell["methods"][name]["test_error"]["std"] for cell in cells]
-        ax.errorbar(epsilons, means, yerr=stds, marker="o", capsize=3, label=name)
-    for cell in cells:
-        best = cell["methods"][cell["winner"]]["test_error"]["mean"]
-        ax.scatter([cell["epsilon"]], [best], s=160, facecolors="none", edgecolors="black", zorder=3)
-    if len(epsilons) > 1:
-        ax.set_xscale("log")
-    ax.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
-    ax.minorticks_off()
+        ax.errorbar(x, means, yerr=stds, marker="o", capsize=3, label=name)
+        for xi, cell, mean in zip(x, cells, means):
+            if cell["winner"] == name:
+                ax.scatter([xi], [mean], s=160, facecolors="none", edgecolors="black", zorder=3)
+    ax.set_xticks(range(len(cells)), [f"{e:g}" for e in epsilons])
+    ax.set_xlim(-0.6, len(cells) - 0.4)
     ax.set_xlabel("ε (tuning and training)")
     ax.set_ylabel(f"test error (mean ± std, {problem['seeds']} seeds)")
     ax.set_title(f"{problem['problem']}, δ = {problem['delta']:g}, privately tuned (circled: best)", fontsize=10)
