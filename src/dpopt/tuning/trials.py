@@ -93,7 +93,7 @@ class TruncatedNegativeBinomial:
 
     mean: float
     shape: float = 1.0
-    gamma: float = field(init=False)
+    gamma: float = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if _validate.positive("mean", self.mean) < 1:
