@@ -9,9 +9,11 @@ from .fit import fit
 from .mechanisms import SeededNoise, SystemNoise
 from .private import Private
 from .train import History, run
+from .tuning import tune
 
 __all__ = [
     "AClip", "DIFF2", "DPAGD", "DPSGD", "DPSRM", "History", "Ledger", "LocalSteps", "O2NC", "O2NCMulti", "Private",
-    "RestartedAClip", "SeededNoise", "Stage", "Storm", "SystemNoise", "calibrate", "dp_gd", "epsilon_of", "fit", "rrpsgd", "run",
+    "RestartedAClip", "SeededNoise", "Stage", "Storm", "SystemNoise", "calibrate", "dp_gd", "epsilon_of", "fit", "rrpsgd",
+    "run", "tune",
 ]
 __version__ = "0.1.0"

@@ -268,6 +268,18 @@ def _reproduce(args: argparse.Namespace) -> dict[str, Any]:
                      retune=args.retune, progress=not args.json and sys.stderr.isatty(), workers=args.workers)
 
 
+def _tune(args: argparse.Namespace) -> dict[str, Any]:
+    from .tuning.command import run_tune
+
+    return run_tune(args)
+
+
+def _bench(args: argparse.Namespace) -> dict[str, Any]:
+    from .bench import run_bench
+
+    return run_bench(args, " ".join(["dpopt", *sys.argv[1:]]))
+
+
 def _data(args: argparse.Namespace) -> Any:
     if args.action == "list":
         return {"datasets": data.names(), "data_dir": str(Path(args.data_dir) if args.data_dir else data.default_data_dir())}
@@ -377,6 +389,49 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--out")
     common(sub)
 
+    sub = commands.add_parser("tune", help="private hyper-parameter selection: the best of a random number of "
+                              "private runs, tuning and training in one guarantee (Papernot & Steinke 2022)")
+    sub.add_argument("--algorithm", required=True, help=f"one of: {', '.join(ALGORITHMS)}")
+    sub.add_argument("--dataset", default="adult", help="a registered data set (`dpopt data list`)")
+    sub.add_argument("--model", choices=("logistic", "nonconvex-logistic", "ridge"), default="logistic")
+    sub.add_argument("--reg", type=float, default=1e-3, help="regularisation λ")
+    sub.add_argument("--epsilon", type=float, required=True, help="total ε of tuning and training")
+    sub.add_argument("--delta", type=float, default=1e-5)
+    sub.add_argument("--steps", type=int, default=500, help="steps of every trial")
+    sub.add_argument("--batch-size", type=int, default=256)
+    sub.add_argument("--sampling", choices=("poisson", "fixed"), default="poisson")
+    sub.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2,...",
+                     help="every trial draws one of these values (lr, clip, clip_diff, gamma, obj_clip)")
+    sub.add_argument("--range", action="append", default=[], metavar="NAME=LOW,HIGH",
+                     help="every trial draws this hyper-parameter log-uniformly in [LOW, HIGH]")
+    sub.add_argument("--lr", type=float, default=0.5, help="the step size where it is not tuned")
+    sub.add_argument("--clip", type=float, default=1.0, help="the clip norm where it is not tuned")
+    sub.add_argument("--clip-diff", type=float, default=0.01, help="DP-SRM's C2 where it is not tuned")
+    sub.add_argument("--gamma", type=float, default=0.01, help="DP-SRM's γ where it is not tuned")
+    sub.add_argument("--trials-mean", type=float, default=8.0, help="mean number of trials (>= 1)")
+    sub.add_argument("--trials-shape", type=float, default=1.0, help="shape η of the truncated negative binomial "
+                     "number of trials (1: geometric, 0: logarithmic); inf: Poisson")
+    sub.add_argument("--validation-fraction", type=float, default=0.2, help="share of the training file held out "
+                     "(fixed public split) to score candidates; these records are not protected")
+    sub.add_argument("--seed", type=int, help="make the tuning reproducible (its guarantee then rests on the seed "
+                     "staying secret); default: secret randomness from the operating system")
+    sub.add_argument("--diagnostics", action="store_true", help="also report the number of trials run and the time "
+                     "(NOT PRIVATE: they reveal K)")
+    sub.add_argument("--data-dir")
+    sub.add_argument("--out", help="output directory (default results/tune-<algorithm>-<dataset>)")
+    common(sub)
+
+    sub = commands.add_parser("bench", help="every private optimiser on the declared problems, each tuned privately "
+                              "with the same budget for tuning and training")
+    sub.add_argument("--problem", action="append", help="a declared problem (default: all); repeatable")
+    sub.add_argument("--quick", action="store_true", help="the problems' quick settings (CI)")
+    sub.add_argument("--epsilon", type=float, action="append", help="run at this ε only (repeatable)")
+    sub.add_argument("--seeds", type=int, help="seeds per cell instead of the problem's")
+    sub.add_argument("--file", help="a problems file (default: the bundled problems.toml)")
+    sub.add_argument("--data-dir")
+    sub.add_argument("--out", help="output directory (default results/bench, results/bench-quick)")
+    common(sub)
+
     sub = commands.add_parser("data", help="list, describe or download data sets")
     sub.add_argument("action", choices=("list", "info", "fetch"))
     sub.add_argument("name", nargs="?")
@@ -386,7 +441,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 HANDLERS = {"account": _account, "calibrate": _calibrate, "run": _run, "audit": _audit, "reproduce": _reproduce,
-            "data": _data}
+            "data": _data, "tune": _tune, "bench": _bench}
 
 
 #: Exit code of a ``run`` that diverged.
@@ -443,6 +498,12 @@ def _human(command: str, result: Any) -> str:
     if command == "calibrate":
         return (f"noise multiplier = {result['noise_multiplier']:.6g} gives ε = {result['epsilon']:.6g} at "
                 f"δ = {result['delta']:g} ({result['accountant']}, {result['neighboring_relation']})")
+    if command == "tune":
+        from .tuning.command import summary
+
+        return summary(result)
+    if command == "bench":
+        return result["markdown"]
     if command == "reproduce":
         return f"wrote results for {result['experiment']} ({result['seeds']} seeds)"
     return report.to_json(result, indent=2)

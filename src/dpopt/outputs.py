@@ -73,11 +73,14 @@ PRIVATE_FIELDS = frozenset(PRIVATE_METRICS) | frozenset(EXPERIMENT_PRIVATE) | PU
     "randomness", "algorithm", "dataset", "out", "epsilon_target", "processes", "diagnostics", "diverged_at",
     "experiment", "rows", "seeds", "quick", "log_points", "facts", "t_tests", "problem", "ours", "baseline",
     "metrics", "mean", "std",
+    # a private tuning's release (dpopt.tuning): the selected run, its score on held-out data, the
+    # distribution of the number of trials, one trial's ε alone
+    "validation_score", "trial_epsilon", "trials", "validation_fraction",
 }
 #: Fields of a ``"diagnostics"`` section.
 DIAGNOSTIC_FIELDS = frozenset(DIAGNOSTIC_METRICS) | frozenset(EXPERIMENT_DIAGNOSTICS) | DIAGNOSTIC_FACTS | {
     "label", "records", "final", "step", "facts", "t_tests", "problem", "epsilon", "ours", "baseline", "metrics",
-    "mean", "std",
+    "mean", "std", "trials_run",
 }
 #: Fields whose values are public by nature and keyed by names, not walked: settings given by
 #: name (hyper-parameters, grids, epochs per ε) and the papers' published numbers.

@@ -73,6 +73,7 @@ def test_patience_tune_keeps_the_first_step_size_that_completes_and_reports_the_
     result = patience_tune(method, problem, epsilon=1.0, delta=1e-5, seeds=(7,), step_sizes=(1e300, 0.5, 0.25),
                            check_every=10)
     scores = result["scores"]
+    assert result["label"].startswith("NOT PRIVATE")  # chosen by the training loss without noise
     assert [s["abandoned"] for s in scores] == [[1e300], [1e300]]
     assert all(s["lr"] == 0.5 and math.isfinite(s["objective"]) for s in scores)
     assert result["chosen"] == min(scores, key=lambda s: s["objective"])["params"] | {"lr": 0.5}

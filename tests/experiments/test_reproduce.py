@@ -76,6 +76,7 @@ def test_reproduce_writes_the_documented_json(toy: str, tmp_path: Path) -> None:
     assert {(t["epsilon"], t["baseline"]) for t in diagnostics["t_tests"]} == {(1.0, "DP-GD"), (2.0, "DP-GD")}
     assert diagnostics["tuning"]["DP-GD ε=1.0"]["chosen"] == {"lr": 1.0}  # 0.01 barely moves θ in 10 steps
     assert outputs.unclassified(written) == []
+    assert diagnostics["tuning"]["DP-GD ε=1.0"]["label"].startswith("NOT PRIVATE")  # chosen by the training objective
     assert {p.name for p in tmp_path.iterdir()} == {"results.json", "results.md", "curves_eps1.0.png",
                                                    "curves_eps2.0.png", "runs"}
     assert "toy notes" in (tmp_path / "results.md").read_text()

@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from .. import checkpoint
 from ..accounting import calibrate
+from ..outputs import NOT_PRIVATE
 from ..report import summarise
 from ..resume import describe
 from ..train import History, run
@@ -275,7 +276,9 @@ def tune(method: Method, problem: Problem, *, epsilon: float, delta: float, seed
          progress: bool = False, pool: Pool | None = None, key: Any = None) -> dict[str, Any]:
     """Every grid point on ``seeds`` (distinct from the evaluation seeds); the point with the
     lowest mean final training objective wins (diverged runs count as +∞). Returns the choice,
-    every point's score and the cost (runs, wall seconds). Tuning is NOT privacy-accounted."""
+    every point's score and the cost (runs, wall seconds), labelled NOT PRIVATE: the scores are
+    training objectives without noise and the tuning is not privacy-accounted (the private
+    selection is :func:`dpopt.tuning.tune`)."""
     start = time.perf_counter()
     scores = []
     if pool is not None:
@@ -288,7 +291,7 @@ def tune(method: Method, problem: Problem, *, epsilon: float, delta: float, seed
         score = float(np.mean(objectives)) if all(math.isfinite(o) for o in objectives) else math.inf
         scores.append({"params": params, "objective": score})
     best = min(scores, key=lambda s: s["objective"])
-    return {"chosen": best["params"], "scores": scores,
+    return {"label": NOT_PRIVATE, "chosen": best["params"], "scores": scores,
             "cost": {"runs": len(scores) * len(seeds), "wall_time_s": time.perf_counter() - start}}
 
 

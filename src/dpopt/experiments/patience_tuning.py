@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from .. import train
 from ..accounting import Ledger, calibrate, epsilon_of
+from ..outputs import NOT_PRIVATE
 from ._runner import Method, Problem, grid_points
 
 #: η = 0.5^i, i = 0 … 9, from large to small.
@@ -72,7 +73,8 @@ def patience_tune(method: Method, problem: Problem, *, epsilon: float, delta: fl
     ``seeds[0]``), with :func:`dpopt.experiments._runner.tune`'s signature (``pool`` unused: the
     trials are sequential by nature). Returns the choice (grid point and ``lr``), every point's
     score and the cost: runs, rounds, wall seconds, and ``epsilon_composed``, the ε(δ) of all the
-    runs' events composed (0 for a non-private method)."""
+    runs' events composed (0 for a non-private method); labelled NOT PRIVATE (the scores are
+    training losses without noise; the private selection is :func:`dpopt.tuning.tune`)."""
     start = time.perf_counter()
     scores, ledgers, rounds = [], [], 0
     n = problem.oracle.n
@@ -93,7 +95,7 @@ def patience_tune(method: Method, problem: Problem, *, epsilon: float, delta: fl
             score["abandoned"].append(lr)
         scores.append(score)
     best = min(scores, key=lambda s: s["objective"])
-    return {"chosen": {**best["params"], "lr": best["lr"]}, "scores": scores,
+    return {"label": NOT_PRIVATE, "chosen": {**best["params"], "lr": best["lr"]}, "scores": scores,
             "cost": {"runs": len(ledgers), "rounds": rounds, "wall_time_s": time.perf_counter() - start,
                      "epsilon_composed": composed_epsilon(ledgers, delta) if method.private else 0.0}}
 

@@ -327,7 +327,8 @@ def _markdown(payload: dict[str, Any], exp: ModuleType) -> str:
         "## Notes", "", exp.notes(payload), "",
         "## Tuning", "", f"Grids: `{payload['grids']}`.", "",
         f"Chosen (NOT PRIVATE where tuned here: selected on training-data objectives): `{ {(str(r.get('problem')) + ' ' if keyed else '') + r['algorithm'] + ' ε=' + str(r['epsilon']): r['params'] for r in payload['rows']} }`.", "",
-        f"Tuning cost (not privacy-accounted): `{_tuning_cost(payload['tuning'])}`.", "",
+        f"Tuning cost (NOT PRIVATE tuning: chosen by the training objective without noise; its privacy cost is "
+        f"not in the ε above): `{_tuning_cost(payload['tuning'])}`.", "",
     ]
     return "\n".join(lines)
 

@@ -1,0 +1,146 @@
+"""``dpopt bench``: which private optimiser to use, at which ε, with tuning in the budget.
+
+The problems are data (``problems.toml`` beside this module). For every problem, ε and method,
+the method is tuned privately (:func:`dpopt.tuning.tune`, the same total (ε, δ) for tuning and
+training for every method) once per seed; a cell reports each method's test error of the selected
+θ (mean, std over seeds), the ε of tuning and training, the winner (lowest mean) and Welch's
+one-sided p-value of the winner against the runner-up. Wall times and trial counts are
+NOT PRIVATE diagnostics (they reveal the number of trials).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from .. import _validate, report
+from ..outputs import NOT_PRIVATE
+from ..report import summarise
+from ..tuning import Choice, Space, tune
+from ..tuning.command import trials_of
+from ..tuning.task import builder, glm_task
+
+PROBLEMS = Path(__file__).with_name("problems.toml")
+#: A winner's p-value below this is reported as significant.
+SIGNIFICANCE = 0.05
+
+
+@dataclass(frozen=True)
+class Method:
+    algorithm: str
+    steps: int
+    fixed: Mapping[str, Any]
+    space: Space
+
+
+@dataclass(frozen=True)
+class Problem:
+    name: str
+    dataset: str
+    model: str
+    reg: float
+    delta: float
+    validation_fraction: float
+    epsilons: tuple[float, ...]
+    seeds: int
+    trials: Any
+    methods: tuple[Method, ...]
+
+
+def problems(quick: bool = False, path: Path = PROBLEMS) -> dict[str, Problem]:
+    """The problems declared in ``path`` (with ``--quick``: their ``quick`` overrides)."""
+    try:
+        declared = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise _validate.DpoptError(f"file={str(path)!r} is not a readable problems file: {err}") from None
+    return {name: _problem(name, spec, quick) for name, spec in declared.items()}
+
+
+def _problem(name: str, spec: dict[str, Any], quick: bool) -> Problem:
+    settings = spec | (spec.get("quick", {}) if quick else {})
+    fraction = settings.get("step_fraction", 1.0)
+    trials = trials_of(settings["trials"]["mean"], settings["trials"].get("shape", 1.0))
+    methods = tuple(Method(algorithm, max(1, round(fraction * m["steps"])), m.get("fixed", {}),
+                           Space({key: Choice(tuple(values)) for key, values in m["grid"].items()}))
+                    for algorithm, m in spec["methods"].items())
+    return Problem(name, settings["dataset"], settings["model"], settings["reg"], settings["delta"],
+                   settings["validation_fraction"], tuple(settings["epsilons"]), settings["seeds"], trials, methods)
+
+
+def bench(chosen: Sequence[Problem], *, data_dir: str | None = None, progress: bool = False) -> dict[str, Any]:
+    """Every problem of ``chosen``, at each of its ε, every method tuned privately on seeds 0, 1, …"""
+    from ..experiments._runner import one_sided_p
+
+    started = time.perf_counter()
+    results, diagnostics = [], []
+    for problem in chosen:
+        task = glm_task(problem.dataset, problem.model, reg=problem.reg,
+                        validation_fraction=problem.validation_fraction, data_dir=data_dir)
+        cells = []
+        for epsilon in problem.epsilons:
+            errors: dict[str, list[float]] = {}
+            claimed: dict[str, float] = {}
+            for method in problem.methods:
+                clock = time.perf_counter()
+                runs = [tune(builder(method.algorithm, task.oracle.n, method.fixed), task.oracle, space=method.space,
+                             trials=problem.trials, epsilon=epsilon, delta=problem.delta, steps=method.steps,
+                             score=task.validation_error, seed=seed, test_error=task.test_error, diagnostics=True)
+                        for seed in range(problem.seeds)]
+                errors[method.algorithm] = [r.final.get("test_error", math.nan) for r in runs]
+                claimed[method.algorithm] = max(r.final["epsilon"] for r in runs)
+                diagnostics.append({"problem": problem.name, "epsilon": epsilon, "algorithm": method.algorithm,
+                                    "wall_time_s": time.perf_counter() - clock,
+                                    "trials_run": [r.diagnostics["trials_run"] for r in runs]})
+                if progress:
+                    error = summarise(errors[method.algorithm])
+                    print(f"{problem.name} ε={epsilon:g} {method.algorithm}: test error {error['mean']:.4f} "
+                          f"({error['std']:.4f})", file=sys.stderr, flush=True)
+            ranked = sorted(errors, key=lambda name: summarise(errors[name])["mean"])
+            p = one_sided_p(errors[ranked[0]], errors[ranked[1]]) if len(ranked) > 1 else 0.0
+            cells.append({"epsilon": epsilon, "winner": ranked[0], "runner_up": ranked[1] if len(ranked) > 1 else None,
+                          "p_value": p, "significant": p < SIGNIFICANCE,
+                          "methods": {name: {"test_error": summarise(errors[name]),
+                                             "epsilon_tuning_and_training": claimed[name]} for name in errors}})
+        results.append({"problem": problem.name, "dataset": problem.dataset, "model": problem.model,
+                        "delta": problem.delta, "seeds": problem.seeds, "trials": repr(problem.trials),
+                        "steps": {m.algorithm: m.steps for m in problem.methods},
+                        "grids": {m.algorithm: {k: list(d.values) for k, d in m.space.dimensions.items()}
+                                  for m in problem.methods},
+                        "cells": cells})
+    return {"problems": results, "wall_time_s_total": time.perf_counter() - started,
+            "diagnostics": {"label": NOT_PRIVATE + " (wall times and trial counts reveal the number of trials)",
+                            "runs": diagnostics}}
+
+
+def select(names: Sequence[str] | None, quick: bool, path: Path = PROBLEMS) -> list[Problem]:
+    """The problems of ``path`` named in ``names`` (all by default)."""
+    declared = problems(quick, path)
+    for name in names or ():
+        _validate.one_of("problem", name, declared)
+    return [declared[name] for name in (names or declared)]
+
+
+def run_bench(args: Any, command: str) -> dict[str, Any]:
+    """``dpopt bench``: run, write ``bench.json``, ``bench.md`` and a figure per problem to ``--out``;
+    the result (with its Markdown) for printing."""
+    from .tables import figure, markdown
+
+    chosen = select(args.problem, args.quick, Path(args.file) if args.file else PROBLEMS)
+    if args.epsilon:
+        chosen = [replace(p, epsilons=tuple(_validate.positive("epsilon", e) for e in args.epsilon)) for p in chosen]
+    if args.seeds is not None:
+        chosen = [replace(p, seeds=_validate.positive_int("seeds", args.seeds)) for p in chosen]
+    result = bench(chosen, data_dir=args.data_dir, progress=not args.json)
+    out = Path(args.out or ("results/bench-quick" if args.quick else "results/bench"))
+    text = markdown(result, command)
+    report.write_json(out / "bench.json", result | {"command": command})
+    report.write_text(out / "bench.md", text)
+    for problem in result["problems"]:
+        figure(out / f"{problem['problem']}.png", problem)
+    return result | {"markdown": text, "out": str(out)}

@@ -1,0 +1,83 @@
+"""``dpopt tune``: private tuning of one algorithm on a registered data set (GLM models), scored
+on a held-out validation split of the training file (:mod:`dpopt.tuning.task`)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import Any
+
+from .. import _validate, report
+from .private import tune
+from .space import Choice, Dimension, LogUniform, Space
+from .task import builder, glm_task
+from .trials import Poisson, Trials, TruncatedNegativeBinomial
+
+#: Hyper-parameters a private tuning may vary: they leave the privacy event unchanged.
+TUNABLE = ("lr", "clip", "clip_diff", "gamma", "obj_clip")
+
+
+def trials_of(mean: float, shape: float) -> Trials:
+    """Poisson(mean) for shape = ∞ (dp_accounting's convention), else the truncated negative binomial."""
+    return Poisson(mean) if math.isinf(shape) else TruncatedNegativeBinomial(mean, shape)
+
+
+def _numbers(name: str, text: str) -> list[float]:
+    try:
+        return [float(value) for value in text.split(",")]
+    except ValueError:
+        raise _validate.DpoptError(f"{name}={text!r} must be comma-separated numbers") from None
+
+
+def space_of(grid: list[str], ranges: list[str]) -> Space:
+    """``--grid lr=0.1,0.3`` (one of the values) and ``--range clip=0.1,10`` (log-uniform) as a Space."""
+    dimensions: dict[str, Dimension] = {}
+    for option, specs in (("grid", grid), ("range", ranges)):
+        for spec in specs:
+            name, _, values = spec.partition("=")
+            _validate.one_of(option, name, TUNABLE)
+            numbers = _numbers(f"{option} {name}", values)
+            if option == "grid":
+                dimensions[name] = Choice(tuple(numbers))
+            elif len(numbers) != 2:
+                raise _validate.DpoptError(f"range {name}={values!r} must be two numbers LOW,HIGH")
+            else:
+                dimensions[name] = LogUniform(*numbers)
+    if not dimensions:
+        raise _validate.DpoptError("tune needs at least one --grid NAME=V1,V2,... or --range NAME=LOW,HIGH")
+    return Space(dimensions)
+
+
+def run_tune(args: argparse.Namespace) -> dict[str, Any]:
+    """Tune ``args.algorithm`` privately, write ``tuned.json`` to ``--out``; the printed summary."""
+    space = space_of(args.grid, args.range)
+    trials = trials_of(args.trials_mean, args.trials_shape)
+    task = glm_task(args.dataset, args.model, reg=args.reg, validation_fraction=args.validation_fraction,
+                    data_dir=args.data_dir)
+    fixed = {"batch_size": args.batch_size, "sampling": args.sampling, "lr": args.lr, "clip": args.clip,
+             "clip_diff": args.clip_diff, "gamma": args.gamma}
+    tuned = tune(builder(args.algorithm, task.oracle.n, fixed), task.oracle, space=space, trials=trials,
+                 epsilon=args.epsilon, delta=args.delta, steps=args.steps, score=task.validation_error,
+                 seed=args.seed, test_error=task.test_error, diagnostics=args.diagnostics)
+    out = Path(args.out or f"results/tune-{args.algorithm}-{args.dataset}")
+    payload = {"dataset": args.dataset, "model": args.model, "epsilon_target": args.epsilon,
+               "validation_fraction": args.validation_fraction, **tuned.to_dict()}
+    report.write_json(out / "tuned.json", payload)
+    return {key: value for key, value in payload.items() if key != "theta"} | {"out": str(out)}
+
+
+def summary(result: dict[str, Any]) -> str:
+    """One line per fact of a ``dpopt tune`` result."""
+    final = result["final"]
+    lines = [f"ε = {final['epsilon']:.4g} at δ = {result['delta']:g} for tuning and training ({result['accountant']}, "
+             f"{result['neighboring_relation']}); one trial alone: ε = {result['trial_epsilon']:.4g}",
+             f"trials: {result['trials']}"]
+    if result["hyperparameters"] is None:
+        lines.append("no trial was drawn (K = 0): nothing is released")
+    else:
+        lines.append(f"selected {result['hyperparameters']}: validation error {final['validation_score']:.4f}, "
+                     f"test error {final['test_error']:.4f}")
+    if result["diagnostics"] is not None:
+        lines.append(f"{result['diagnostics']['trials_run']} trials run (NOT PRIVATE: reveals K)")
+    return "\n".join(lines + [f"written to {result['out']}/tuned.json"])

@@ -1,0 +1,71 @@
+"""dpopt bench: problems as data, every method tuned privately at the same total ε, the winner."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dpopt.bench import problems
+from dpopt.cli import main
+from dpopt.tuning import TruncatedNegativeBinomial
+
+TINY = """
+[tiny]
+dataset = "adult"
+model = "logistic"
+reg = 1e-3
+delta = 1e-5
+validation_fraction = 0.2
+epsilons = [0.5, 2.0]
+seeds = 2
+trials = { mean = 1.5, shape = 1.0 }
+
+[tiny.methods.dp-sgd]
+steps = 6
+fixed = { batch_size = 256 }
+grid = { lr = [0.1, 1.0] }
+
+[tiny.methods.dp-gd]
+steps = 3
+grid = { lr = [0.1, 1.0] }
+"""
+
+
+def test_the_bundled_problems_and_their_quick_settings():
+    full, quick = problems()["adult-logistic"], problems(quick=True)["adult-logistic"]
+    assert [m.algorithm for m in full.methods] == ["dp-sgd", "dp-srm", "aclip", "dp-gd"]
+    assert full.epsilons == (0.5, 1.0, 3.0, 8.0) and full.seeds >= 5 and quick.epsilons == (1.0,)
+    assert full.trials == TruncatedNegativeBinomial(4.0, 1.0)
+    assert [m.steps for m in quick.methods] == [round(0.25 * m.steps) for m in full.methods]
+
+
+def test_bench_json_gives_each_cell_its_methods_errors_epsilons_and_winner(capsys, tmp_path):
+    file = tmp_path / "problems.toml"
+    file.write_text(TINY)
+    assert main(["bench", "--file", str(file), "--json", "--out", str(tmp_path / "out")]) == 0
+    result = json.loads(capsys.readouterr().out)
+    (problem,) = result["problems"]
+    assert [cell["epsilon"] for cell in problem["cells"]] == [0.5, 2.0]
+    for cell in problem["cells"]:
+        means = {name: entry["test_error"]["mean"] for name, entry in cell["methods"].items()}
+        assert set(means) == {"dp-sgd", "dp-gd"} and cell["winner"] == min(means, key=means.get)
+        assert all(0.99 * cell["epsilon"] <= entry["epsilon_tuning_and_training"] <= cell["epsilon"]
+                   for entry in cell["methods"].values())
+        assert all(entry["test_error"]["std"] >= 0 for entry in cell["methods"].values())
+        assert 0 <= cell["p_value"] <= 1 and cell["significant"] == (cell["p_value"] < 0.05)
+    assert result["diagnostics"]["label"].startswith("NOT PRIVATE")
+    assert len(result["diagnostics"]["runs"]) == 4 and all(len(r["trials_run"]) == 2 for r in result["diagnostics"]["runs"])
+    written = {p.name for p in (tmp_path / "out").iterdir()}
+    assert written == {"bench.json", "bench.md", "tiny.png"}
+    assert "| dp-sgd |" in (tmp_path / "out" / "bench.md").read_text()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--problem", "nope"], "problem='nope' must be one of: adult-logistic"),
+    (["--file", "/nonexistent.toml"], "file='/nonexistent.toml' is not a readable problems file"),
+    (["--epsilon", "-1"], "epsilon=-1.0 must be > 0"),
+])
+def test_bench_refuses_bad_input_with_exit_2(capsys, argv, message, tmp_path):
+    assert main(["bench", *argv, "--out", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err

@@ -1,0 +1,234 @@
+"""Private tuning: its ε is dp_accounting's RepeatAndSelectDpEvent of one trial's event, the number
+of trials follows the chosen distribution, its randomness is secret by default, and what it
+writes is classified. Each privacy check is paired with a mutant it catches."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import dp_accounting as dpa
+import numpy as np
+import pytest
+import torch
+from dp_accounting import dp_event
+from dp_accounting.rdp import rdp_privacy_accountant
+from scipy import stats
+
+from dpopt import DPSGD, dp_gd, outputs, train
+from dpopt._validate import DpoptError
+from dpopt.tuning import (LogUniform, Outcome, Poisson, Space, TruncatedNegativeBinomial, repeat_and_select,
+                          tune)
+from tests.contracts.test_algorithms import oracle
+
+DELTA = 1e-5
+STEPS = 20
+SPACE = Space({"lr": LogUniform(0.05, 1.0)})
+
+
+def directly(tuned, trials, relation: dpa.NeighboringRelation) -> float:
+    """ε(δ) of the tuning, computed with dp_accounting alone from the selected run's noise: the
+    best of K runs of T steps of (Poisson-sampled at b/n, or full-batch) Gaussian(z)."""
+    algorithm, n = tuned.algorithm, oracle().n
+    step = dpa.GaussianDpEvent(algorithm.noise_multiplier)
+    if relation == dpa.NeighboringRelation.ADD_OR_REMOVE_ONE:
+        step = dpa.PoissonSampledDpEvent(algorithm.batch_size / n, step)
+    accountant = rdp_privacy_accountant.RdpAccountant(neighboring_relation=relation)
+    accountant.compose(dp_event.RepeatAndSelectDpEvent(dpa.SelfComposedDpEvent(step, STEPS), trials.mean,
+                                                       trials.shape))
+    return accountant.get_epsilon(DELTA)
+
+
+def tuned_with(trials, build=lambda c: DPSGD(lr=c["lr"], clip=1.0, noise_multiplier=1.0, batch_size=40)):
+    data = oracle()
+    return tune(build, data, space=SPACE, trials=trials, epsilon=1.0, delta=DELTA, steps=STEPS, seed=0,
+                score=lambda theta: float(data.loss(theta)))
+
+
+CASES = [(TruncatedNegativeBinomial(3.0, 1.0), dpa.NeighboringRelation.ADD_OR_REMOVE_ONE),
+         (TruncatedNegativeBinomial(5.0, 0.5), dpa.NeighboringRelation.ADD_OR_REMOVE_ONE),
+         (TruncatedNegativeBinomial(4.0, 0.0), dpa.NeighboringRelation.ADD_OR_REMOVE_ONE),
+         (Poisson(3.0), dpa.NeighboringRelation.ADD_OR_REMOVE_ONE),
+         (TruncatedNegativeBinomial(3.0, 1.0), dpa.NeighboringRelation.REPLACE_ONE)]
+
+
+@pytest.mark.parametrize("trials,relation", CASES)
+def test_tune_reports_the_epsilon_of_repeat_and_select_computed_directly(trials, relation):
+    """The reported ε (tuning and training) equals dp_accounting's RepeatAndSelectDpEvent around
+    one trial's event, and is calibrated to the target: 0.99 ≤ ε ≤ 1."""
+    build = None if relation == dpa.NeighboringRelation.ADD_OR_REMOVE_ONE else (
+        lambda c: dp_gd(lr=c["lr"], clip=1.0, noise_multiplier=1.0))
+    tuned = tuned_with(trials) if build is None else tuned_with(trials, build)
+    if tuned.algorithm is None:  # K = 0 under Poisson: nothing released; the ε is still charged
+        pytest.skip("no trial drawn")
+    assert tuned.final["epsilon"] == pytest.approx(directly(tuned, trials, relation), rel=1e-9)
+    assert 0.99 <= tuned.final["epsilon"] <= 1.0
+    assert tuned.trial_epsilon < 0.8 * tuned.final["epsilon"]  # tuning costs something
+
+
+def test_the_epsilon_check_catches_tuning_left_out_of_the_account(monkeypatch):
+    """Mutant: the tuning reports (and calibrates to) one trial's ε, as if selecting were free."""
+    trials = TruncatedNegativeBinomial(3.0, 1.0)
+    monkeypatch.setattr(TruncatedNegativeBinomial, "wrap", lambda self, event: event)
+    tuned = tuned_with(trials)
+    assert directly(tuned, trials, dpa.NeighboringRelation.ADD_OR_REMOVE_ONE) > 1.3 * tuned.final["epsilon"]
+
+
+# ------------------------------------------------------------------ the number of trials
+DRAWS = 4000
+#: The chi-square test's false-alarm probability: an honest sampler fails it with probability 1e-3.
+ALPHA = 1e-3
+
+
+def trial_counts(trials, seed: int = 0) -> list[int]:
+    """K of ``DRAWS`` selections, counted as the trials repeat_and_select actually ran."""
+    rng = np.random.default_rng(seed)
+    counts = []
+    for _ in range(DRAWS):
+        ran = []
+        selection = repeat_and_select(lambda c, i: ran.append(i) or Outcome(c["lr"], None), SPACE, trials, rng)
+        assert selection.trials_run == len(ran)
+        counts.append(len(ran))
+    return counts
+
+
+def chi_square_p(counts: list[int], trials) -> float:
+    """Pearson's chi-square p-value of ``counts`` against ``trials.pmf``: cells k = 0, 1, … while
+    their expected count is ≥ 5, the rest of the support in one tail cell."""
+    seen = Counter(counts)
+    observed, expected, k = [], [], 0
+    while DRAWS * trials.pmf(k) >= 5 or (k == 0 and trials.pmf(0) == 0):
+        if trials.pmf(k) > 0:
+            observed.append(seen[k])
+            expected.append(DRAWS * trials.pmf(k))
+        k += 1
+    observed.append(sum(v for key, v in seen.items() if key >= k))
+    expected.append(DRAWS - sum(expected))
+    return float(stats.chisquare(observed, expected).pvalue)
+
+
+FAMILIES = [Poisson(2.0), TruncatedNegativeBinomial(4.0, 1.0), TruncatedNegativeBinomial(4.0, 0.5),
+            TruncatedNegativeBinomial(4.0, 0.0), TruncatedNegativeBinomial(6.0, 3.0)]
+
+
+@pytest.mark.parametrize("trials", FAMILIES)
+def test_the_number_of_trials_follows_the_chosen_distribution(trials):
+    """The pmf is a distribution with the stated mean, and K of the selection fits it (chi-square,
+    false-alarm probability ALPHA, fixed seed)."""
+    support = np.arange(0, 2000)
+    pmf = np.array([trials.pmf(int(k)) for k in support])
+    assert pmf.sum() == pytest.approx(1.0, abs=1e-9)
+    assert (support * pmf).sum() == pytest.approx(trials.mean, rel=1e-9)
+    assert chi_square_p(trial_counts(trials), trials) > ALPHA
+
+
+class OneMore(TruncatedNegativeBinomial):
+    def draw(self, rng):
+        return super().draw(rng) + 1
+
+
+class NeverZero(Poisson):
+    def draw(self, rng):
+        while (k := super().draw(rng)) == 0:
+            pass
+        return k
+
+
+@pytest.mark.parametrize("mutant", [OneMore(4.0, 1.0), NeverZero(1.5)])
+def test_the_trials_check_catches_a_sampler_other_than_the_accounted_one(mutant):
+    """Mutants: one trial too many; a Poisson that never stops at K = 0 (both are accounted as
+    the distribution they inherit from, but sample another)."""
+    accounted = TruncatedNegativeBinomial(4.0, 1.0) if isinstance(mutant, OneMore) else Poisson(1.5)
+    assert chi_square_p(trial_counts(mutant), accounted) < 1e-20
+
+
+def test_tune_runs_exactly_the_trials_it_drew(monkeypatch):
+    runs = []
+    real = train.run
+    monkeypatch.setattr(train, "run", lambda *a, **k: runs.append(k["seed"]) or real(*a, **k))
+    data = oracle()
+    tuned = tune(lambda c: DPSGD(lr=c["lr"], clip=1.0, noise_multiplier=1.0, batch_size=40), data, space=SPACE,
+                 trials=TruncatedNegativeBinomial(3.0), epsilon=1.0, delta=DELTA, steps=5, seed=4,
+                 score=lambda theta: float(data.loss(theta)), diagnostics=True)
+    assert tuned.diagnostics["trials_run"] == len(runs) >= 1 and len(set(runs)) == len(runs)
+
+
+# ------------------------------------------------------------------ randomness, refusals, outputs
+def small_tune(seed, **extra):
+    data = oracle()
+    return tune(lambda c: DPSGD(lr=c["lr"], clip=1.0, noise_multiplier=1.0, batch_size=40), data, space=SPACE,
+                trials=TruncatedNegativeBinomial(2.0), epsilon=2.0, delta=DELTA, steps=5, seed=seed,
+                score=lambda theta: float(data.loss(theta)), **extra)
+
+
+def test_default_randomness_is_secret_and_a_seed_makes_the_tuning_reproducible():
+    a, b = small_tune(None), small_tune(None)
+    assert not torch.equal(a.theta, b.theta) and "operating system" in a.randomness
+    c, d = small_tune(9), small_tune(9)
+    assert torch.equal(c.theta, d.theta) and c.hyperparameters == d.hyperparameters
+    assert "seed staying secret" in c.randomness
+
+
+def test_a_candidate_that_changes_the_privacy_event_is_refused():
+    data = oracle()
+    with pytest.raises(DpoptError, match="changes the privacy event"):
+        tune(lambda c: DPSGD(lr=0.1, clip=1.0, noise_multiplier=1.0, batch_size=c["batch_size"]), data,
+             space=Space.grid(batch_size=[40, 80]), trials=TruncatedNegativeBinomial(3.0), epsilon=1.0, delta=DELTA,
+             steps=5, seed=1, score=lambda theta: 0.0)
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda: Poisson(0.5), "mean=0.5 must be >= 1"),
+    (lambda: TruncatedNegativeBinomial(3.0, -1.0), "shape=-1.0 must be >= 0"),
+    (lambda: LogUniform(1.0, 0.1), "high=0.1 must be >= low=1.0"),
+    (lambda: Space.grid(lr=[]), "must hold at least one value"),
+])
+def test_bad_settings_name_the_argument(make, message):
+    with pytest.raises(DpoptError, match=message):
+        make()
+
+
+def test_what_tune_writes_is_classified_and_k_only_among_the_diagnostics():
+    plain, diagnosed = small_tune(3), small_tune(3, diagnostics=True)
+    assert outputs.unclassified(plain.to_dict()) == [] and plain.diagnostics is None
+    assert outputs.unclassified(diagnosed.to_dict()) == []
+    assert diagnosed.diagnostics["label"] == outputs.NOT_PRIVATE and "trials_run" not in str(plain.to_dict())
+    assert math.isfinite(plain.final["validation_score"])
+
+
+# ------------------------------------------------------------------ the command line
+def test_dpopt_tune_prints_and_writes_the_guarantee_of_tuning_and_training(capsys, tmp_path):
+    import json
+
+    from dpopt.cli import main
+
+    argv = ["tune", "--algorithm", "dp-sgd", "--dataset", "adult", "--epsilon", "1", "--steps", "10",
+            "--grid", "lr=0.1,0.5", "--range", "clip=0.5,2", "--trials-mean", "2", "--seed", "1", "--json",
+            "--out", str(tmp_path)]
+    assert main(argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+    written = json.loads((tmp_path / "tuned.json").read_text())
+    trials = TruncatedNegativeBinomial(2.0, 1.0)
+    n = round(0.8 * 32561)
+    step = dpa.PoissonSampledDpEvent(256 / n, dpa.GaussianDpEvent(float(written["algorithm"].split(
+        "noise_multiplier=")[1].split(",")[0])))
+    accountant = rdp_privacy_accountant.RdpAccountant()
+    accountant.compose(dp_event.RepeatAndSelectDpEvent(dpa.SelfComposedDpEvent(step, 10), 2.0, 1.0))
+    assert printed["final"]["epsilon"] == written["final"]["epsilon"] == pytest.approx(
+        accountant.get_epsilon(1e-5), rel=1e-9)
+    assert 0.99 <= printed["final"]["epsilon"] <= 1.0 and repr(trials) == printed["trials"]
+    assert printed["hyperparameters"]["lr"] in (0.1, 0.5) and 0.5 <= printed["hyperparameters"]["clip"] <= 2
+    assert outputs.unclassified(written) == [] and written["diagnostics"] is None
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--grid", "batch_size=10,20"], "grid='batch_size' must be one of: lr, clip"),
+    (["--range", "lr=0.1"], "range lr='0.1' must be two numbers LOW,HIGH"),
+    (["--grid", "lr=0.1", "--trials-mean", "0.5"], "mean=0.5 must be >= 1"),
+    ([], "tune needs at least one --grid"),
+])
+def test_dpopt_tune_refuses_bad_input_with_exit_2(capsys, extra, message, tmp_path):
+    from dpopt.cli import main
+
+    assert main(["tune", "--algorithm", "dp-sgd", "--epsilon", "1", "--out", str(tmp_path), *extra]) == 2
+    assert message in capsys.readouterr().err
