@@ -4,6 +4,9 @@ Every command takes ``--json`` for machine-readable output on stdout (strict JSO
 :mod:`dpopt.report`). Exit codes: 0 done; 2 invalid input or a failure, with one line
 ``dpopt: error: <argument>=<value> must be …`` and no traceback; 3 a ``run`` that diverged (θ or
 its objective not finite), after writing what it has; 130 interrupted (Ctrl-C), saying what was kept.
+
+Each command imports what it needs when it runs: the parser, ``account`` and ``calibrate`` start
+without torch (``tests/test_cli_start.py``).
 """
 
 from __future__ import annotations
@@ -13,21 +16,14 @@ import contextlib
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-import dp_accounting as dpa
-import torch
-from dp_accounting import NeighboringRelation
+from . import _validate, lock, report
+from .names import ACCOUNTANTS, ALGORITHMS, NOISES, NON_PRIVATE
 
-from . import _validate, data, distributed, lock, mechanisms, report
-from .accounting import ACCOUNTANTS, RELATION_NAMES, accountant_for, calibrate, epsilon_of, solve_noise
-from .algorithms.by_name import NAMES as ALGORITHMS
-from .algorithms.by_name import NOISES, NON_PRIVATE, noise_of
-from .algorithms.by_name import build as build_algorithm
-from .data.tabular import prepared
-from .models import mlp_oracle
-from .oracles import make as make_oracle
-from .train import run
+if TYPE_CHECKING:
+    import dp_accounting as dpa
+    from dp_accounting import NeighboringRelation
 
 MECHANISMS = ("poisson-gaussian", "wor-gaussian", "gaussian", "tree")
 EXPLAINED = ("aclip",)
@@ -46,9 +42,12 @@ class _Parser(argparse.ArgumentParser):
 def _mechanism_event(args: argparse.Namespace, z: float) -> tuple[dpa.DpEvent, NeighboringRelation]:
     """The composed event of ``--steps`` runs of the named mechanism with multiplier z ("tree": one
     binary tree over ``--steps`` increments, each record in one increment)."""
+    import dp_accounting as dpa
+    from dp_accounting import NeighboringRelation
+
     steps = _validate.positive_int("steps", args.steps)
-    if args.mechanism == "tree":
-        return mechanisms.tree_event(z, [steps]), NeighboringRelation.REPLACE_SPECIAL
+    if args.mechanism == "tree":  # dpopt.mechanisms.tree_event, without importing torch
+        return dpa.SingleEpochTreeAggregationDpEvent(z, [steps]), NeighboringRelation.REPLACE_SPECIAL
     if args.mechanism == "gaussian":
         return dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(z), steps), NeighboringRelation.REPLACE_ONE
     if args.mechanism == "poisson-gaussian":
@@ -73,6 +72,8 @@ def _sampling_rate(args: argparse.Namespace) -> float:
 
 
 def _account(args: argparse.Namespace) -> dict[str, Any]:
+    from .accounting import RELATION_NAMES, accountant_for, epsilon_of
+
     if args.explain is not None:
         return _explain(args)
     if args.mechanism is None or args.noise_multiplier is None:
@@ -99,6 +100,8 @@ def _explain(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _calibrate(args: argparse.Namespace) -> dict[str, Any]:
+    from .accounting import RELATION_NAMES, accountant_for, solve_noise
+
     target = _validate.positive("epsilon", args.epsilon)
     delta = _validate.open_unit("delta", args.delta)
     relation = _mechanism_event(args, 1.0)[1]
@@ -112,8 +115,13 @@ def _calibrate(args: argparse.Namespace) -> dict[str, Any]:
 def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     """Train here, in ``--nproc`` data-parallel processes, or as one rank of torchrun's group;
     rank 0's summary (None on the other ranks, which write and print nothing)."""
+    import torch
+
+    from . import distributed
+
     nproc = _validate.positive_int("nproc", args.nproc)
-    rank_timeout = _validate.positive("rank_timeout", args.rank_timeout)
+    rank_timeout = _validate.positive("rank_timeout", distributed.RANK_TIMEOUT if args.rank_timeout is None
+                                      else args.rank_timeout)
     _shared_noise(max(nproc, distributed.world_size()), args.noise)
     _validate.one_of("backend", args.backend, ("local", "torch"))
     if args.backend == "torch" and args.algorithm not in FEDERATED:
@@ -142,6 +150,8 @@ def _shared_noise(processes: int, noise: str) -> None:
 
 def _out(args: argparse.Namespace) -> Path:
     """``--out``; by default named after the (checked) algorithm and data set."""
+    from . import data
+
     _validate.one_of("algorithm", args.algorithm, ALGORITHMS)
     _validate.one_of("dataset", args.dataset, data.names())
     if args.algorithm in NON_PRIVATE:
@@ -155,6 +165,8 @@ def _holding_out(args: argparse.Namespace) -> Iterator[None]:
     """Rank 0, which alone writes ``--out``, holds its lock for the whole run: before anything
     there is touched, until the results are written. Results whose checkpoint is gone are not
     overwritten (a new run would start from ε = 0 and replace the record of a spent budget)."""
+    from . import distributed
+
     if distributed.rank() != 0:
         yield
         return
@@ -167,6 +179,17 @@ def _holding_out(args: argparse.Namespace) -> Iterator[None]:
 
 
 def _train(args: argparse.Namespace) -> dict[str, Any] | None:
+    import torch
+
+    from . import data, distributed
+    from .accounting import calibrate
+    from .algorithms.by_name import build as build_algorithm
+    from .algorithms.by_name import noise_of
+    from .data.tabular import prepared
+    from .models import mlp_oracle
+    from .oracles import make as make_oracle
+    from .train import run
+
     out = _out(args)
     epsilon = _validate.positive("epsilon", args.epsilon)
     delta = _validate.open_unit("delta", args.delta)
@@ -239,6 +262,8 @@ def _summary(args: argparse.Namespace, history: Any) -> str:
 
 def _audit(args: argparse.Namespace) -> dict[str, Any]:
     """Calibrate ``--algo`` to (--epsilon, --delta) on the canary world's n + 1 records, then audit it."""
+    from .accounting import calibrate
+    from .algorithms.by_name import build as build_algorithm
     from .audit import audit
 
     _validate.one_of("algo", args.algo, ALGORITHMS)
@@ -262,6 +287,8 @@ def _reproduce(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _data(args: argparse.Namespace) -> Any:
+    from . import data
+
     if args.action == "list":
         return {"datasets": data.names(), "data_dir": str(Path(args.data_dir) if args.data_dir else data.default_data_dir())}
     if args.name is None:
@@ -333,8 +360,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--out", help="output directory (default results/run-<algorithm>-<dataset>)")
     sub.add_argument("--nproc", type=int, default=1, help="data-parallel processes (gloo on 127.0.0.1; the same "
                      "run as one process; under torchrun leave it at 1)")
-    sub.add_argument("--rank-timeout", type=float, default=distributed.RANK_TIMEOUT, help="seconds a process of a "
-                     "data-parallel run may stop answering before the run is stopped with an error naming it")
+    sub.add_argument("--rank-timeout", type=float, help="seconds a process of a data-parallel run may stop "
+                     "answering before the run is stopped with an error naming it (default: "
+                     "dpopt.distributed.RANK_TIMEOUT)")
     common(sub)
 
     sub = commands.add_parser("audit", help="empirical ε lower bound by the canary method (see dpopt.audit)")
