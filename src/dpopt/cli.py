@@ -150,14 +150,55 @@ def _shared_noise(processes: int, noise: str) -> None:
 
 def _out(args: argparse.Namespace) -> Path:
     """``--out``; by default named after the (checked) algorithm and data set."""
-    from . import data
-
     _validate.one_of("algorithm", args.algorithm, ALGORITHMS)
-    _validate.one_of("dataset", args.dataset, data.names())
+    name = _data_name(args)
     if args.algorithm in NON_PRIVATE:
         raise _validate.DpoptError(f"algorithm={args.algorithm!r} is not private (ε = ∞) and cannot meet "
                                    f"epsilon={args.epsilon!r}: train it in Python (dpopt.run) as a non-private reference")
-    return Path(args.out or f"results/run-{args.algorithm}-{args.dataset}")
+    return Path(args.out or f"results/run-{args.algorithm}-{name}")
+
+
+def _data_name(args: argparse.Namespace) -> str:
+    """The registered ``--dataset`` (default adult), checked, or the name of the ``--data`` file."""
+    from . import data
+
+    if args.data is None:
+        for own in ("task", "target"):
+            if getattr(args, own) is not None:
+                raise _validate.DpoptError(f"--{own} is for --data (a file of your own); a registered data set "
+                                           "has its own")
+        return _validate.one_of("dataset", args.dataset or "adult", data.names())
+    if args.dataset is not None:
+        raise _validate.DpoptError("give --dataset (a registered data set) or --data (a file), not both")
+    return Path(args.data).name
+
+
+def _prepared_data(args: argparse.Namespace) -> Any:
+    """The data set to train on, prepared for every model from public bounds only
+    (:mod:`dpopt.data.bounds`): ``--feature-bounds`` (and ``--target-bounds``, ``--row-norm``) if
+    given, else those the registered data set declares; never from statistics of the data."""
+    from . import data
+    from .data import own
+    from .data.bounds import PublicBounds, Range, feature_ranges
+
+    name = _data_name(args)
+    if args.data is None:
+        dataset, columns, preparation = data.load(name, args.data_dir), None, data.preparation(name)
+    else:
+        if args.task is None:
+            raise _validate.DpoptError(f"--data needs --task: one of {', '.join(data.registry.TASKS)}")
+        read = own.read(args.data, task=args.task, target=args.target)
+        dataset, columns, preparation = read.dataset, read.columns, None
+    if args.feature_bounds is not None:
+        target = None if args.target_bounds is None else Range.parse("target_bounds", args.target_bounds)
+        preparation = PublicBounds(feature_ranges(args.feature_bounds, columns), target, args.row_norm)
+    elif args.target_bounds is not None or args.row_norm is not None:
+        raise _validate.DpoptError("--target-bounds and --row-norm go with --feature-bounds")
+    elif preparation is None:
+        raise _validate.DpoptError(f"data set {name!r} declares no public bounds of its features: give "
+                                   "--feature-bounds LOW:HIGH or FILE.json (and --target-bounds LOW:HIGH for "
+                                   "regression); they must be public, not computed from the data")
+    return preparation.prepare(dataset)
 
 
 @contextlib.contextmanager
@@ -185,7 +226,6 @@ def _train(args: argparse.Namespace) -> dict[str, Any] | None:
     from .accounting import calibrate
     from .algorithms.by_name import build as build_algorithm
     from .algorithms.by_name import noise_of
-    from .data.tabular import prepared
     from .models import mlp_oracle
     from .oracles import make as make_oracle
     from .train import run
@@ -194,14 +234,13 @@ def _train(args: argparse.Namespace) -> dict[str, Any] | None:
     epsilon = _validate.positive("epsilon", args.epsilon)
     delta = _validate.open_unit("delta", args.delta)
     steps = _validate.positive_int("steps", args.steps)
-    dataset = data.load(args.dataset, args.data_dir)
+    dataset = _prepared_data(args)
     needed = {"ridge": ("regression",), "mlp": ("regression", "multiclass")}.get(args.model, ("binary",))
     if dataset.task not in needed:
-        raise _validate.DpoptError(f"dataset={args.dataset!r} is a {dataset.task} task; model={args.model!r} "
+        raise _validate.DpoptError(f"dataset={dataset.name!r} is a {dataset.task} task; model={args.model!r} "
                                    f"needs a {' or '.join(needed)} data set")
     X_test, y_test = torch.as_tensor(dataset.X_test), torch.as_tensor(dataset.y_test)
-    if args.model == "mlp":  # the DIFF2 paper's network and preparation
-        dataset = prepared(dataset)
+    if args.model == "mlp":  # the DIFF2 paper's network
         classes = int(max(dataset.y_train.max(), dataset.y_test.max())) + 1 if dataset.task == "multiclass" else None
         oracle = mlp_oracle(dataset.X_train, dataset.y_train, classes=classes)
         tester = mlp_oracle(dataset.X_test, dataset.y_test, classes=classes)
@@ -231,10 +270,10 @@ def _train(args: argparse.Namespace) -> dict[str, Any] | None:
                       diagnostics=args.diagnostics)
     if not lead:
         return None
-    payload = {"algorithm": args.algorithm, "dataset": args.dataset, "model": args.model, "epsilon_target": epsilon,
+    payload = {"algorithm": args.algorithm, "dataset": dataset.name, "data_source": dataset.source, "model": args.model, "epsilon_target": epsilon,
                "hyperparameters": repr(algorithm), "processes": processes, **history.to_dict()}
     report.write_json(out / "history.json", payload)
-    report.write_text(out / "summary.md", _summary(args, history))
+    report.write_text(out / "summary.md", _summary(args.algorithm, dataset.name, history))
     passes = [r["expected_passes"] for r in history.records]
     panels = {"test error": {args.algorithm: (passes, [r["test_error"] for r in history.records])},
               "ε spent (guarantee)": {args.algorithm: (passes, [r["epsilon"] for r in history.records])}}
@@ -247,9 +286,9 @@ def _train(args: argparse.Namespace) -> dict[str, Any] | None:
                                     "randomness")} | {"out": str(out)}
 
 
-def _summary(args: argparse.Namespace, history: Any) -> str:
+def _summary(algorithm: str, dataset: str, history: Any) -> str:
     """summary.md: the private results; the diagnostics, if asked for, in a section of their own."""
-    text = report.markdown_table([{"algorithm": args.algorithm, "dataset": args.dataset, **history.final}],
+    text = report.markdown_table([{"algorithm": algorithm, "dataset": dataset, **history.final}],
                                  ["algorithm", "dataset", "epsilon", "test_error", "expected_passes"])
     text += f"\n\nδ = {history.delta:g}, {history.accountant}, {history.neighboring_relation}; randomness: " \
             f"{history.randomness}.\n"
@@ -328,7 +367,19 @@ def _parser() -> argparse.ArgumentParser:
 
     sub = commands.add_parser("run", help="train one algorithm on one data set at a target ε")
     sub.add_argument("--algorithm", required=True, help=f"one of: {', '.join(ALGORITHMS)}")
-    sub.add_argument("--dataset", default="adult", help="a registered data set (`dpopt data list`)")
+    sub.add_argument("--dataset", help="a registered data set (`dpopt data list`; default adult), prepared from "
+                     "the public bounds it declares (`dpopt data info NAME`)")
+    sub.add_argument("--data", help="a file of your own instead: CSV with a header (.csv, .csv.gz), NPZ (arrays X "
+                     "and the target), LIBSVM (.libsvm, .svm, optionally compressed); split 80/20 (seed 0)")
+    sub.add_argument("--task", help="with --data: binary, multiclass or regression")
+    sub.add_argument("--target", help="with --data: the target's CSV column or NPZ array (NPZ default y)")
+    sub.add_argument("--feature-bounds", help="public ranges of the features, LOW:HIGH for all or a JSON file (a "
+                     "list of [low, high] per feature, or for a CSV an object column -> [low, high]): each feature "
+                     "is clipped to its range and mapped onto [-1, 1]; needed with --data")
+    sub.add_argument("--target-bounds", help="with --feature-bounds, regression: the target's public range "
+                     "LOW:HIGH (clipped, mapped onto [-1, 1])")
+    sub.add_argument("--row-norm", type=float, help="with --feature-bounds: scale each prepared row to norm at most "
+                     "this (public) bound")
     sub.add_argument("--model", choices=MODELS, default="logistic")
     sub.add_argument("--reg", type=float, default=1e-3, help="regularisation λ")
     sub.add_argument("--epsilon", type=float, required=True)
