@@ -182,23 +182,24 @@ def _prepared_data(args: argparse.Namespace) -> Any:
     from .data.bounds import PublicBounds, Range, feature_ranges
 
     name = _data_name(args)
-    if args.data is None:
-        dataset, columns, preparation = data.load(name, args.data_dir), None, data.preparation(name)
-    else:
-        if args.task is None:
-            raise _validate.DpoptError(f"--data needs --task: one of {', '.join(data.registry.TASKS)}")
-        read = own.read(args.data, task=args.task, target=args.target)
-        dataset, columns, preparation = read.dataset, read.columns, None
-    if args.feature_bounds is not None:
-        target = None if args.target_bounds is None else Range.parse("target_bounds", args.target_bounds)
-        preparation = PublicBounds(feature_ranges(args.feature_bounds, columns), target, args.row_norm)
-    elif args.target_bounds is not None or args.row_norm is not None:
+    if args.data is not None and args.task is None:
+        raise _validate.DpoptError(f"--data needs --task: one of {', '.join(data.registry.TASKS)}")
+    declared = data.preparation(name) if args.data is None else None
+    if args.feature_bounds is None and (args.target_bounds is not None or args.row_norm is not None):
         raise _validate.DpoptError("--target-bounds and --row-norm go with --feature-bounds")
-    elif preparation is None:
+    if args.feature_bounds is None and declared is None:
         raise _validate.DpoptError(f"data set {name!r} declares no public bounds of its features: give "
                                    "--feature-bounds LOW:HIGH or FILE.json (and --target-bounds LOW:HIGH for "
                                    "regression); they must be public, not computed from the data")
-    return preparation.prepare(dataset)
+    if args.data is None:
+        dataset, columns = data.load(name, args.data_dir), None
+    else:
+        read = own.read(args.data, task=args.task, target=args.target)
+        dataset, columns = read.dataset, read.columns
+    if args.feature_bounds is None:
+        return declared.prepare(dataset)
+    target = None if args.target_bounds is None else Range.parse("target_bounds", args.target_bounds)
+    return PublicBounds(feature_ranges(args.feature_bounds, columns), target, args.row_norm).prepare(dataset)
 
 
 @contextlib.contextmanager
