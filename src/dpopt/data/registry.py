@@ -175,11 +175,12 @@ class _Spec:
 _BINARY_FEATURES = AsGiven("binary features 0/1 (LIBSVM's binarisation)")
 _PIXELS = AsGiven("pixels / 255 in [0, 1]")
 #: California Housing (1990 census block groups): public ranges from geography and the census's
-#: own top-codes, not from the file. Longitude and latitude: California's bounding box; housing
-#: median age: 0-52 years (top-coded at 52); rooms, bedrooms, population, households: block
-#: groups are drawn for 600-3,000 people, so generous caps of 20,000 rooms, 4,000 bedrooms,
-#: 10,000 people and 4,000 households (the few larger groups are clipped); median income in
-#: $10,000s, top-coded at 15; target the median house value, top-coded at $500,000 (as 500,001).
+#: own categories, not from the file. Longitude and latitude: California's bounding box; housing
+#: median age: 0-52 years (the oldest category of year built, "1939 or earlier", ends 51 years
+#: before 1990); rooms, bedrooms, population, households: block groups are drawn for 600-3,000
+#: people, so generous caps of 20,000 rooms, 4,000 bedrooms, 10,000 people and 4,000 households
+#: (the few larger groups are clipped); median income in $10,000s, top-coded at 15 ($150,000);
+#: target the median house value, top-coded at $500,000 (written 500,001).
 _CALIFORNIA = PublicBounds(
     features=(Range(-124.5, -114.0), Range(32.5, 42.0), Range(0, 52), Range(0, 20_000), Range(0, 4_000),
               Range(0, 10_000), Range(0, 4_000), Range(0, 15)),
