@@ -58,8 +58,8 @@ def split(metrics: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 #: Every other private field: settings, the output θ, the accounting facts, the structure.
 PRIVATE_FIELDS = frozenset(PRIVATE_METRICS) | {
     "step", "records", "final", "theta", "delta", "accountant", "neighboring_relation", "steps_done", "stopped",
-    "randomness", "algorithm", "dataset", "model", "epsilon_target", "hyperparameters", "processes", "out",
-    "diagnostics", "diverged_at",
+    "randomness", "algorithm", "dataset", "data_source", "model", "epsilon_target", "hyperparameters", "processes",
+    "out", "diagnostics", "diverged_at",
 }
 #: Fields of the ``"diagnostics"`` section.
 DIAGNOSTIC_FIELDS = frozenset(DIAGNOSTIC_METRICS) | {"label", "records", "final", "step"}
