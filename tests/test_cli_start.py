@@ -27,7 +27,8 @@ ACCOUNT_WOR = ["account", "--mechanism", "wor-gaussian", "--noise-multiplier", "
 
 def _heavy_after(code: str) -> set[str]:
     """The modules of :data:`HEAVY` a fresh interpreter has imported after running ``code``."""
-    script = textwrap.dedent(code) + f"\nimport json, sys\nprint(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
+    report = f"\nimport json, sys\nprint(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
+    script = textwrap.dedent(code) + report
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     return set(json.loads(done.stdout.splitlines()[-1]))
@@ -48,7 +49,8 @@ def test_help_imports_no_torch_and_no_accounting() -> None:
     assert _heavy_after_cli(["run", "--help"]) == set()
 
 
-@pytest.mark.parametrize("argv", [CALIBRATE, ACCOUNT_TREE, ACCOUNT_WOR], ids=["calibrate", "account-tree", "account-wor"])
+@pytest.mark.parametrize("argv", [CALIBRATE, ACCOUNT_TREE, ACCOUNT_WOR],
+                         ids=["calibrate", "account-tree", "account-wor"])
 def test_accounting_commands_import_no_torch(argv: list[str]) -> None:
     assert _heavy_after_cli(argv) == {"dp_accounting", "scipy"}
 
