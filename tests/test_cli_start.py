@@ -1,5 +1,5 @@
 """The command line starts light: the parser, ``account`` and ``calibrate`` import neither torch
-nor matplotlib (the parser not even dp_accounting), and ``import dpopt`` stays a library whose
+nor matplotlib (the parser not even dp_accounting or numpy), and ``import dpopt`` stays a library whose
 public names load on first use.
 
 Each command runs in a fresh interpreter that then reports which heavy modules it imported: a
@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-HEAVY = ("torch", "matplotlib", "dp_accounting", "scipy")
+HEAVY = ("torch", "matplotlib", "dp_accounting", "scipy", "numpy")
 CALIBRATE = ["calibrate", "--mechanism", "poisson-gaussian", "--epsilon", "1", "--sampling-rate", "0.004",
              "--steps", "5000", "--delta", "1e-5", "--json"]
 ACCOUNT_TREE = ["account", "--mechanism", "tree", "--noise-multiplier", "3", "--steps", "100", "--delta", "1e-6",
@@ -52,7 +52,7 @@ def test_help_imports_no_torch_and_no_accounting() -> None:
 @pytest.mark.parametrize("argv", [CALIBRATE, ACCOUNT_TREE, ACCOUNT_WOR],
                          ids=["calibrate", "account-tree", "account-wor"])
 def test_accounting_commands_import_no_torch(argv: list[str]) -> None:
-    assert _heavy_after_cli(argv) == {"dp_accounting", "scipy"}
+    assert _heavy_after_cli(argv) == {"dp_accounting", "scipy", "numpy"}
 
 
 def test_import_dpopt_is_light_and_its_names_load_on_use() -> None:
