@@ -26,8 +26,8 @@ from scipy import optimize, special
 
 from . import _validate
 from .gaussian_pld import gaussian_pld
+from .names import ACCOUNTANTS
 
-ACCOUNTANTS = ("pld", "rdp")
 RELATION_NAMES = {
     NeighboringRelation.ADD_OR_REMOVE_ONE: "add/remove-one",
     NeighboringRelation.REPLACE_ONE: "replace-one",

@@ -15,6 +15,9 @@ the safetensors part by name. :func:`load` checks the digest before parsing anyt
 flipped bit or a truncated file is refused with one line, and parsing never runs code (no
 pickle). The digest detects corruption, not forgery: whoever can write the file can recompute
 it (resuming checks the contents against the run's plan, see :mod:`dpopt.train`).
+
+The atomic writers need no torch (``dpopt calibrate --json`` starts without it); :func:`save`
+and :func:`load` import the tensor codec when called.
 """
 
 from __future__ import annotations
@@ -26,10 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import safetensors
-import safetensors.torch
-
-from . import _validate, codec
+from . import _validate
 
 MAGIC = b"dpopt-checkpoint 1\n"
 
@@ -67,6 +67,10 @@ def write_text(path: Path, text: str) -> None:
 
 def save(path: Path, obj: Any) -> None:
     """Atomically write ``obj`` (a value :mod:`dpopt.codec` can encode) to ``path`` as a checkpoint."""
+    import safetensors.torch
+
+    from . import codec
+
     data, tensors = codec.encode(obj)
     text = json.dumps(data, allow_nan=False, separators=(",", ":")).encode()
     payload = len(text).to_bytes(8, "little") + text + safetensors.torch.save(tensors)
@@ -76,6 +80,11 @@ def save(path: Path, obj: Any) -> None:
 def load(path: Path) -> Any:
     """The value :func:`save` wrote to ``path``; a one-line :class:`~dpopt._validate.DpoptError` if
     the file is not such a checkpoint, is corrupt or truncated, or cannot be read."""
+    import safetensors
+    import safetensors.torch
+
+    from . import codec
+
     name = f"checkpoint={str(path)!r}"
     try:
         data = Path(path).read_bytes()

@@ -4,6 +4,9 @@ Every command takes ``--json`` for machine-readable output on stdout (strict JSO
 :mod:`dpopt.report`). Exit codes: 0 done; 2 invalid input or a failure, with one line
 ``dpopt: error: <argument>=<value> must be …`` and no traceback; 3 a ``run`` that diverged (θ or
 its objective not finite), after writing what it has; 130 interrupted (Ctrl-C), saying what was kept.
+
+Each command imports what it needs when it runs: the parser, ``account`` and ``calibrate`` start
+without torch (``tests/test_cli_start.py``).
 """
 
 from __future__ import annotations
@@ -13,21 +16,14 @@ import contextlib
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-import dp_accounting as dpa
-import torch
-from dp_accounting import NeighboringRelation
+from . import _validate, lock, report
+from .names import ACCOUNTANTS, ALGORITHMS, NOISES, NON_PRIVATE
 
-from . import _validate, data, distributed, lock, mechanisms, report
-from .accounting import ACCOUNTANTS, RELATION_NAMES, accountant_for, calibrate, epsilon_of, solve_noise
-from .algorithms.by_name import NAMES as ALGORITHMS
-from .algorithms.by_name import NOISES, NON_PRIVATE, noise_of
-from .algorithms.by_name import build as build_algorithm
-from .data.tabular import prepared
-from .models import mlp_oracle
-from .oracles import make as make_oracle
-from .train import run
+if TYPE_CHECKING:
+    import dp_accounting as dpa
+    from dp_accounting import NeighboringRelation
 
 MECHANISMS = ("poisson-gaussian", "wor-gaussian", "gaussian", "tree")
 EXPLAINED = ("aclip",)
@@ -46,9 +42,12 @@ class _Parser(argparse.ArgumentParser):
 def _mechanism_event(args: argparse.Namespace, z: float) -> tuple[dpa.DpEvent, NeighboringRelation]:
     """The composed event of ``--steps`` runs of the named mechanism with multiplier z ("tree": one
     binary tree over ``--steps`` increments, each record in one increment)."""
+    import dp_accounting as dpa
+    from dp_accounting import NeighboringRelation
+
     steps = _validate.positive_int("steps", args.steps)
-    if args.mechanism == "tree":
-        return mechanisms.tree_event(z, [steps]), NeighboringRelation.REPLACE_SPECIAL
+    if args.mechanism == "tree":  # dpopt.mechanisms.tree_event, without importing torch
+        return dpa.SingleEpochTreeAggregationDpEvent(z, [steps]), NeighboringRelation.REPLACE_SPECIAL
     if args.mechanism == "gaussian":
         return dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(z), steps), NeighboringRelation.REPLACE_ONE
     if args.mechanism == "poisson-gaussian":
@@ -73,6 +72,8 @@ def _sampling_rate(args: argparse.Namespace) -> float:
 
 
 def _account(args: argparse.Namespace) -> dict[str, Any]:
+    from .accounting import RELATION_NAMES, accountant_for, epsilon_of
+
     if args.explain is not None:
         return _explain(args)
     if args.mechanism is None or args.noise_multiplier is None:
@@ -99,6 +100,8 @@ def _explain(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _calibrate(args: argparse.Namespace) -> dict[str, Any]:
+    from .accounting import RELATION_NAMES, accountant_for, solve_noise
+
     target = _validate.positive("epsilon", args.epsilon)
     delta = _validate.open_unit("delta", args.delta)
     relation = _mechanism_event(args, 1.0)[1]
@@ -112,8 +115,13 @@ def _calibrate(args: argparse.Namespace) -> dict[str, Any]:
 def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     """Train here, in ``--nproc`` data-parallel processes, or as one rank of torchrun's group;
     rank 0's summary (None on the other ranks, which write and print nothing)."""
+    import torch
+
+    from . import distributed
+
     nproc = _validate.positive_int("nproc", args.nproc)
-    rank_timeout = _validate.positive("rank_timeout", args.rank_timeout)
+    rank_timeout = _validate.positive("rank_timeout", distributed.RANK_TIMEOUT if args.rank_timeout is None
+                                      else args.rank_timeout)
     _shared_noise(max(nproc, distributed.world_size()), args.noise)
     _validate.one_of("backend", args.backend, ("local", "torch"))
     if args.backend == "torch" and args.algorithm not in FEDERATED:
@@ -143,11 +151,55 @@ def _shared_noise(processes: int, noise: str) -> None:
 def _out(args: argparse.Namespace) -> Path:
     """``--out``; by default named after the (checked) algorithm and data set."""
     _validate.one_of("algorithm", args.algorithm, ALGORITHMS)
-    _validate.one_of("dataset", args.dataset, data.names())
+    name = _data_name(args)
     if args.algorithm in NON_PRIVATE:
         raise _validate.DpoptError(f"algorithm={args.algorithm!r} is not private (ε = ∞) and cannot meet "
                                    f"epsilon={args.epsilon!r}: train it in Python (dpopt.run) as a non-private reference")
-    return Path(args.out or f"results/run-{args.algorithm}-{args.dataset}")
+    return Path(args.out or f"results/run-{args.algorithm}-{name}")
+
+
+def _data_name(args: argparse.Namespace) -> str:
+    """The registered ``--dataset`` (default adult), checked, or the name of the ``--data`` file."""
+    from . import data
+
+    if args.data is None:
+        for own in ("task", "target"):
+            if getattr(args, own) is not None:
+                raise _validate.DpoptError(f"--{own} is for --data (a file of your own); a registered data set "
+                                           "has its own")
+        return _validate.one_of("dataset", args.dataset or "adult", data.names())
+    if args.dataset is not None:
+        raise _validate.DpoptError("give --dataset (a registered data set) or --data (a file), not both")
+    return Path(args.data).name
+
+
+def _prepared_data(args: argparse.Namespace) -> Any:
+    """The data set to train on, prepared for every model from public bounds only
+    (:mod:`dpopt.data.bounds`): ``--feature-bounds`` (and ``--target-bounds``, ``--row-norm``) if
+    given, else those the registered data set declares; never from statistics of the data."""
+    from . import data
+    from .data import own
+    from .data.bounds import PublicBounds, Range, feature_ranges
+
+    name = _data_name(args)
+    if args.data is not None and args.task is None:
+        raise _validate.DpoptError(f"--data needs --task: one of {', '.join(data.registry.TASKS)}")
+    declared = data.preparation(name) if args.data is None else None
+    if args.feature_bounds is None and (args.target_bounds is not None or args.row_norm is not None):
+        raise _validate.DpoptError("--target-bounds and --row-norm go with --feature-bounds")
+    if args.feature_bounds is None and declared is None:
+        raise _validate.DpoptError(f"data set {name!r} declares no public bounds of its features: give "
+                                   "--feature-bounds LOW:HIGH or FILE.json (and --target-bounds LOW:HIGH for "
+                                   "regression); they must be public, not computed from the data")
+    if args.data is None:
+        dataset, columns = data.load(name, args.data_dir), None
+    else:
+        read = own.read(args.data, task=args.task, target=args.target)
+        dataset, columns = read.dataset, read.columns
+    if args.feature_bounds is None:
+        return declared.prepare(dataset)
+    target = None if args.target_bounds is None else Range.parse("target_bounds", args.target_bounds)
+    return PublicBounds(feature_ranges(args.feature_bounds, columns), target, args.row_norm).prepare(dataset)
 
 
 @contextlib.contextmanager
@@ -155,6 +207,8 @@ def _holding_out(args: argparse.Namespace) -> Iterator[None]:
     """Rank 0, which alone writes ``--out``, holds its lock for the whole run: before anything
     there is touched, until the results are written. Results whose checkpoint is gone are not
     overwritten (a new run would start from ε = 0 and replace the record of a spent budget)."""
+    from . import distributed
+
     if distributed.rank() != 0:
         yield
         return
@@ -167,18 +221,27 @@ def _holding_out(args: argparse.Namespace) -> Iterator[None]:
 
 
 def _train(args: argparse.Namespace) -> dict[str, Any] | None:
+    import torch
+
+    from . import data, distributed
+    from .accounting import calibrate
+    from .algorithms.by_name import build as build_algorithm
+    from .algorithms.by_name import noise_of
+    from .models import mlp_oracle
+    from .oracles import make as make_oracle
+    from .train import run
+
     out = _out(args)
     epsilon = _validate.positive("epsilon", args.epsilon)
     delta = _validate.open_unit("delta", args.delta)
     steps = _validate.positive_int("steps", args.steps)
-    dataset = data.load(args.dataset, args.data_dir)
+    dataset = _prepared_data(args)
     needed = {"ridge": ("regression",), "mlp": ("regression", "multiclass")}.get(args.model, ("binary",))
     if dataset.task not in needed:
-        raise _validate.DpoptError(f"dataset={args.dataset!r} is a {dataset.task} task; model={args.model!r} "
+        raise _validate.DpoptError(f"dataset={dataset.name!r} is a {dataset.task} task; model={args.model!r} "
                                    f"needs a {' or '.join(needed)} data set")
     X_test, y_test = torch.as_tensor(dataset.X_test), torch.as_tensor(dataset.y_test)
-    if args.model == "mlp":  # the DIFF2 paper's network and preparation
-        dataset = prepared(dataset)
+    if args.model == "mlp":  # the DIFF2 paper's network
         classes = int(max(dataset.y_train.max(), dataset.y_test.max())) + 1 if dataset.task == "multiclass" else None
         oracle = mlp_oracle(dataset.X_train, dataset.y_train, classes=classes)
         tester = mlp_oracle(dataset.X_test, dataset.y_test, classes=classes)
@@ -208,10 +271,10 @@ def _train(args: argparse.Namespace) -> dict[str, Any] | None:
                       diagnostics=args.diagnostics)
     if not lead:
         return None
-    payload = {"algorithm": args.algorithm, "dataset": args.dataset, "model": args.model, "epsilon_target": epsilon,
+    payload = {"algorithm": args.algorithm, "dataset": dataset.name, "data_source": dataset.source, "model": args.model, "epsilon_target": epsilon,
                "hyperparameters": repr(algorithm), "processes": processes, **history.to_dict()}
     report.write_json(out / "history.json", payload)
-    report.write_text(out / "summary.md", _summary(args, history))
+    report.write_text(out / "summary.md", _summary(args.algorithm, dataset.name, history))
     passes = [r["expected_passes"] for r in history.records]
     panels = {"test error": {args.algorithm: (passes, [r["test_error"] for r in history.records])},
               "ε spent (guarantee)": {args.algorithm: (passes, [r["epsilon"] for r in history.records])}}
@@ -224,9 +287,9 @@ def _train(args: argparse.Namespace) -> dict[str, Any] | None:
                                     "randomness")} | {"out": str(out)}
 
 
-def _summary(args: argparse.Namespace, history: Any) -> str:
+def _summary(algorithm: str, dataset: str, history: Any) -> str:
     """summary.md: the private results; the diagnostics, if asked for, in a section of their own."""
-    text = report.markdown_table([{"algorithm": args.algorithm, "dataset": args.dataset, **history.final}],
+    text = report.markdown_table([{"algorithm": algorithm, "dataset": dataset, **history.final}],
                                  ["algorithm", "dataset", "epsilon", "test_error", "expected_passes"])
     text += f"\n\nδ = {history.delta:g}, {history.accountant}, {history.neighboring_relation}; randomness: " \
             f"{history.randomness}.\n"
@@ -240,6 +303,8 @@ def _summary(args: argparse.Namespace, history: Any) -> str:
 def _audit(args: argparse.Namespace) -> dict[str, Any]:
     """Calibrate ``--algo`` to (--epsilon, --delta) on the canary world's n + 1 records, then audit it."""
     from . import audit
+    from .accounting import calibrate
+    from .algorithms.by_name import build as build_algorithm
 
     _validate.one_of("algo", args.algo, ALGORITHMS)
     epsilon = _validate.positive("epsilon", args.epsilon)
@@ -281,6 +346,8 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _data(args: argparse.Namespace) -> Any:
+    from . import data
+
     if args.action == "list":
         return {"datasets": data.names(), "data_dir": str(Path(args.data_dir) if args.data_dir else data.default_data_dir())}
     if args.name is None:
@@ -320,7 +387,19 @@ def _parser() -> argparse.ArgumentParser:
 
     sub = commands.add_parser("run", help="train one algorithm on one data set at a target ε")
     sub.add_argument("--algorithm", required=True, help=f"one of: {', '.join(ALGORITHMS)}")
-    sub.add_argument("--dataset", default="adult", help="a registered data set (`dpopt data list`)")
+    sub.add_argument("--dataset", help="a registered data set (`dpopt data list`; default adult), prepared from "
+                     "the public bounds it declares (`dpopt data info NAME`)")
+    sub.add_argument("--data", help="a file of your own instead: CSV with a header (.csv, .csv.gz), NPZ (arrays X "
+                     "and the target), LIBSVM (.libsvm, .svm, optionally compressed); split 80/20 (seed 0)")
+    sub.add_argument("--task", help="with --data: binary, multiclass or regression")
+    sub.add_argument("--target", help="with --data: the target's CSV column or NPZ array (NPZ default y)")
+    sub.add_argument("--feature-bounds", help="public ranges of the features, LOW:HIGH for all or a JSON file (a "
+                     "list of [low, high] per feature, or for a CSV an object column -> [low, high]): each feature "
+                     "is clipped to its range and mapped onto [-1, 1]; needed with --data")
+    sub.add_argument("--target-bounds", help="with --feature-bounds, regression: the target's public range "
+                     "LOW:HIGH (clipped, mapped onto [-1, 1])")
+    sub.add_argument("--row-norm", type=float, help="with --feature-bounds: scale each prepared row to norm at most "
+                     "this (public) bound")
     sub.add_argument("--model", choices=MODELS, default="logistic")
     sub.add_argument("--reg", type=float, default=1e-3, help="regularisation λ")
     sub.add_argument("--epsilon", type=float, required=True)
@@ -352,8 +431,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--out", help="output directory (default results/run-<algorithm>-<dataset>)")
     sub.add_argument("--nproc", type=int, default=1, help="data-parallel processes (gloo on 127.0.0.1; the same "
                      "run as one process; under torchrun leave it at 1)")
-    sub.add_argument("--rank-timeout", type=float, default=distributed.RANK_TIMEOUT, help="seconds a process of a "
-                     "data-parallel run may stop answering before the run is stopped with an error naming it")
+    sub.add_argument("--rank-timeout", type=float, help="seconds a process of a data-parallel run may stop "
+                     "answering before the run is stopped with an error naming it (default: "
+                     "dpopt.distributed.RANK_TIMEOUT)")
     common(sub)
 
     sub = commands.add_parser("audit", help="empirical ε lower bound by the canary method (see dpopt.audit)")

@@ -70,7 +70,7 @@ DIAGNOSTIC_FACTS = frozenset({"goldstein_start", "reference_norm", "nonprivate_l
 #: run's history and of a reproduction's results.json.
 PRIVATE_FIELDS = frozenset(PRIVATE_METRICS) | frozenset(EXPERIMENT_PRIVATE) | PUBLIC_FACTS | {
     "step", "records", "final", "theta", "delta", "accountant", "neighboring_relation", "steps_done", "stopped",
-    "randomness", "algorithm", "dataset", "out", "epsilon_target", "processes", "diagnostics", "diverged_at",
+    "randomness", "algorithm", "dataset", "data_source", "out", "epsilon_target", "processes", "diagnostics", "diverged_at",
     "experiment", "rows", "seeds", "quick", "log_points", "facts", "t_tests", "problem", "ours", "baseline",
     "metrics", "mean", "std",
     # a private tuning's release (dpopt.tuning): the selected run, its score on held-out data, the

@@ -11,15 +11,18 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from . import checkpoint
+
+if TYPE_CHECKING:  # numpy is imported where it is used: the command line's parser starts without it
+    import numpy as np
 
 
 def summarise(values: Sequence[float]) -> dict[str, float]:
     """Mean and sample standard deviation (0 for one value)."""
+    import numpy as np
+
     array = np.asarray(values, dtype=float)
     with np.errstate(invalid="ignore"):  # ε = ∞ for non-private runs: its spread is undefined (NaN)
         return {"mean": float(array.mean()), "std": float(array.std(ddof=1)) if len(array) > 1 else 0.0}
@@ -88,6 +91,7 @@ def curves_figure(path: Path, panels: dict[str, dict[str, tuple[np.ndarray, np.n
     import io
 
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

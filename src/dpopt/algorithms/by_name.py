@@ -8,6 +8,8 @@ from typing import Any
 
 from .. import _validate
 from ..mechanisms import CONTINUOUS, DISCRETE, Noise, NoiseSource, SystemNoise
+from ..names import ALGORITHMS as NAMES
+from ..names import NON_PRIVATE, NOISES
 from ..sampling import Clients, by_name
 from .aclip import AClip
 from .diff2 import DIFF2, LocalSteps
@@ -18,13 +20,7 @@ from .o2nc import O2NC, O2NCMulti
 from .rrpsgd import rrpsgd
 from .storm import Storm
 
-NAMES = ("dp-sgd", "dp-gd", "dp-srm", "rrpsgd", "dp-agd", "aclip", "storm", "o2nc-zeroth", "o2nc-first", "o2nc-multi",
-         "diff2-gd", "diff2-bvr")
-#: The methods with no privacy (nothing to calibrate).
-NON_PRIVATE = ("storm",)
-#: Noise by name: "torch" (the run's seeded generator), "secure" (the OS CSPRNG), "discrete" (the
-#: exact discrete Gaussian, unsampled releases only).
-NOISES = ("torch", "secure", "discrete")
+__all__ = ["NAMES", "NON_PRIVATE", "NOISES", "build", "noise_of", "steps_for_epochs"]
 
 
 def noise_of(name: str) -> tuple[Noise, NoiseSource | None]:

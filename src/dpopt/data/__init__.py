@@ -22,8 +22,9 @@ from dpopt.data.registry import (
     info,
     load,
     names,
+    preparation,
 )
 from dpopt.data.synthetic import NOISES, SYNTHETIC_TASKS, heavy_tailed
 
 __all__ = ["DataError", "Dataset", "NOISES", "SYNTHETIC_TASKS", "default_data_dir", "fetch",
-           "heavy_tailed", "info", "load", "names", "read_idx"]
+           "heavy_tailed", "info", "load", "names", "preparation", "read_idx"]

@@ -71,15 +71,15 @@ def read_libsvm(source: str | os.PathLike[str] | IO[bytes] | IO[str], n_features
     :class:`DataError` naming the file and line.
     """
     positive_int("n_features", n_features)
-    data, name = _read_bytes(source)
+    data, name = read_bytes(source)
     buffer = np.frombuffer(b"\n" + data + b"\n", dtype=np.uint8)
     tokens = _tokenise(buffer, name)
     values = _numbers(buffer, tokens, name)
     X, y = _assemble(values, tokens, n_features, name)
-    return X, (_binary_labels(y, name) if binary else y)
+    return X, (binary_labels(y, name) if binary else y)
 
 
-def _read_bytes(source: str | os.PathLike[str] | IO[bytes] | IO[str]) -> tuple[bytes, str]:
+def read_bytes(source: str | os.PathLike[str] | IO[bytes] | IO[str]) -> tuple[bytes, str]:
     """All bytes of ``source`` and a name for messages."""
     if not isinstance(source, (str, os.PathLike)):
         content: Any = source.read()
@@ -203,7 +203,7 @@ def _assemble(values: np.ndarray, tokens: _Tokens, n_features: int,
     return X, values[tokens.is_label]
 
 
-def _binary_labels(y: np.ndarray, name: str) -> np.ndarray:
+def binary_labels(y: np.ndarray, name: str) -> np.ndarray:
     """Labels as -1.0/+1.0: kept if already so, else the two classes mapped in order."""
     classes = np.unique(y)
     if np.isin(classes, (-1.0, 1.0)).all():

@@ -39,10 +39,11 @@ from dpopt._validate import DpoptError, one_of
 from dpopt.data.cifar import read_cifar10
 from dpopt.data.idx import read_idx
 from dpopt.data import tabular
+from dpopt.data.bounds import AsGiven, Preparation, PublicBounds, Range
 from dpopt.data.libsvm import DataError, read_libsvm
 
 __all__ = ["DataError", "Dataset", "RemoteFile", "default_data_dir", "fetch", "info", "load",
-           "names"]
+           "names", "preparation"]
 
 TASKS = ("binary", "regression", "multiclass")
 _BUNDLED_DIR = Path(__file__).with_name("bundled")
@@ -165,6 +166,26 @@ class _Spec:
     n_train: int
     n_test: int
     dim: int
+    #: How ``dpopt run`` prepares it for every model, from public bounds only (None: it declares
+    #: none, and the user must give them).
+    preparation: Preparation | None
+
+
+#: LIBSVM's binary and scaled data sets and the image data sets are already in public ranges.
+_BINARY_FEATURES = AsGiven("binary features 0/1 (LIBSVM's binarisation)")
+_PIXELS = AsGiven("pixels / 255 in [0, 1]")
+#: California Housing (1990 census block groups): public ranges from geography and the census's
+#: own categories, not from the file. Longitude and latitude: California's bounding box; housing
+#: median age: 0-52 years (the oldest category of year built, "1939 or earlier", ends 51 years
+#: before 1990); rooms, bedrooms, population, households: block groups are drawn for 600-3,000
+#: people, so generous caps of 20,000 rooms, 4,000 bedrooms, 10,000 people and 4,000 households
+#: (the few larger groups are clipped); median income in $10,000s, top-coded at 15 ($150,000);
+#: target the median house value, top-coded at $500,000 (written 500,001).
+_CALIFORNIA = PublicBounds(
+    features=(Range(-124.5, -114.0), Range(32.5, 42.0), Range(0, 52), Range(0, 20_000), Range(0, 4_000),
+              Range(0, 10_000), Range(0, 4_000), Range(0, 15)),
+    target=Range(0, 500_001),
+    source="California's bounding box, the 1990 census's top-codes and block-group sizes")
 
 
 def _libsvm_split(n_features: int) -> Callable[[Sequence[Path]], Arrays]:
@@ -254,6 +275,7 @@ _SPECS = (
         n_train=32_561,
         n_test=16_281,
         dim=123,
+        preparation=_BINARY_FEATURES,
     ),
     _Spec(
         name="ijcnn1",
@@ -276,6 +298,7 @@ _SPECS = (
         n_train=49_990,
         n_test=91_701,
         dim=22,
+        preparation=AsGiven("features scaled by LIBSVM into [-1, 1]"),
     ),
     _Spec(
         name="mnist",
@@ -317,6 +340,7 @@ _SPECS = (
         n_train=60_000,
         n_test=10_000,
         dim=784,
+        preparation=_PIXELS,
     ),
     _Spec(
         name="diabetes",
@@ -339,6 +363,7 @@ _SPECS = (
         n_train=500,
         n_test=268,
         dim=8,
+        preparation=None,
     ),
     _Spec(
         name="cifar10",
@@ -362,6 +387,7 @@ _SPECS = (
         n_train=50_000,
         n_test=10_000,
         dim=3072,
+        preparation=_PIXELS,
     ),
     _Spec(
         name="california_housing",
@@ -378,6 +404,7 @@ _SPECS = (
         n_train=16_512,
         n_test=4_128,
         dim=8,
+        preparation=_CALIFORNIA,
     ),
     _Spec(
         name="gas_turbine",
@@ -398,6 +425,7 @@ _SPECS = (
         n_train=29_386,
         n_test=7_347,
         dim=9,
+        preparation=None,
     ),
     _Spec(
         name="blogfeedback",
@@ -414,6 +442,7 @@ _SPECS = (
         n_train=48_016,
         n_test=12_005,
         dim=280,
+        preparation=None,
     ),
     _Spec(
         name="kddcup99",
@@ -431,6 +460,7 @@ _SPECS = (
         n_train=395_216,
         n_test=98_805,
         dim=118,
+        preparation=None,
     ),
 )
 _REGISTRY = {spec.name: spec for spec in _SPECS}
@@ -454,7 +484,14 @@ def info(name: str) -> dict[str, Any]:
              for f in spec.files]
     return {"name": spec.name, "task": spec.task, "description": spec.description,
             "licence": spec.licence, "source": spec.source, "bundled": spec.bundled,
-            "n_train": spec.n_train, "n_test": spec.n_test, "dim": spec.dim, "files": files}
+            "n_train": spec.n_train, "n_test": spec.n_test, "dim": spec.dim, "files": files,
+            "preparation": None if spec.preparation is None else repr(spec.preparation)}
+
+
+def preparation(name: str) -> Preparation | None:
+    """How ``dpopt run`` prepares data set ``name`` for every model: from the public bounds its
+    registration declares (:mod:`dpopt.data.bounds`), or None if it declares none."""
+    return _spec(name).preparation
 
 
 def load(name: str, data_dir: PathLike | None = None) -> Dataset:
