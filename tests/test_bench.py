@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from dpopt._validate import DpoptError
 from dpopt.bench import problems
 from dpopt.cli import main
 from dpopt.tuning import TruncatedNegativeBinomial
@@ -33,11 +34,17 @@ grid = { lr = [0.1, 1.0] }
 
 
 def test_the_bundled_problems_and_their_quick_settings():
-    full, quick = problems()["adult-logistic"], problems(quick=True)["adult-logistic"]
+    full, quick = problems()["adult-logistic"], problems("quick")["adult-logistic"]
     assert [m.algorithm for m in full.methods] == ["dp-sgd", "dp-srm", "aclip", "dp-gd"]
     assert full.epsilons == (0.5, 1.0, 3.0, 8.0) and full.seeds >= 5 and quick.epsilons == (1.0,)
     assert full.trials == TruncatedNegativeBinomial(4.0, 1.0)
     assert [m.steps for m in quick.methods] == [round(0.25 * m.steps) for m in full.methods]
+    # ./dev run's compact comparison: the four methods at ε = 1, the full steps, 2 seeds, K ≥ 1 always
+    main = problems("main")["adult-logistic"]
+    assert main.methods == full.methods and main.epsilons == (1.0,) and main.seeds == 2
+    assert main.trials == TruncatedNegativeBinomial(3.0, 3.0) and main.trials.pmf(0) == 0.0
+    with pytest.raises(DpoptError, match="variant='nightly': problem 'adult-logistic' declares no such block"):
+        problems("nightly")
 
 
 def test_bench_json_gives_each_cell_its_methods_errors_epsilons_and_winner(capsys, tmp_path):

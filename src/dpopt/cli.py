@@ -505,6 +505,8 @@ def _parser() -> argparse.ArgumentParser:
                               "with the same budget for tuning and training")
     sub.add_argument("--problem", action="append", help="a declared problem (default: all); repeatable")
     sub.add_argument("--quick", action="store_true", help="the problems' quick settings (CI)")
+    sub.add_argument("--variant", help="a block of overrides the problems declare (e.g. main: the compact comparison "
+                     "of ./dev run); --quick is --variant quick")
     sub.add_argument("--epsilon", type=float, action="append", help="run at this ε only (repeatable)")
     sub.add_argument("--seeds", type=int, help="seeds per cell instead of the problem's")
     sub.add_argument("--file", help="a problems file (default: the bundled problems.toml)")

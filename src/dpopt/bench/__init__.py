@@ -53,17 +53,20 @@ class Problem:
     methods: tuple[Method, ...]
 
 
-def problems(quick: bool = False, path: Path = PROBLEMS) -> dict[str, Problem]:
-    """The problems declared in ``path`` (with ``--quick``: their ``quick`` overrides)."""
+def problems(variant: str | None = None, path: Path = PROBLEMS) -> dict[str, Problem]:
+    """The problems declared in ``path``, with the overrides of their block ``variant`` if given
+    (``quick``: the CI smoke version; ``main``: the compact comparison ``./dev run`` runs)."""
     try:
         declared = tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as err:
         raise _validate.DpoptError(f"file={str(path)!r} is not a readable problems file: {err}") from None
-    return {name: _problem(name, spec, quick) for name, spec in declared.items()}
+    return {name: _problem(name, spec, variant) for name, spec in declared.items()}
 
 
-def _problem(name: str, spec: dict[str, Any], quick: bool) -> Problem:
-    settings = spec | (spec.get("quick", {}) if quick else {})
+def _problem(name: str, spec: dict[str, Any], variant: str | None) -> Problem:
+    if variant is not None and variant not in spec:
+        raise _validate.DpoptError(f"variant={variant!r}: problem {name!r} declares no such block")
+    settings = spec | (spec[variant] if variant is not None else {})
     fraction = settings.get("step_fraction", 1.0)
     trials = trials_of(settings["trials"]["mean"], settings["trials"].get("shape", 1.0))
     methods = tuple(Method(algorithm, max(1, round(fraction * m["steps"])), m.get("fixed", {}),
@@ -113,14 +116,14 @@ def bench(chosen: Sequence[Problem], *, data_dir: str | None = None, progress: b
                         "grids": {m.algorithm: {k: list(d.values) for k, d in m.space.dimensions.items()}
                                   for m in problem.methods},
                         "cells": cells})
-    return {"problems": results, "wall_time_s_total": time.perf_counter() - started,
+    return {"problems": results,
             "diagnostics": {"label": NOT_PRIVATE + " (wall times and trial counts reveal the number of trials)",
-                            "runs": diagnostics}}
+                            "runs": diagnostics, "wall_time_s": time.perf_counter() - started}}
 
 
-def select(names: Sequence[str] | None, quick: bool, path: Path = PROBLEMS) -> list[Problem]:
-    """The problems of ``path`` named in ``names`` (all by default)."""
-    declared = problems(quick, path)
+def select(names: Sequence[str] | None, variant: str | None, path: Path = PROBLEMS) -> list[Problem]:
+    """The problems of ``path`` named in ``names`` (all by default), in their ``variant``."""
+    declared = problems(variant, path)
     for name in names or ():
         _validate.one_of("problem", name, declared)
     return [declared[name] for name in (names or declared)]
@@ -131,13 +134,14 @@ def run_bench(args: Any, command: str) -> dict[str, Any]:
     the result (with its Markdown) for printing."""
     from .tables import figure, markdown
 
-    chosen = select(args.problem, args.quick, Path(args.file) if args.file else PROBLEMS)
+    variant = "quick" if args.quick else args.variant
+    chosen = select(args.problem, variant, Path(args.file) if args.file else PROBLEMS)
     if args.epsilon:
         chosen = [replace(p, epsilons=tuple(_validate.positive("epsilon", e) for e in args.epsilon)) for p in chosen]
     if args.seeds is not None:
         chosen = [replace(p, seeds=_validate.positive_int("seeds", args.seeds)) for p in chosen]
     result = bench(chosen, data_dir=args.data_dir, progress=not args.json)
-    out = Path(args.out or ("results/bench-quick" if args.quick else "results/bench"))
+    out = Path(args.out or (f"results/bench-{variant}" if variant else "results/bench"))
     text = markdown(result, command)
     report.write_json(out / "bench.json", result | {"command": command})
     report.write_text(out / "bench.md", text)
