@@ -32,10 +32,10 @@ def _seconds_per_round(backend: list[str], rounds: int, out: str) -> float:
     command = [sys.executable, "-m", "dpopt.cli", "run", "--algorithm", "diff2-gd", "--dataset", "california_housing",
                "--model", "mlp", "--epsilon", "3", "--steps", str(rounds), "--restart", "20", "--clip-diff", "3",
                "--lr", "0.125", "--checkpoint-every", str(rounds), "--data-dir", str(data_dir()), "--out", out,
-               "--json", *backend]
+               "--json", "--diagnostics", *backend]  # the wall time is a (non-private) diagnostic
     result = subprocess.run(command, capture_output=True, text=True, check=True, cwd=REPO,
                             env={"PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
-    return json.loads(result.stdout.strip().splitlines()[-1])["final"]["wall_time_s"] / rounds
+    return json.loads(result.stdout.strip().splitlines()[-1])["diagnostics"]["final"]["wall_time_s"] / rounds
 
 
 def run(quick: bool = False) -> dict[str, Any]:

@@ -225,7 +225,7 @@ class NoiseOfTheMeanOnTheSum(DPSGD):
         std = self.noise_multiplier * clipped.sensitivity / batch.sampler.expected_size  # the mean's
         noised = clipped.value + source.gaussian(clipped.value, std)  # ... on the sum
         theta = state.theta - self.lr / batch.sampler.expected_size * noised
-        return type(state)(theta, state.out), batch.sampler.wrap(dpa.GaussianDpEvent(self.noise_multiplier))
+        return state._replace(theta=theta), batch.sampler.wrap(dpa.GaussianDpEvent(self.noise_multiplier))
 
 
 @dataclass(frozen=True)
@@ -239,8 +239,8 @@ class ClipAfterNoise(DPSGD):
         noised = raw.value + source.gaussian(raw.value, self.noise_multiplier * self.clip)
         event = dpa.GaussianDpEvent(self.noise_multiplier)
         bounded = noised * torch.clamp(self.clip / noised.norm().clamp_min(1e-300), max=1.0)
-        return type(state)(state.theta - self.lr / batch.sampler.expected_size * bounded, state.out), \
-            batch.sampler.wrap(event)
+        theta = state.theta - self.lr / batch.sampler.expected_size * bounded
+        return state._replace(theta=theta), batch.sampler.wrap(event)
 
 
 def swapped_in(kind: type) -> Callable[[Any], Any]:

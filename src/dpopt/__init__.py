@@ -29,8 +29,17 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
+    """A public name, imported from its submodule on first use; or a submodule (``dpopt.oracles``),
+    as an eager package would have it."""
     if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        if name.startswith("_"):
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        try:
+            return importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as err:
+            if err.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
     value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
     globals()[name] = value
     return value
