@@ -183,11 +183,13 @@ class Stepper:
         self.state = algorithm.init(oracle.flat_params().double(), 10_000, self.gens[0])
         self.ledger, self.t = Ledger(algorithm.relation()), 0
 
-    def __call__(self) -> dict[str, float]:
+    def __call__(self, steps: int | None = None) -> dict[str, float]:
+        """Time ``steps`` steps (default: the constructor's)."""
         from dpopt import train
 
+        steps = steps or self.steps
         start, records = time.perf_counter(), 0
-        for _ in range(self.steps):
+        for _ in range(steps):
             self.state, size = train.step(self.algorithm, self.oracle, self.state, self.t, self.ledger, *self.gens)
             self.t, records = self.t + 1, records + size
-        return {"seconds": (time.perf_counter() - start) / self.steps, "batch": records / self.steps}
+        return {"seconds": (time.perf_counter() - start) / steps, "batch": records / steps}

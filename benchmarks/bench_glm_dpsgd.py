@@ -97,10 +97,12 @@ class Dpopt:
         if memo is not None:
             memo.clear()  # cold: every run pays its own ε, as a single user run does
         start = time.perf_counter()
-        history = train.run(self.algo, self.oracle, steps=self.steps, seed=SEED, delta=DELTA, log_every=self.steps)
+        history = train.run(self.algo, self.oracle, steps=self.steps, seed=SEED, delta=DELTA, log_every=self.steps,
+                            diagnostics=True, diagnostic_sample=None)  # the objective on all the data, as before
         seconds = time.perf_counter() - start
-        return {"seconds": seconds, "loss": history.final["objective"], "epsilon": history.final["epsilon"],
-                "batch": history.final["passes"] * self.n / self.steps}
+        measured = history.diagnostics["final"]  # NOT PRIVATE: the benchmark's own check, never released
+        return {"seconds": seconds, "loss": measured["objective"], "epsilon": history.final["epsilon"],
+                "batch": measured["passes"] * self.n / self.steps}
 
     def epsilon_only(self) -> dict[str, float]:
         """The final log's ε(δ) alone: PLD over the planned event (= the ledger's), memo cleared."""
@@ -119,7 +121,9 @@ class Dpopt:
 
         algo, oracle = self.algo, self.oracle
         start = time.perf_counter()
-        sample_gen, noise_gen = torch.Generator().manual_seed(SEED), torch.Generator().manual_seed(SEED + 1)
+        from dpopt.mechanisms import SeededNoise
+
+        sample_gen, noise_gen = torch.Generator().manual_seed(SEED), SeededNoise(SEED + 1)
         state = algo.init(torch.zeros(oracle.dim, dtype=torch.float64), self.steps, sample_gen)
         ledger = Ledger(algo.relation())
         seen = 0
