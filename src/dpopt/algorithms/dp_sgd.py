@@ -77,8 +77,8 @@ class DPSGD:
         clipped, _ = clipping.clip_sum([clipping.Term(1.0, rows, self.clip)], batch.sampler.relation)
         noised, event = mechanisms.gaussian(clipped, self.noise_multiplier, source, self.noise)
         out = output_track(state.out, batch.t, state.theta)
-        theta = state.theta.add(noised, alpha=-self.lr / batch.sampler.expected_size)
-        return DPSGDState(theta, out, noised / batch.sampler.expected_size), batch.sampler.wrap(event)
+        direction = noised.div_(batch.sampler.expected_size)  # the release, scaled by a public constant
+        return DPSGDState(state.theta.add(direction, alpha=-self.lr), out, direction), batch.sampler.wrap(event)
 
     def direction(self, state: DPSGDState) -> Tensor:
         """g̃_t = (noised clipped sum)/b of the last step."""
