@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
+import torch
 
 from dpopt._validate import DpoptError
+from dpopt.algorithms.diff2 import paper_ratios
 from dpopt.bench import problems
 from dpopt.cli import main
 from dpopt.tuning import TruncatedNegativeBinomial
+from dpopt.tuning.task import builder
 
 TINY = """
 [tiny]
-dataset = "adult"
-model = "logistic"
-reg = 1e-3
+task = { kind = "glm", dataset = "adult", model = "logistic", reg = 1e-3 }
 delta = 1e-5
 validation_fraction = 0.2
 epsilons = [0.5, 2.0]
@@ -33,6 +35,32 @@ grid = { lr = [0.1, 1.0] }
 """
 
 
+#: The issue's suite: each problem's task kind and methods.
+SUITE = {"adult-logistic": ("glm", ["dp-sgd", "dp-srm", "aclip", "dp-gd"]),
+         "ijcnn1-logistic": ("glm", ["dp-sgd", "dp-srm", "aclip", "dp-gd"]),
+         "mnist-cnn": ("classifier", ["dp-sgd", "dp-srm"]),
+         "california-diff2": ("mlp-regression", ["diff2-gd", "dp-gd", "dp-sgd"]),
+         "heavy-tailed-regression": ("heavy-tailed", ["aclip", "dp-sgd", "dp-gd"]),
+         "nonsmooth-o2nc": ("truncated-absolute", ["o2nc-first", "dp-sgd", "dp-gd"])}
+
+
+def test_the_suite_is_declared_with_full_and_quick_settings():
+    full, quick = problems(), problems("quick")
+    assert {name: (p.task["kind"], [m.algorithm for m in p.methods]) for name, p in full.items()} == SUITE
+    for name, problem in full.items():
+        assert problem.epsilons == (0.5, 1.0, 3.0, 8.0) and problem.seeds >= 5, name
+        assert quick[name].epsilons == (1.0,) and quick[name].seeds == 2, name
+        assert all(q.steps < f.steps for q, f in zip(quick[name].methods, problem.methods)), name
+    # a variant's task table overrides single settings: the MNIST quick run uses 1,000 images
+    assert quick["mnist-cnn"].task == full["mnist-cnn"].task | {"records": 1000}
+    # DIFF2 against DP-GD on P = 10 clients, its noise split as the paper's Proposition 4.1 (T = 20)
+    diff2 = full["california-diff2"].methods[0]
+    assert diff2.fixed["clients"] == 10 and diff2.fixed["noise_ratios"] == [round(paper_ratios(400, 20)[0], 5), 1.0]
+    algorithm = builder("diff2-gd", 1000, diff2.fixed)({"lr": 0.1, "clip": 1.0, "clip_diff": 3.0})
+    assert (algorithm.clients.count, algorithm.restart, algorithm.output_rule) == (10, 20, "last")
+    assert algorithm.noise_ratios == (0.11471, 1.0)
+
+
 def test_the_bundled_problems_and_their_quick_settings():
     full, quick = problems()["adult-logistic"], problems("quick")["adult-logistic"]
     assert [m.algorithm for m in full.methods] == ["dp-sgd", "dp-srm", "aclip", "dp-gd"]
@@ -43,7 +71,8 @@ def test_the_bundled_problems_and_their_quick_settings():
     main = problems("main")["adult-logistic"]
     assert main.methods == full.methods and main.epsilons == (1.0,) and main.seeds == 2
     assert main.trials == TruncatedNegativeBinomial(3.0, 3.0) and main.trials.pmf(0) == 0.0
-    with pytest.raises(DpoptError, match="variant='nightly': problem 'adult-logistic' declares no such block"):
+    assert list(problems("main")) == ["adult-logistic"]  # the only problem with a `main` block
+    with pytest.raises(DpoptError, match="variant='nightly': no problem of .* declares such a block"):
         problems("nightly")
 
 
@@ -69,10 +98,69 @@ def test_bench_json_gives_each_cell_its_methods_errors_epsilons_and_winner(capsy
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--problem", "nope"], "problem='nope' must be one of: adult-logistic"),
+    (["--problem", "nope"], "problem='nope' must be one of: adult-logistic, ijcnn1-logistic, mnist-cnn"),
     (["--file", "/nonexistent.toml"], "file='/nonexistent.toml' is not a readable problems file"),
     (["--epsilon", "-1"], "epsilon=-1.0 must be > 0"),
+    (["--variant", "main", "--problem", "mnist-cnn"], "problem (with variant 'main')='mnist-cnn' must be one of: "
+                                                       "adult-logistic"),
 ])
 def test_bench_refuses_bad_input_with_exit_2(capsys, argv, message, tmp_path):
     assert main(["bench", *argv, "--out", str(tmp_path)]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_bench_quick_json_covers_every_problem_with_metrics_epsilons_and_winners(capsys, tmp_path, shared_data_dir):
+    """What CI runs: every declared problem at its quick settings, through the CLI."""
+    assert main(["bench", "--quick", "--json", "--data-dir", str(shared_data_dir), "--out", str(tmp_path)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert {p["problem"]: p["task"]["kind"] for p in result["problems"]} == {k: v[0] for k, v in SUITE.items()}
+    metrics = {p["problem"]: p["metric"] for p in result["problems"]}
+    assert metrics == {"adult-logistic": "test_error", "ijcnn1-logistic": "test_error", "mnist-cnn": "test_error",
+                       "california-diff2": "test_loss", "heavy-tailed-regression": "test_mse",
+                       "nonsmooth-o2nc": "test_mae"}
+    for problem in result["problems"]:
+        (cell,) = problem["cells"]
+        assert cell["epsilon"] == 1.0 and set(cell["methods"]) == set(SUITE[problem["problem"]][1])
+        means = {name: entry["test_error"]["mean"] for name, entry in cell["methods"].items()}
+        assert all(math.isfinite(m) and m >= 0 for m in means.values()), (problem["problem"], means)
+        assert cell["winner"] == min(means, key=means.get) and 0 <= cell["p_value"] <= 1
+        for entry in cell["methods"].values():
+            assert entry["test_error"]["std"] >= 0 and entry["expected_passes"] > 0
+            assert 0.9 <= entry["epsilon_tuning_and_training"] <= 1.0
+    # the classifier's error is a rate; DIFF2's planned passes are one per round (every client's shard)
+    assert 0 < means_of(result, "mnist-cnn")["dp-sgd"] < 1
+    diff2 = next(p for p in result["problems"] if p["problem"] == "california-diff2")
+    assert diff2["cells"][0]["methods"]["diff2-gd"]["expected_passes"] == pytest.approx(
+        1.5 * diff2["steps"]["diff2-gd"], rel=0.01)
+
+
+def means_of(result: dict, name: str) -> dict[str, float]:
+    problem = next(p for p in result["problems"] if p["problem"] == name)
+    return {method: entry["test_error"]["mean"] for method, entry in problem["cells"][0]["methods"].items()}
+
+
+def test_a_task_holds_out_validation_records_of_the_training_data():
+    from dpopt.bench.tasks import build_task
+    from dpopt.experiments.o2nc_nonsmooth import synthetic
+    from dpopt.tuning.task import split
+
+    task = build_task({"kind": "truncated-absolute", "dim": 8, "n": 1000, "cap": 2.0}, validation_fraction=0.2,
+                      data_dir=None)
+    X, y, X_test, y_test = (torch.as_tensor(a) for a in synthetic(8, 1000))
+    _, _, _, y_val = split(X, y, 0.2)
+    assert task.oracle.n == 800 and task.metric == "test_mae" and task.theta0 is None
+    zero = torch.zeros(8, dtype=torch.float64)  # at θ = 0 the mean absolute error is mean |y|
+    assert task.validation_error(zero) == pytest.approx(float(y_val.abs().mean()), rel=1e-12)
+    assert task.test_error(zero) == pytest.approx(float(y_test.abs().mean()), rel=1e-12)
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"kind": "svm"}, "task kind='svm' must be one of: glm, classifier"),
+    ({"kind": "truncated-absolute", "dim": 8, "n": 100}, "missing a required argument: 'cap'"),
+    ({"kind": "glm", "dataset": "adult", "model": "logistic", "reg": 0.0, "depth": 3}, "unexpected keyword"),
+])
+def test_a_task_refuses_unknown_kinds_and_settings(settings, message):
+    from dpopt.bench.tasks import build_task
+
+    with pytest.raises(DpoptError, match=message):
+        build_task(settings, validation_fraction=0.2, data_dir=None)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from .. import _validate
@@ -33,7 +34,7 @@ def build(name: str, *, n: int, batch_size: int = 256, lr: float = 0.5, clip: fl
           clip_diff: float = 0.01, gamma: float = 0.01, sampling: str = "poisson", obj_clip: float = 1.0,
           radius: float = math.inf, noise: str = "torch", alpha: float = 0.1, directions: int = 8,
           window: int = 10, o2nc_radius: float = 0.01, clients: int = 10, restart: int = 20, local_steps: int = 2,
-          backend: Any = None) -> Any:
+          backend: Any = None, output_rule: str = "uniform", noise_ratios: Sequence[float] | None = None) -> Any:
     """Algorithm ``name`` for n records. ``batch_size`` is the expected batch (DP-SRM's and STORM's
     first batch is twice it, capped at n); ``clip`` is C (DP-SGD, DP-SRM's C1, DP-AGD) or λ
     (AClip); ``clip_diff`` and ``gamma`` are DP-SRM's C2 and γ (γ is STORM's momentum);
@@ -45,7 +46,9 @@ def build(name: str, *, n: int, batch_size: int = 256, lr: float = 0.5, clip: fl
     ``o2nc_radius`` (theorem settings: :mod:`dpopt.algorithms.o2nc_params`). DIFF2 (``diff2-gd``,
     ``diff2-bvr``): ``clip`` and ``clip_diff`` are C1 and C2 (C3 = C2 for the local steps),
     ``restart`` is T, ``clients`` is P (an i.i.d. equal split, seed 0), ``local_steps`` and
-    ``batch_size`` are BVR's K and b, ``backend`` a distributed backend."""
+    ``batch_size`` are BVR's K and b, ``backend`` a distributed backend, ``output_rule`` the iterate
+    released ("uniform" or "last") and ``noise_ratios`` z1 : z2 [: z3] (default equal; e.g.
+    :func:`dpopt.algorithms.diff2.paper_ratios`)."""
     _validate.one_of("algorithm", name, NAMES)
     if name == "storm" or name.startswith(("o2nc", "diff2")):
         _validate.one_of("noise", noise, ("torch", "secure"))
@@ -80,7 +83,8 @@ def build(name: str, *, n: int, batch_size: int = 256, lr: float = 0.5, clip: fl
         if name == "diff2-bvr":
             extra |= {"local": LocalSteps(local_steps, min(batch_size, split.size), clip_diff), "noise_multiplier3": 1.0}
         return DIFF2(lr=lr, clip=clip, clip_diff=clip_diff, restart=restart, noise_multiplier1=1.0,
-                     noise_multiplier2=1.0, clients=split, **extra)
+                     noise_multiplier2=1.0, clients=split, output_rule=output_rule,
+                     noise_ratios=None if noise_ratios is None else tuple(noise_ratios), **extra)
     return DPAGD(clip=clip, obj_clip=obj_clip, noise_multiplier=1.0, noise=noise)
 
 

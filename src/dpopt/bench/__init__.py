@@ -2,9 +2,12 @@
 
 The problems are data (``problems.toml`` beside this module). For every problem, ε and method,
 the method is tuned privately (:func:`dpopt.tuning.tune`, the same total (ε, δ) for tuning and
-training for every method) once per seed; a cell reports each method's test error of the selected
-θ (mean, std over seeds), the ε of tuning and training, the winner (lowest mean) and Welch's
-one-sided p-value of the winner against the runner-up. Wall times and trial counts are
+training for every method) once per seed; a cell reports each method's test metric of the
+selected θ under the key ``test_error`` (mean, std over seeds; the problem's ``metric`` says
+which: ``test_error`` a misclassification rate, ``test_mse``/``test_mae``/``test_loss`` a
+regression error, all lower-is-better), the ε of tuning and training, the planned expected data
+passes of the whole tuning, the winner (lowest mean) and Welch's one-sided p-value of the winner
+against the runner-up. Wall times and trial counts are
 NOT PRIVATE diagnostics (they reveal the number of trials).
 """
 
@@ -24,7 +27,8 @@ from ..outputs import NOT_PRIVATE
 from ..report import summarise
 from ..tuning import Choice, Space, tune
 from ..tuning.command import trials_of
-from ..tuning.task import builder, glm_task
+from ..tuning.task import builder
+from .tasks import build_task
 
 PROBLEMS = Path(__file__).with_name("problems.toml")
 #: A winner's p-value below this is reported as significant.
@@ -41,10 +45,11 @@ class Method:
 
 @dataclass(frozen=True)
 class Problem:
+    """A declared problem: its ``task`` settings (``kind`` and the kind's keyword arguments,
+    :mod:`dpopt.bench.tasks`), the privacy target, the cells' ε and seeds, and its methods."""
+
     name: str
-    dataset: str
-    model: str
-    reg: float
+    task: Mapping[str, Any]
     delta: float
     validation_fraction: float
     epsilons: tuple[float, ...]
@@ -54,26 +59,31 @@ class Problem:
 
 
 def problems(variant: str | None = None, path: Path = PROBLEMS) -> dict[str, Problem]:
-    """The problems declared in ``path``, with the overrides of their block ``variant`` if given
-    (``quick``: the CI smoke version; ``main``: the compact comparison ``./dev run`` runs)."""
+    """The problems declared in ``path``; with ``variant``, those that declare a block of that
+    name, with its overrides (``quick``: the CI smoke version, every problem has one; ``main``:
+    the compact comparison ``./dev run`` runs)."""
     try:
         declared = tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as err:
         raise _validate.DpoptError(f"file={str(path)!r} is not a readable problems file: {err}") from None
-    return {name: _problem(name, spec, variant) for name, spec in declared.items()}
+    chosen = {name: _problem(name, spec, variant) for name, spec in declared.items()
+              if variant is None or variant in spec}
+    if not chosen:
+        raise _validate.DpoptError(f"variant={variant!r}: no problem of {str(path)!r} declares such a block")
+    return chosen
 
 
 def _problem(name: str, spec: dict[str, Any], variant: str | None) -> Problem:
-    if variant is not None and variant not in spec:
-        raise _validate.DpoptError(f"variant={variant!r}: problem {name!r} declares no such block")
-    settings = spec | (spec[variant] if variant is not None else {})
+    overrides = spec[variant] if variant is not None else {}
+    settings = spec | overrides
     fraction = settings.get("step_fraction", 1.0)
     trials = trials_of(settings["trials"]["mean"], settings["trials"].get("shape", 1.0))
     methods = tuple(Method(algorithm, max(1, round(fraction * m["steps"])), m.get("fixed", {}),
                            Space({key: Choice(tuple(values)) for key, values in m["grid"].items()}))
                     for algorithm, m in spec["methods"].items())
-    return Problem(name, settings["dataset"], settings["model"], settings["reg"], settings["delta"],
-                   settings["validation_fraction"], tuple(settings["epsilons"]), settings["seeds"], trials, methods)
+    task = spec["task"] | overrides.get("task", {})  # a variant overrides single task settings
+    return Problem(name, task, settings["delta"], settings["validation_fraction"], tuple(settings["epsilons"]),
+                   settings["seeds"], trials, methods)
 
 
 def bench(chosen: Sequence[Problem], *, data_dir: str | None = None, progress: bool = False) -> dict[str, Any]:
@@ -83,34 +93,39 @@ def bench(chosen: Sequence[Problem], *, data_dir: str | None = None, progress: b
     started = time.perf_counter()
     results, diagnostics = [], []
     for problem in chosen:
-        task = glm_task(problem.dataset, problem.model, reg=problem.reg,
-                        validation_fraction=problem.validation_fraction, data_dir=data_dir)
+        task = build_task(dict(problem.task), validation_fraction=problem.validation_fraction, data_dir=data_dir)
         cells = []
         for epsilon in problem.epsilons:
             errors: dict[str, list[float]] = {}
             claimed: dict[str, float] = {}
+            passes: dict[str, float] = {}
             for method in problem.methods:
                 clock = time.perf_counter()
                 runs = [tune(builder(method.algorithm, task.oracle.n, method.fixed), task.oracle, space=method.space,
                              trials=problem.trials, epsilon=epsilon, delta=problem.delta, steps=method.steps,
-                             score=task.validation_error, seed=seed, test_error=task.test_error, diagnostics=True)
+                             score=task.validation_error, seed=seed, theta0=task.theta0, test_error=task.test_error,
+                             diagnostics=True)
                         for seed in range(problem.seeds)]
                 errors[method.algorithm] = [r.final.get("test_error", math.nan) for r in runs]
                 claimed[method.algorithm] = max(r.final["epsilon"] for r in runs)
+                passes[method.algorithm] = runs[0].final["expected_passes"]
                 diagnostics.append({"problem": problem.name, "epsilon": epsilon, "algorithm": method.algorithm,
                                     "wall_time_s": time.perf_counter() - clock,
                                     "trials_run": [r.diagnostics["trials_run"] for r in runs]})
                 if progress:
                     error = summarise(errors[method.algorithm])
-                    print(f"{problem.name} ε={epsilon:g} {method.algorithm}: test error {error['mean']:.4f} "
+                    print(f"{problem.name} ε={epsilon:g} {method.algorithm}: {task.metric} {error['mean']:.4f} "
                           f"({error['std']:.4f})", file=sys.stderr, flush=True)
             ranked = sorted(errors, key=lambda name: summarise(errors[name])["mean"])
             p = one_sided_p(errors[ranked[0]], errors[ranked[1]]) if len(ranked) > 1 else 0.0
             cells.append({"epsilon": epsilon, "winner": ranked[0], "runner_up": ranked[1] if len(ranked) > 1 else None,
                           "p_value": p, "significant": p < SIGNIFICANCE,
                           "methods": {name: {"test_error": summarise(errors[name]),
-                                             "epsilon_tuning_and_training": claimed[name]} for name in errors}})
-        results.append({"problem": problem.name, "dataset": problem.dataset, "model": problem.model,
+                                             "epsilon_tuning_and_training": claimed[name],
+                                             "expected_passes": passes[name]} for name in errors}})
+        kind = problem.task["kind"]
+        results.append({"problem": problem.name, "metric": task.metric, "task": dict(problem.task),
+                        "dataset": problem.task.get("dataset", kind), "model": problem.task.get("model", kind),
                         "delta": problem.delta, "seeds": problem.seeds, "trials": repr(problem.trials),
                         "steps": {m.algorithm: m.steps for m in problem.methods},
                         "grids": {m.algorithm: {k: list(d.values) for k, d in m.space.dimensions.items()}
@@ -122,10 +137,11 @@ def bench(chosen: Sequence[Problem], *, data_dir: str | None = None, progress: b
 
 
 def select(names: Sequence[str] | None, variant: str | None, path: Path = PROBLEMS) -> list[Problem]:
-    """The problems of ``path`` named in ``names`` (all by default), in their ``variant``."""
+    """The problems of ``path`` named in ``names`` (by default all that have ``variant``), in their
+    ``variant``."""
     declared = problems(variant, path)
     for name in names or ():
-        _validate.one_of("problem", name, declared)
+        _validate.one_of("problem" if variant is None else f"problem (with variant {variant!r})", name, declared)
     return [declared[name] for name in (names or declared)]
 
 

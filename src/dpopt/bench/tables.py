@@ -27,7 +27,8 @@ def markdown(result: dict[str, Any], command: str) -> str:
         spent = max(entry["epsilon_tuning_and_training"] for cell in cells for entry in cell["methods"].values()
                     ) if cells else 0.0
         lines += [f"## {problem['problem']}: {problem['model']} on {problem['dataset']}", "",
-                  f"Test error of the privately selected θ, mean (std) over {problem['seeds']} seeds; δ = "
+                  f"{problem.get('metric', 'test_error')} of the privately selected θ, mean (std) over "
+                  f"{problem['seeds']} seeds; δ = "
                   f"{problem['delta']:g}; trials per tuning: {problem['trials']}; steps {problem['steps']}; "
                   f"grids {problem['grids']}. Each ε is the total for tuning and training (RDP accountant); the largest "
                   f"ε any tuning claimed: {spent:.4g}. Bold: the lowest mean.", "",
@@ -63,7 +64,7 @@ def figure(path: Path, problem: dict[str, Any]) -> None:
     ax.set_xticks(range(len(cells)), [f"{e:g}" for e in epsilons])
     ax.set_xlim(-0.6, len(cells) - 0.4)
     ax.set_xlabel("ε (tuning and training)")
-    ax.set_ylabel(f"test error (mean ± std, {problem['seeds']} seeds)")
+    ax.set_ylabel(f"{problem.get('metric', 'test_error')} (mean ± std, {problem['seeds']} seeds)")
     ax.set_title(f"{problem['problem']}, δ = {problem['delta']:g}, privately tuned (circled: best)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))

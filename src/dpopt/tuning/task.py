@@ -19,17 +19,22 @@ from .. import _validate, data
 from ..algorithms.by_name import NAMES, NON_PRIVATE, build
 from ..oracles import make
 
-MODELS = ("logistic", "nonconvex-logistic", "ridge")
+#: The GLM models a task may use, each with the metric its ``error`` computes.
+METRICS = {"logistic": "test_error", "nonconvex-logistic": "test_error", "ridge": "test_mse"}
+MODELS = tuple(METRICS)
 
 
 @dataclass(frozen=True)
 class Task:
     """``oracle`` on the protected records; ``validation_error(θ)`` and ``test_error(θ)`` on data
-    outside them (for regression models: the oracle's error, its mean squared error)."""
+    outside them, both the quantity named ``metric`` ("test_error": a misclassification rate;
+    "test_mse", "test_mae", "test_loss" otherwise); ``theta0`` where every run starts (None: 0)."""
 
     oracle: Any
     validation_error: Callable[[Tensor], float]
     test_error: Callable[[Tensor], float]
+    metric: str = "test_error"
+    theta0: Tensor | None = None
 
 
 def split(X: Tensor, y: Tensor, fraction: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -40,17 +45,29 @@ def split(X: Tensor, y: Tensor, fraction: float) -> tuple[Tensor, Tensor, Tensor
     return X[order[:-held]], y[order[:-held]], X[order[-held:]], y[order[-held:]]
 
 
+def held_out_task(oracle_on: Callable[[Tensor, Tensor], Any], X: Any, y: Any, X_test: Any, y_test: Any, *,
+                  validation_fraction: float, metric: str = "test_error",
+                  measure: Callable[[Any, Tensor, Tensor], Callable[[Tensor], float]] | None = None) -> Task:
+    """``oracle_on(X_train, y_train)`` on the training arrays ``(X, y)`` less their validation split
+    (:func:`split`); θ is scored by ``measure(oracle, X', y')`` (default: ``oracle.error`` on
+    (X', y')) on the validation split and on ``(X_test, y_test)``."""
+    X_train, y_train, X_val, y_val = split(torch.as_tensor(X), torch.as_tensor(y), validation_fraction)
+    oracle = oracle_on(X_train, y_train)
+    on = measure or (lambda o, X_, y_: lambda theta: o.error(theta, X_, y_))
+    return Task(oracle, on(oracle, X_val, y_val), on(oracle, torch.as_tensor(X_test), torch.as_tensor(y_test)),
+                metric)
+
+
 def glm_task(dataset: str, model: str, *, reg: float, validation_fraction: float,
              data_dir: str | None = None) -> Task:
-    """A GLM ``model`` (:data:`MODELS`) on registered ``dataset``, split as the module says."""
+    """A GLM ``model`` (:data:`MODELS`) on registered ``dataset``, split as the module says; its
+    metric is the misclassification rate (logistic models) or the mean squared error (ridge)."""
     _validate.one_of("dataset", dataset, data.names())
     _validate.one_of("model", model, MODELS)
     loaded = data.load(dataset, data_dir)
-    X_train, y_train, X_val, y_val = split(torch.as_tensor(loaded.X_train), torch.as_tensor(loaded.y_train),
-                                           validation_fraction)
-    oracle = make(model, X_train, y_train, reg=reg)
-    X_test, y_test = torch.as_tensor(loaded.X_test), torch.as_tensor(loaded.y_test)
-    return Task(oracle, lambda theta: oracle.error(theta, X_val, y_val), lambda theta: oracle.error(theta, X_test, y_test))
+    return held_out_task(lambda X, y: make(model, X, y, reg=reg), loaded.X_train, loaded.y_train, loaded.X_test,
+                         loaded.y_test, validation_fraction=validation_fraction,
+                         metric=METRICS[model])
 
 
 def builder(algorithm: str, n: int, fixed: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], Any]:

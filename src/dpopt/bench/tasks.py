@@ -1,0 +1,115 @@
+"""The kinds of task a bench problem may declare (``task = { kind = "...", ... }`` in
+``problems.toml``): each kind builds a :class:`~dpopt.tuning.task.Task` from its settings, with
+the protected records, a held-out validation split of the training data (a fixed public
+permutation, :func:`~dpopt.tuning.task.split`) that scores candidates, and the test data that
+reports the selected θ. :data:`KINDS` is the registry; a kind's settings are its keyword
+arguments. The problems reuse the reproductions' data and model code:
+
+* ``glm``: a GLM on a registered data set (:func:`~dpopt.tuning.task.glm_task`);
+* ``classifier``: an image classifier of :mod:`dpopt.models` (the DP-SRM reproduction's MNIST
+  CNN) with per-record cross-entropy, its first ``records`` training images; test error;
+* ``mlp-regression``: the DIFF2 paper's one-hidden-layer MLP with squared loss on a prepared
+  tabular data set (:func:`dpopt.data.tabular.prepared`, :func:`dpopt.models.mlp_oracle`); the
+  metric is the test loss, the mean of (f(x) − y)² (the reproduction's). Splitting it over
+  clients is the algorithm's business (DIFF2's ``clients``);
+* ``heavy-tailed``: the AClip paper's synthetic GLM data (:func:`dpopt.data.synthetic.heavy_tailed`);
+* ``truncated-absolute``: the O2NC reproduction's nonsmooth robust regression
+  (:func:`dpopt.experiments.o2nc_nonsmooth.synthetic`, loss min(|⟨x, θ⟩ − y|, cap)); the metric is
+  the test mean absolute error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from .. import _validate
+from ..tuning.task import METRICS, Task, glm_task, held_out_task
+
+
+def glm(*, dataset: str, model: str, reg: float, validation_fraction: float, data_dir: str | None) -> Task:
+    """GLM ``model`` on the registered ``dataset``."""
+    return glm_task(dataset, model, reg=reg, validation_fraction=validation_fraction, data_dir=data_dir)
+
+
+def classifier(*, dataset: str, model: str, records: int, microbatch_size: int, validation_fraction: float,
+               data_dir: str | None) -> Task:
+    """``model`` (:func:`dpopt.models.make_model`, seed 0: θ0, the same for every run) on the first
+    ``records`` training images of ``dataset`` (all test images); the metric is the test error."""
+    from ..data import load
+    from ..experiments._torch import classifier_oracle
+
+    loaded = load(dataset, data_dir)
+    cut = slice(_validate.positive_int("records", records, maximum=len(loaded.X_train),
+                                       maximum_name="the training images"))
+    task = held_out_task(lambda X, y: classifier_oracle(model, X, y, microbatch_size=microbatch_size),
+                         loaded.X_train[cut], loaded.y_train[cut], loaded.X_test, loaded.y_test,
+                         validation_fraction=validation_fraction)
+    return dataclasses.replace(task, theta0=task.oracle.flat_params().double())
+
+
+def mlp_regression(*, dataset: str, validation_fraction: float, data_dir: str | None) -> Task:
+    """The MLP (10 softplus units, squared loss, seed-0 initialisation: θ0) on prepared ``dataset``."""
+    from ..data import load
+    from ..data.tabular import prepared
+    from ..models import mlp_oracle
+
+    loaded = prepared(load(dataset, data_dir))
+    task = held_out_task(mlp_oracle, loaded.X_train, loaded.y_train, loaded.X_test, loaded.y_test,
+                         validation_fraction=validation_fraction, metric="test_loss",
+                         measure=lambda oracle, X, y: _mean_loss(mlp_oracle(X, y)))
+    return dataclasses.replace(task, theta0=task.oracle.flat_params())
+
+
+def _mean_loss(oracle: Any) -> Callable[[Any], float]:
+    return lambda theta: float(oracle.loss(theta))
+
+
+#: The heavy-tailed data's labels for each model it fits: responses, or their signs.
+LABELS = {"ridge": "regression", "logistic": "binary"}
+
+
+def heavy_tailed(*, noise: str, model: str, n: int, dim: int, reg: float, validation_fraction: float,
+                 data_dir: str | None) -> Task:
+    """GLM ``model`` (ridge: the paper's regression; logistic) on the heavy-tailed synthetic data,
+    ``n`` records in all (the last fifth for testing), seed 0."""
+    from ..data.synthetic import heavy_tailed as draw
+    from ..oracles import make
+
+    _validate.one_of("model", model, LABELS)
+    data, _ = draw(noise, LABELS[model], n=n, dim=dim, seed=0, test_fraction=0.2)
+    return held_out_task(lambda X, y: make(model, X, y, reg=reg), data.X_train, data.y_train, data.X_test,
+                         data.y_test, validation_fraction=validation_fraction, metric=METRICS[model])
+
+
+def truncated_absolute(*, dim: int, n: int, cap: float, validation_fraction: float, data_dir: str | None) -> Task:
+    """Robust regression min(|⟨x, θ⟩ − y|, ``cap``) on the O2NC reproduction's synthetic family
+    (unit-norm x in dimension ``dim``, 10 % of labels replaced by ±5; ``n`` training records, seed
+    0); the metric is the test mean absolute error."""
+    from ..experiments.o2nc_nonsmooth import synthetic
+    from ..oracles import TruncatedAbsolute
+
+    X, y, X_test, y_test = synthetic(dim, n)
+    return held_out_task(lambda X_, y_: TruncatedAbsolute(X_, y_, cap=cap), X, y, X_test, y_test,
+                         validation_fraction=validation_fraction, metric="test_mae")
+
+
+#: Task kinds by name: settings (the problem's ``task`` table less ``kind``) ↦ Task.
+KINDS: dict[str, Callable[..., Task]] = {
+    "glm": glm, "classifier": classifier, "mlp-regression": mlp_regression, "heavy-tailed": heavy_tailed,
+    "truncated-absolute": truncated_absolute}
+
+
+def build_task(settings: dict[str, Any], *, validation_fraction: float, data_dir: str | None) -> Task:
+    """The task ``settings["kind"]`` declares, built from the rest of ``settings``."""
+    kind = settings.get("kind")
+    _validate.one_of("task kind", kind, KINDS)
+    arguments = {key: value for key, value in settings.items() if key != "kind"} | {
+        "validation_fraction": validation_fraction, "data_dir": data_dir}
+    try:
+        inspect.signature(KINDS[kind]).bind(**arguments)
+    except TypeError as err:  # a missing or unknown setting
+        raise _validate.DpoptError(f"task={settings!r}: {err}") from None
+    return KINDS[kind](**arguments)
