@@ -56,7 +56,7 @@ def test_the_suite_is_declared_with_full_and_quick_settings():
     # DIFF2 against DP-GD on P = 10 clients, its noise split as the paper's Proposition 4.1 (T = 20)
     diff2 = full["california-diff2"].methods[0]
     assert diff2.fixed["clients"] == 10 and diff2.fixed["noise_ratios"] == [round(paper_ratios(400, 20)[0], 5), 1.0]
-    algorithm = builder("diff2-gd", 1000, diff2.fixed)({"lr": 0.1, "clip": 1.0, "clip_diff": 3.0})
+    algorithm = builder("diff2-gd", 1000, diff2.fixed)({"lr": 0.1, "clip_diff": 3.0})
     assert (algorithm.clients.count, algorithm.restart, algorithm.output_rule) == (10, 20, "last")
     assert algorithm.noise_ratios == (0.11471, 1.0)
 
