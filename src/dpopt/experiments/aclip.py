@@ -495,7 +495,7 @@ def _preset(name: str, datasets: tuple[str, ...], epochs: int, describe: Any) ->
     return Experiment(
         NAME=name, PROBLEMS=tuple(f"{m}:{d}" for m in MODELS for d in datasets), EPSILONS=EPSILONS,
         PAPER=convex_rows(datasets), METRICS=METRICS, TABLE_METRICS=TABLE_METRICS, PAPER_METRICS=PAPER_METRICS,
-        TEST_METRICS=TEST_METRICS, COMPARISONS=COMPARISONS, OURS="CC (paper)", epochs=epochs,
+        TEST_METRICS=TEST_METRICS, COMPARISONS=COMPARISONS, epochs=epochs,
         make_problem=build_problem, make_methods=build_methods, delta_of=delta, describe=describe, CURVES=CURVES,
         TUNED=TUNED, TUNING_COST=TUNING_COST, TUNING_SEEDS=TUNING_SEEDS, TUNE_EPSILON=TUNE_EPSILON,
         LOG_POINTS=LOG_POINTS)

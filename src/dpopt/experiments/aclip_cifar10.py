@@ -78,5 +78,5 @@ CIFAR = Experiment(
     EPSILONS=(2.0, 4.0, 6.0), METRICS=("test_error", "objective", "passes", "wall_time_s", "epsilon"),
     TABLE_METRICS=("test_error", "objective", "wall_time_s", "epsilon"), PAPER_METRICS=("test_error", "epoch_time_s"),
     TEST_METRICS=("objective",), CURVES={"training objective": "objective"},
-    COMPARISONS=[("UC", "DP-SGD")], OURS="UC",
+    COMPARISONS=[("UC", "DP-SGD")],
     make_problem=build_cifar_problem, make_methods=build_cifar_methods)

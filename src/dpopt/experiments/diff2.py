@@ -222,7 +222,7 @@ def _preset(name: str, problems: tuple[str, ...], smoke: tuple[str, ...], cost: 
               "test loss / error": "test_error"}
     return Experiment(
         NAME=name, PROBLEMS=problems, EPSILONS=EPSILONS, PAPER=[], METRICS=METRICS, TABLE_METRICS=TABLE_METRICS,
-        PAPER_METRICS=(), TEST_METRICS=TEST_METRICS, COMPARISONS=COMPARISONS, OURS="DIFF2-GD", epochs=ROUNDS,
+        PAPER_METRICS=(), TEST_METRICS=TEST_METRICS, COMPARISONS=COMPARISONS, epochs=ROUNDS,
         make_problem=build_problem, make_methods=build_methods, delta_of=delta, describe=_notes, CURVES=curves,
         TUNED=TUNED, TUNING_COST=cost, TUNING_SEEDS=(1000,), TUNE_EPSILON=TUNE_EPSILON, SMOKE_PROBLEMS=smoke,
         LOG_POINTS=LOG_POINTS, SEEDS=SEEDS)

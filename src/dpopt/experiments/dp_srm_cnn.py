@@ -295,7 +295,7 @@ def _cifar_notes(payload: dict[str, Any]) -> str:
 _SHARED: dict[str, Any] = dict(
     METRICS=METRICS, TABLE_METRICS=("test_error", "time_to_target_s", "cpu_time_to_target_s", "epochs_to_target",
                                     "reached_target", "objective", "wall_time_s", "cpu_time_s", "epsilon"),
-    TEST_METRICS=("test_error",), CURVES=CURVES, COMPARISONS=[("DP-SRM", "DP-SGD")], OURS="DP-SRM",
+    TEST_METRICS=("test_error",), CURVES=CURVES, COMPARISONS=[("DP-SRM", "DP-SGD")],
     make_problem=build_problem, make_methods=build_methods, delta_of=lambda key: DELTA)
 
 MNIST = Experiment(

@@ -20,6 +20,7 @@ from ..algorithms import DPAGD, DPSRM, Storm, dp_gd, rrpsgd
 from ..data import load
 from ..oracles import NonconvexLogistic
 from ._runner import Method, Params, Problem, steps_for_passes
+from .preset import Experiment
 
 NAME = "dp-srm-ijcnn1"
 DATASET = "ijcnn1"
@@ -154,3 +155,13 @@ def notes(payload: dict[str, Any]) -> str:
 _RRPSGD_MISS = ("RRPSGD outputs the iterate of a uniformly random round, so its final objective varies widely "
                 "between seeds (see its std); with this many seeds a one-sided Welch test has little power against "
                 "that spread. Its grid optimum was not at a grid edge; we did not retune against the result.")
+
+
+PRESET = Experiment(
+    NAME=NAME, EPSILONS=EPSILONS, PAPER=PAPER, METRICS=METRICS,
+    TABLE_METRICS=("test_error", "objective", "grad_norm", "passes", "cpu_time_s"),
+    PAPER_METRICS=("test_error", "grad_norm", "passes"), TEST_METRICS=("objective", "grad_norm"),
+    COMPARISONS=[(OURS, "DP-AGD"), (OURS, "DP-GD"), (OURS, "RRPSGD")], epochs=0,
+    make_problem=lambda key, data_dir: problem(data_dir, key), make_methods=lambda key, epochs, tuned, eps: methods(eps),
+    delta_of=lambda key: DELTA, describe=notes,
+    CURVES={"objective": "objective", "gradient norm": "grad_norm"}, TUNING_COST=TUNING_COST, TUNING_SEEDS=TUNING_SEEDS)

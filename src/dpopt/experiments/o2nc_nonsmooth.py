@@ -57,6 +57,7 @@ from ..data import load
 from ..metrics import goldstein
 from ..oracles import TorchModel, TruncatedAbsolute
 from ._runner import Method, Params, Problem, mean_curve
+from .preset import Experiment
 
 NAME = "o2nc-nonsmooth"
 EPSILONS = (1.0,)
@@ -398,3 +399,11 @@ def figures(out_dir: Path, payload: dict[str, Any]) -> None:
                         for name in (*O2NC_METHODS, "DP-SGD")} for key in keys}
         report.curves_figure(out_dir / "goldstein_vs_calls.png", panels, xlabel="per-record oracle calls",
                              log_x=True)
+
+
+PRESET = Experiment(
+    NAME=NAME, EPSILONS=EPSILONS, PAPER=PAPER, METRICS=METRICS, TABLE_METRICS=TABLE_METRICS,
+    PAPER_METRICS=PAPER_METRICS, TEST_METRICS=TEST_METRICS, COMPARISONS=COMPARISONS, epochs=0,
+    make_problem=lambda key, data_dir: problem(data_dir, key), make_methods=lambda key, epochs, tuned, eps: methods(eps, key),
+    delta_of=lambda key: DELTA, describe=notes, PROBLEMS=PROBLEMS, SMOKE_PROBLEMS=SMOKE_PROBLEMS, CURVES=CURVES,
+    TUNING_COST=TUNING_COST, TUNING_SEEDS=TUNING_SEEDS, LOG_POINTS=LOG_POINTS, SEEDS=SEEDS, draw=figures)
