@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._runner import Method, Problem
+from ._runner import Method, Params, Problem
+from .declared import Declared
+from .verdicts import comparison_lines
 
 
 @dataclass(frozen=True)
@@ -77,3 +79,51 @@ class Experiment:
         if self.draw is not None:
             self.draw(out_dir, payload)
 
+
+
+#: Builds a method's ``build(n, params) -> (algorithm, steps)`` from its declared ``settings``, the ε
+#: and the problem key; None where the method does not run at that ε on that problem.
+Builder = Callable[[dict[str, Any], float, Any], Callable[[int, Params], tuple[Any, int]] | None]
+
+
+def declared_experiment(data: Declared, *, make_problem: Callable[[Any, str | None], tuple[Problem, dict[str, Any]]],
+                        make_methods: Callable[[Any, int, Any, float], list[Method]],
+                        analyses: Callable[[dict[str, Any]], list[str]] | None = None,
+                        draw: Callable[[Path, dict[str, Any]], None] | None = None) -> Experiment:
+    """The :class:`Experiment` of a preset file: its declared fields, the code's problem and method
+    builders, and as notes the file's text, then :func:`~dpopt.experiments.verdicts.comparison_lines`
+    (the generic rule), then what ``analyses(payload)`` computes for this preset, if anything."""
+    delta = data["delta"]
+
+    def describe(payload: dict[str, Any]) -> str:
+        lines = [data["notes"].strip().format(facts=payload["facts"], seeds=payload["seeds"],
+                                              log_points=payload["log_points"])]
+        lines += comparison_lines(payload, data["test_metrics"], data["explanations"])
+        return "\n".join(lines + (analyses(payload) if analyses is not None else []))
+
+    return Experiment(
+        NAME=data["name"], EPSILONS=data.epsilons, PAPER=data.paper(), METRICS=tuple(data["metrics"]),
+        TABLE_METRICS=tuple(data["table_metrics"]), PAPER_METRICS=tuple(data["paper_metrics"]),
+        TEST_METRICS=tuple(data["test_metrics"]), COMPARISONS=[tuple(pair) for pair in data["comparisons"]],
+        epochs=data.get("epochs", 0), make_problem=make_problem, make_methods=make_methods,
+        delta_of=(lambda key: delta[key]) if isinstance(delta, dict) else (lambda key: delta), describe=describe,
+        PROBLEMS=tuple(data.get("problems", [None])),
+        SMOKE_PROBLEMS=tuple(data["smoke_problems"]) if "smoke_problems" in data.values else None,
+        CURVES={title: spec if isinstance(spec, str) else tuple(spec) for title, spec in data["curves"].items()},
+        TUNED=data.tuned(), TUNING_COST=data["tuning"]["cost"], TUNING_SEEDS=tuple(data["tuning_seeds"]),
+        TUNE_EPSILON=data.get("tune_epsilon"), LOG_POINTS=data["log_points"], SEEDS=data["seeds"], draw=draw)
+
+
+def declared_methods(data: Declared, builders: dict[str, Builder]) -> Callable[[Any, int, Any, float], list[Method]]:
+    """``make_methods`` of a preset file: its methods in the file's order, each built by
+    ``builders[name]`` from its ``settings``, with its grid and tuned values."""
+    def make(key: Any, epochs: int, tuned: dict[str, dict[float | None, Params]], epsilon: float) -> list[Method]:
+        found = []
+        for name, spec in data["methods"].items():
+            build = builders[name](spec.get("settings", {}), epsilon, key)
+            if build is not None:
+                found.append(Method(name, build, {k: tuple(v) for k, v in spec["grid"].items()}, tuned.get(name, {}),
+                                    private=spec.get("private", True), noise_scale=spec.get("noise_scale", 1.0),
+                                    deterministic=spec.get("deterministic", False)))
+        return found
+    return make
