@@ -4,12 +4,13 @@ The file holds everything about a reproduction that is a choice or a published n
 code: the ε list and δ, the problems, seeds, metrics and comparisons, the paper's table, each
 method's grid and settings, the values the last tuning chose (with its date, command and cost),
 and the report's static notes (Markdown), with an explanation per baseline for the comparisons it
-wins. A key the schema does not know, a missing key or a value of the wrong type is an error that
+wins. A file with ``extends = "<other preset>"`` is a variant: the other file's values, its own
+replacing them key by key (top-level keys: a table is replaced whole). A key the schema does not know, a missing key or a value of the wrong type is an error that
 names the file and the key.
 
-Tuned values are records ``{problem, method, epsilon, params}``: ``problem`` is omitted by a preset
-with one unnamed problem; ``epsilon`` is omitted when the values are used at every ε (or for a
-non-private method). :func:`tuned` turns them into ``problem → method → {ε or None: params}``, the
+Tuned values are records ``{problem, method, epsilon, params}``: ``problem`` is omitted when the
+values hold for every problem (or the preset has one unnamed problem); ``epsilon`` is omitted when
+they are used at every ε (or for a non-private method). :func:`tuned` turns them into ``problem → method → {ε or None: params}``, the
 form a :class:`~dpopt.experiments._runner.Method` reads.
 """
 
@@ -34,12 +35,14 @@ SCHEMA: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "curves": (dict, True), "paper": (list, True), "methods": (dict, True), "tuned": (list, True),
     "tuning": (dict, True), "notes": (str, True), "explanations": (dict, True), "parameters": (dict, True),
     "problems": (list, False), "smoke_problems": (list, False), "tune_epsilon": (_NUMBER, False),
-    "epochs": (int, False),
+    "epochs": (int, False), "extends": (str, False),
 }
 #: Keys of a ``[methods.<name>]`` table.
 METHOD_SCHEMA: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "grid": (dict, True), "private": (bool, False), "deterministic": (bool, False), "noise_scale": (_NUMBER, False),
-    "settings": (dict, False)}
+    "settings": (dict, False), "tuner": (str, False)}
+#: The tuners a method can name (:data:`dpopt.experiments.preset.TUNERS`).
+TUNER_NAMES = ("grid", "patience")
 #: Keys of a record of ``tuned``.
 TUNED_SCHEMA: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "method": (str, True), "params": (dict, True), "problem": (str, False), "epsilon": (_NUMBER, False)}
@@ -71,18 +74,21 @@ class Declared:
         return self.values["methods"][method].get("private", True)
 
     def tuned(self) -> dict[str | None, dict[str, dict[float | None, dict[str, Any]]]]:
-        """problem (None: the unnamed one) → method → {ε: values} (ε None: every ε, or a non-private
-        method's one setting); an ε-specific record wins over an every-ε one."""
-        found: dict[str | None, dict[str, dict[float | None, dict[str, Any]]]] = {}
-        for record in sorted(self.values["tuned"], key=lambda r: "epsilon" in r):
-            by_eps = found.setdefault(record.get("problem"), {}).setdefault(record["method"], {})
-            if "epsilon" in record:
-                by_eps[float(record["epsilon"])] = record["params"]
-            elif self.private(record["method"]):
-                by_eps.update(dict.fromkeys(self.epsilons, record["params"]))
-            else:
-                by_eps[None] = record["params"]
-        return found
+        """problem (None: the unnamed one) → method → {ε: values} (ε None: a non-private method's one
+        setting). A record without ``problem`` holds for every problem, one without ``epsilon`` at every
+        ε; a more specific record wins."""
+        keys = self.values.get("problems", [None]) + self.values.get("smoke_problems", [])
+        found: dict[str | None, dict[str, dict[float | None, dict[str, Any]]]] = {key: {} for key in keys}
+        for record in sorted(self.values["tuned"], key=lambda r: ("problem" in r, "epsilon" in r)):
+            for key in [record["problem"]] if "problem" in record else keys:
+                by_eps = found.setdefault(key, {}).setdefault(record["method"], {})
+                if "epsilon" in record:
+                    by_eps[float(record["epsilon"])] = record["params"]
+                elif self.private(record["method"]):
+                    by_eps.update(dict.fromkeys(self.epsilons, record["params"]))
+                else:
+                    by_eps[None] = record["params"]
+        return {key: methods for key, methods in found.items() if methods}
 
     def paper(self) -> list[dict[str, Any]]:
         """The paper's rows: a [mean, std] pair as a tuple, an omitted ε as None (non-private)."""
@@ -97,13 +103,16 @@ class Declared:
 def load(name: str, folder: Path = FOLDER) -> Declared:
     """The checked content of ``folder/<name>.toml``."""
     path = folder / f"{name}.toml"
-    try:
-        values = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as err:
-        raise DpoptError(f"{path}: not a readable preset file ({err})") from None
+    values = _read(path)
+    if "extends" in values:  # a variant: the base file's values, its own replacing them key by key
+        values = _read(folder / f"{values['extends']}.toml") | values
+        del values["extends"]
     _check(path, "", values, SCHEMA)
     for method, table in values["methods"].items():
         _check(path, f"methods.{method}.", table, METHOD_SCHEMA)
+    for method, table in values["methods"].items():
+        if table.get("tuner", "grid") not in TUNER_NAMES:
+            raise DpoptError(f"{path}: methods.{method}.tuner={table['tuner']!r} must be one of: {', '.join(TUNER_NAMES)}")
     for i, record in enumerate(values["tuned"]):
         _check(path, f"tuned[{i}].", record, TUNED_SCHEMA)
         if record["method"] not in values["methods"]:
@@ -120,6 +129,13 @@ def load(name: str, folder: Path = FOLDER) -> Declared:
     if values["name"] != name:
         raise DpoptError(f"{path}: name={values['name']!r} must be the file's name {name!r}")
     return Declared(path, values)
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise DpoptError(f"{path}: not a readable preset file ({err})") from None
 
 
 def _check(path: Path, prefix: str, table: dict[str, Any],

@@ -13,6 +13,7 @@ from typing import Any
 
 from ._runner import Method, Params, Problem
 from .declared import Declared
+from .patience_tuning import patience_tune
 from .verdicts import comparison_lines
 
 
@@ -97,7 +98,7 @@ def declared_experiment(data: Declared, *, make_problem: Callable[[Any, str | No
 
     def describe(payload: dict[str, Any]) -> str:
         lines = [data["notes"].strip().format(facts=payload["facts"], seeds=payload["seeds"],
-                                              log_points=payload["log_points"])]
+                                              log_points=payload["log_points"], parameters=data["parameters"])]
         lines += comparison_lines(payload, data["test_metrics"], data["explanations"])
         return "\n".join(lines + (analyses(payload) if analyses is not None else []))
 
@@ -114,9 +115,15 @@ def declared_experiment(data: Declared, *, make_problem: Callable[[Any, str | No
         TUNE_EPSILON=data.get("tune_epsilon"), LOG_POINTS=data["log_points"], SEEDS=data["seeds"], draw=draw)
 
 
+#: How a method's grid is searched, by the name a preset file gives (``tuner``): every grid point
+#: scored by its final training objective (:func:`~dpopt.experiments._runner.tune`), or the DIFF2
+#: paper's step-size search with patience (:func:`~dpopt.experiments.patience_tuning.patience_tune`).
+TUNERS: dict[str, Callable[..., dict[str, Any]] | None] = {"grid": None, "patience": patience_tune}
+
+
 def declared_methods(data: Declared, builders: dict[str, Builder]) -> Callable[[Any, int, Any, float], list[Method]]:
     """``make_methods`` of a preset file: its methods in the file's order, each built by
-    ``builders[name]`` from its ``settings``, with its grid and tuned values."""
+    ``builders[name]`` from its ``settings``, with its grid, tuned values and tuner."""
     def make(key: Any, epochs: int, tuned: dict[str, dict[float | None, Params]], epsilon: float) -> list[Method]:
         found = []
         for name, spec in data["methods"].items():
@@ -124,6 +131,7 @@ def declared_methods(data: Declared, builders: dict[str, Builder]) -> Callable[[
             if build is not None:
                 found.append(Method(name, build, {k: tuple(v) for k, v in spec["grid"].items()}, tuned.get(name, {}),
                                     private=spec.get("private", True), noise_scale=spec.get("noise_scale", 1.0),
-                                    deterministic=spec.get("deterministic", False)))
+                                    deterministic=spec.get("deterministic", False),
+                                    tuner=TUNERS[spec.get("tuner", "grid")]))
         return found
     return make
