@@ -69,19 +69,3 @@ def convex_rows(datasets: tuple[str, ...]) -> list[dict[str, Any]]:
                              "loss_ratio": values[i], "wall_time_s": values[4 + i]})
     return rows
 
-
-
-
-#: The paper's Table 3 (ResNet-18 on CIFAR-10, batch 500, λ = 30, δ = 1e−5, 150 epochs, 5 runs):
-#: test accuracy (mean ± std of the last 5 epochs) and GPU seconds per epoch.
-_CIFAR_TABLE = {2.0: ((64.23, 0.51), (63.69, 0.59), (63.09, 0.46), 27.38, 27.63, 57.64),
-                4.0: ((67.78, 0.32), (67.19, 0.44), (66.64, 0.37), 27.02, 27.21, 57.99),
-                6.0: ((73.26, 0.16), (71.12, 0.18), (70.99, 0.22), 27.12, 27.17, 58.46)}
-
-def cifar_rows() -> list[dict[str, Any]]:
-    rows = []
-    for eps, (cc, uc, sgd, t_cc, t_uc, t_sgd) in _CIFAR_TABLE.items():
-        for name, (acc, std), seconds in (("CC", cc, t_cc), ("UC", uc, t_uc), ("DP-SGD", sgd, t_sgd)):
-            rows.append({"problem": "resnet18:cifar10", "algorithm": name, "epsilon": eps,
-                         "test_error": (round(1 - acc / 100, 4), std / 100), "epoch_time_s": seconds})
-    return rows

@@ -33,7 +33,7 @@ SCHEMA: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "log_points": (int, True), "tuning_seeds": (list, True), "metrics": (list, True), "table_metrics": (list, True),
     "paper_metrics": (list, True), "test_metrics": (list, True), "comparisons": (list, True),
     "curves": (dict, True), "paper": (list, True), "methods": (dict, True), "tuned": (list, True),
-    "tuning": (dict, True), "notes": (str, True), "explanations": (dict, True), "parameters": (dict, True),
+    "tuning": (dict, False), "notes": (str, True), "explanations": (dict, True), "parameters": (dict, True),
     "problems": (list, False), "smoke_problems": (list, False), "tune_epsilon": (_NUMBER, False),
     "epochs": (int, False), "extends": (str, False),
 }
@@ -118,7 +118,8 @@ def load(name: str, folder: Path = FOLDER) -> Declared:
         if record["method"] not in values["methods"]:
             raise DpoptError(f"{path}: tuned[{i}].method={record['method']!r} is not one of the methods "
                              f"({', '.join(values['methods'])})")
-    _check(path, "tuning.", values["tuning"], TUNING_SCHEMA)
+    if "tuning" in values:  # a preset whose values were all set by hand has none
+        _check(path, "tuning.", values["tuning"], TUNING_SCHEMA)
     names = set(values["methods"])
     for i, pair in enumerate(values["comparisons"]):
         if not (isinstance(pair, list) and len(pair) == 2):

@@ -111,7 +111,7 @@ def declared_experiment(data: Declared, *, make_problem: Callable[[Any, str | No
         PROBLEMS=tuple(data.get("problems", [None])),
         SMOKE_PROBLEMS=tuple(data["smoke_problems"]) if "smoke_problems" in data.values else None,
         CURVES={title: spec if isinstance(spec, str) else tuple(spec) for title, spec in data["curves"].items()},
-        TUNED=data.tuned(), TUNING_COST=data["tuning"]["cost"], TUNING_SEEDS=tuple(data["tuning_seeds"]),
+        TUNED=data.tuned(), TUNING_COST=data.get("tuning", {}).get("cost", {}), TUNING_SEEDS=tuple(data["tuning_seeds"]),
         TUNE_EPSILON=data.get("tune_epsilon"), LOG_POINTS=data["log_points"], SEEDS=data["seeds"], draw=draw)
 
 
