@@ -41,5 +41,5 @@ def comparison_lines(payload: dict[str, Any], test_metrics: Sequence[str], expla
 
 
 def _cell(summary: dict[str, float]) -> str:
-    std = summary["std"]
+    std = summary.get("std")
     return f"{summary['mean']:.5g}" + ("" if std is None or not math.isfinite(std) else f" ± {std:.2g}")
