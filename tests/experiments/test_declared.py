@@ -12,11 +12,6 @@ from dpopt.experiments import EXPERIMENTS, declared
 from dpopt.experiments.verdicts import comparison_lines
 
 
-def _copy(tmp_path: Path, name: str = "dp-srm-ijcnn1") -> Path:
-    shutil.copy(declared.FOLDER / f"{name}.toml", tmp_path / f"{name}.toml")
-    return tmp_path / f"{name}.toml"
-
-
 def test_every_preset_file_loads_and_names_a_registered_preset() -> None:
     files = sorted(declared.FOLDER.glob("*.toml"))
     assert files
@@ -24,37 +19,35 @@ def test_every_preset_file_loads_and_names_a_registered_preset() -> None:
         assert declared.load(path.stem)["name"] in EXPERIMENTS
 
 
-def test_an_unknown_key_is_an_error_naming_the_file_and_the_key(tmp_path: Path) -> None:
-    path = _copy(tmp_path)
-    path.write_text("epsilon_list = [1.0]\n" + path.read_text())
-    with pytest.raises(DpoptError, match=rf"{path}: epsilon_list is not a known key"):
-        declared.load("dp-srm-ijcnn1", tmp_path)
-    path = _copy(tmp_path)
-    path.write_text(path.read_text().replace("[methods.DP-GD]\n", "[methods.DP-GD]\nlearning_rate = 1.0\n"))
-    with pytest.raises(DpoptError, match=rf"{path}: methods.DP-GD.learning_rate is not a known key"):
+#: (text replaced in dp-srm-ijcnn1.toml, by what, the error's message after the file's path)
+BROKEN = [
+    ("seeds = 10\n", "seeds = 10\nepsilon_list = [1.0]\n", "epsilon_list is not a known key"),
+    ("[methods.DP-GD]\n", "[methods.DP-GD]\nlearning_rate = 1.0\n", "methods.DP-GD.learning_rate is not a known key"),
+    ('command = "dpopt reproduce dp-srm-ijcnn1 --retune"\n', "", "tuning.command is missing"),
+    ("seeds = 10\n", "", "seeds is missing"),
+    ('{ method = "STORM",', '{ method = "SGD",', r"tuned\[8\].method='SGD' is not one of the methods"),
+    ("seeds = 10\n", 'seeds = "ten"\n', "seeds='ten' has the wrong type"),
+    ("[methods.DP-GD]\n", '[methods.DP-GD]\ntuner = "random"\n', "methods.DP-GD.tuner='random' must be one of: grid"),
+    ("[explanations]\n", '[explanations]\nSGD = "why"\n', "explanations.SGD names no method"),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "message"), BROKEN)
+def test_a_wrong_file_is_an_error_naming_the_file_and_the_key(tmp_path: Path, old: str, new: str,
+                                                              message: str) -> None:
+    path = tmp_path / "dp-srm-ijcnn1.toml"
+    text = (declared.FOLDER / "dp-srm-ijcnn1.toml").read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+    with pytest.raises(DpoptError, match=rf"^{path}: {message}"):
         declared.load("dp-srm-ijcnn1", tmp_path)
 
 
-def test_a_missing_key_is_an_error_naming_the_file_and_the_key(tmp_path: Path) -> None:
-    path = _copy(tmp_path)
-    path.write_text(path.read_text().replace('command = "dpopt reproduce dp-srm-ijcnn1 --retune"\n', ""))
-    with pytest.raises(DpoptError, match=rf"{path}: tuning.command is missing"):
-        declared.load("dp-srm-ijcnn1", tmp_path)
-    path = _copy(tmp_path)
-    path.write_text(path.read_text().replace("seeds = 10\n", ""))
-    with pytest.raises(DpoptError, match=rf"{path}: seeds is missing"):
-        declared.load("dp-srm-ijcnn1", tmp_path)
-
-
-def test_a_tuned_record_of_an_unknown_method_or_a_wrong_type_is_an_error(tmp_path: Path) -> None:
-    path = _copy(tmp_path)
-    path.write_text(path.read_text().replace('{ method = "STORM",', '{ method = "SGD",'))
-    with pytest.raises(DpoptError, match=r"tuned\[8\].method='SGD' is not one of the methods"):
-        declared.load("dp-srm-ijcnn1", tmp_path)
-    path = _copy(tmp_path)
-    path.write_text(path.read_text().replace("seeds = 10\n", 'seeds = "ten"\n'))
-    with pytest.raises(DpoptError, match=r"seeds='ten' has the wrong type"):
-        declared.load("dp-srm-ijcnn1", tmp_path)
+def test_a_variant_replaces_its_base_files_keys(tmp_path: Path) -> None:
+    shutil.copy(declared.FOLDER / "dp-srm-ijcnn1.toml", tmp_path / "dp-srm-ijcnn1.toml")
+    (tmp_path / "variant.toml").write_text('extends = "dp-srm-ijcnn1"\nname = "variant"\nseeds = 3\n')
+    variant, base = declared.load("variant", tmp_path), declared.load("dp-srm-ijcnn1", tmp_path)
+    assert variant["seeds"] == 3 and variant["methods"] == base["methods"] and "extends" not in variant.values
 
 
 def test_tuned_records_per_epsilon_and_for_a_non_private_method() -> None:
@@ -77,4 +70,4 @@ def test_the_verdict_rule_counts_wins_and_explains_each_miss() -> None:
     assert lines == [
         "* A is below its baseline on every test metric (objective, grad_norm) with p < 0.05 in 1 of 2 comparisons.",
         "* **Miss:** ε = 0.2, A vs C: p = 0.2 (objective), 0.01 (grad_norm) — not significant at 0.05 on every "
-        "metric (objective: 0.5 ± 0.01 vs 0.51 ± 0.01). C is noisy."]
+        "metric (objective: 0.5 ± 0.01 vs 0.51 ± 0.01).", "* Against C: C is noisy."]

@@ -55,6 +55,8 @@ class Experiment:
     LOG_POINTS: int = 40
     SEEDS: int = 10
     draw: Callable[[Path, dict[str, Any]], None] | None = None
+    #: How the ``TUNED`` values were chosen (the command and its date), for the report.
+    TUNED_BY: str = ""
 
     @property
     def keyed(self) -> bool:
@@ -98,7 +100,8 @@ def declared_experiment(data: Declared, *, make_problem: Callable[[Any, str | No
 
     def describe(payload: dict[str, Any]) -> str:
         lines = [data["notes"].strip().format(facts=payload["facts"], seeds=payload["seeds"],
-                                              log_points=payload["log_points"], parameters=data["parameters"])]
+                                              log_points=payload["log_points"], parameters=data["parameters"],
+                                              epochs=data.get("epochs"))]
         lines += comparison_lines(payload, data["test_metrics"], data["explanations"])
         return "\n".join(lines + (analyses(payload) if analyses is not None else []))
 
@@ -112,7 +115,8 @@ def declared_experiment(data: Declared, *, make_problem: Callable[[Any, str | No
         SMOKE_PROBLEMS=tuple(data["smoke_problems"]) if "smoke_problems" in data.values else None,
         CURVES={title: spec if isinstance(spec, str) else tuple(spec) for title, spec in data["curves"].items()},
         TUNED=data.tuned(), TUNING_COST=data.get("tuning", {}).get("cost", {}), TUNING_SEEDS=tuple(data["tuning_seeds"]),
-        TUNE_EPSILON=data.get("tune_epsilon"), LOG_POINTS=data["log_points"], SEEDS=data["seeds"], draw=draw)
+        TUNE_EPSILON=data.get("tune_epsilon"), LOG_POINTS=data["log_points"], SEEDS=data["seeds"], draw=draw,
+        TUNED_BY=f"`{tuning['command']}` on {tuning['date']}" if (tuning := data.get("tuning")) else "")
 
 
 #: How a method's grid is searched, by the name a preset file gives (``tuner``): every grid point

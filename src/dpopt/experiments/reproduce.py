@@ -299,6 +299,7 @@ def _markdown(payload: dict[str, Any], exp: Experiment) -> str:
         "## Notes", "", exp.notes(payload), "",
         "## Tuning", "", f"Grids: `{payload['grids']}`.", "",
         f"Chosen (NOT PRIVATE where tuned here: selected on training-data objectives): `{ {(str(r.get('problem')) + ' ' if keyed else '') + r['algorithm'] + ' ε=' + str(r['epsilon']): r['params'] for r in payload['rows']} }`.", "",
+        *([f"The preset's values were chosen by {exp.TUNED_BY}.", ""] if exp.TUNED_BY else []),
         f"Tuning cost (NOT PRIVATE tuning: chosen by the training objective without noise; its privacy cost is "
         f"not in the ε above): `{_tuning_cost(payload['tuning'])}`.", "",
     ]

@@ -2,9 +2,9 @@
 
 For each method named as "ours" in the preset's comparisons: in how many of its comparisons it is
 below the baseline with p < 0.05 on every test metric (one-sided Welch tests), and, for every
-comparison where it is not, a **Miss** line with the p-values, the two means of the first test
-metric and the preset's explanation for that baseline (declared in its file, keyed by the
-baseline's name).
+comparison where it is not, a **Miss** line with the p-values and the two means of the first test
+metric; after them, once per missed baseline, the preset's explanation for it (declared in its
+file, keyed by the baseline's name).
 """
 
 from __future__ import annotations
@@ -36,8 +36,10 @@ def comparison_lines(payload: dict[str, Any], test_metrics: Sequence[str], expla
             lines.append(
                 f"* **Miss:** {where}ε = {test['epsilon']:g}, {ours} vs {test['baseline']}: p = {p_values} — not "
                 f"significant at {LEVEL} on every metric ({first}: {_cell(mean[ours])} vs "
-                f"{_cell(mean[test['baseline']])}). " + explanations.get(test["baseline"], ""))
-    return [line.rstrip() for line in lines]
+                f"{_cell(mean[test['baseline']])}).")
+        missed = dict.fromkeys(test["baseline"] for test in misses)
+        lines += [f"* Against {baseline}: {explanations[baseline]}" for baseline in missed if baseline in explanations]
+    return lines
 
 
 def _cell(summary: dict[str, float]) -> str:
