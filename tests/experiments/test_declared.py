@@ -29,6 +29,8 @@ BROKEN = [
     ("seeds = 10\n", 'seeds = "ten"\n', "seeds='ten' has the wrong type"),
     ("[methods.DP-GD]\n", '[methods.DP-GD]\ntuner = "random"\n', "methods.DP-GD.tuner='random' must be one of: grid"),
     ("[explanations]\n", '[explanations]\nSGD = "why"\n', "explanations.SGD names no method"),
+    ('verdict_metrics = ["objective", "grad_norm"]', 'verdict_metrics = ["test_error"]',
+     r"verdict_metrics=\['test_error'\] must be among test_metrics"),
 ]
 
 
@@ -68,6 +70,6 @@ def _payload() -> dict:
 def test_the_verdict_rule_counts_wins_and_explains_each_miss() -> None:
     lines = comparison_lines(_payload(), ("objective", "grad_norm"), {"C": "C is noisy."})
     assert lines == [
-        "* A is below its baseline on every test metric (objective, grad_norm) with p < 0.05 in 1 of 2 comparisons.",
+        "* A is below its baseline on objective and grad_norm with p < 0.05 in 1 of 2 comparisons.",
         "* **Miss:** ε = 0.2, A vs C: p = 0.2 (objective), 0.01 (grad_norm) — not significant at 0.05 on every "
         "metric (objective: 0.5 ± 0.01 vs 0.51 ± 0.01).", "* Against C: C is noisy."]

@@ -31,7 +31,7 @@ _NUMBER = (int, float)
 SCHEMA: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "name": (str, True), "epsilons": (list, True), "delta": (_NUMBER + (dict,), True), "seeds": (int, True),
     "log_points": (int, True), "tuning_seeds": (list, True), "metrics": (list, True), "table_metrics": (list, True),
-    "paper_metrics": (list, True), "test_metrics": (list, True), "comparisons": (list, True),
+    "paper_metrics": (list, True), "test_metrics": (list, True), "verdict_metrics": (list, True), "comparisons": (list, True),
     "curves": (dict, True), "paper": (list, True), "methods": (dict, True), "tuned": (list, True),
     "tuning": (dict, False), "notes": (str, True), "explanations": (dict, True), "parameters": (dict, True),
     "problems": (list, False), "smoke_problems": (list, False), "tune_epsilon": (_NUMBER, False),
@@ -124,6 +124,8 @@ def load(name: str, folder: Path = FOLDER) -> Declared:
     for i, pair in enumerate(values["comparisons"]):
         if not (isinstance(pair, list) and len(pair) == 2):
             raise DpoptError(f"{path}: comparisons[{i}] must be a pair [ours, baseline]")
+    if not set(values["verdict_metrics"]) <= set(values["test_metrics"]):
+        raise DpoptError(f"{path}: verdict_metrics={values['verdict_metrics']!r} must be among test_metrics")
     for baseline in values["explanations"]:
         if baseline not in names:
             raise DpoptError(f"{path}: explanations.{baseline} names no method ({', '.join(sorted(names))})")

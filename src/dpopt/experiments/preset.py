@@ -102,7 +102,7 @@ def declared_experiment(data: Declared, *, make_problem: Callable[[Any, str | No
         lines = [data["notes"].strip().format(facts=payload["facts"], seeds=payload["seeds"],
                                               log_points=payload["log_points"], parameters=data["parameters"],
                                               epochs=data.get("epochs"))]
-        lines += comparison_lines(payload, data["test_metrics"], data["explanations"])
+        lines += comparison_lines(payload, data["verdict_metrics"], data["explanations"])
         return "\n".join(lines + (analyses(payload) if analyses is not None else []))
 
     return Experiment(
