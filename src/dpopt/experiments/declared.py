@@ -111,6 +111,9 @@ def load(name: str, folder: Path = FOLDER) -> Declared:
     for method, table in values["methods"].items():
         _check(path, f"methods.{method}.", table, METHOD_SCHEMA)
     for method, table in values["methods"].items():
+        if table.get("noise_scale", 1.0) != 1.0 and "NOT PRIVATE" not in method:
+            raise DpoptError(f"{path}: methods.{method}.noise_scale={table['noise_scale']!r}: a noise scale other "
+                             "than 1 is allowed only for a method whose name says NOT PRIVATE")
         if table.get("tuner", "grid") not in TUNER_NAMES:
             raise DpoptError(f"{path}: methods.{method}.tuner={table['tuner']!r} must be one of: {', '.join(TUNER_NAMES)}")
     for i, record in enumerate(values["tuned"]):
