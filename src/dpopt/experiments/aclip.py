@@ -266,15 +266,10 @@ def _edges(payload: dict[str, Any]) -> list[str]:
 
 
 def _analyses(epochs: int, synthetic: bool) -> Callable[[dict[str, Any]], list[str]]:
-    """The problems' reference points, the tuned choices at a grid edge, the verdict table and the
-    paper's noise formula at these settings."""
+    """The tuned choices at a grid edge, the verdict table and the paper's noise formula at these settings."""
     def analyses(payload: dict[str, Any]) -> list[str]:
-        refs = "; ".join(f"{key}: n = {f['n']:,}, δ = {f['delta']:.3g}, x_ref = {f['reference']} "
-                         f"(‖x_ref‖ = {f['reference_norm']:.3f}, its loss ratio {f['nonprivate_loss_ratio']:.4f})"
-                         for key, f in payload["facts"].items())
         edges = _edges(payload)
-        return ([f"* Problems: {refs}.",
-                 "* Choices at an edge of the grid: " + "; ".join(edges) + "." if edges
+        return (["* Choices at an edge of the grid: " + "; ".join(edges) + "." if edges
                  else "* No tuned choice is at an edge of the grid."]
                 + _verdict_lines(payload, heavy_tailed_only=synthetic) + _paper_noise_lines(payload, epochs))
     return analyses

@@ -3,8 +3,9 @@
 The file holds everything about a reproduction that is a choice or a published number rather than
 code: the ε list and δ, the problems, seeds, metrics and comparisons, the paper's table, each
 method's grid and settings, the values the last tuning chose (with its date, command and cost),
-and the report's static notes (Markdown), with an explanation per baseline for the comparisons it
-wins. A file with ``extends = "<other preset>"`` is a variant: the other file's values, its own
+and the report's static notes (Markdown: ``notes``; ``problem_note``, a line filled from each problem's
+facts; ``quick_note``, added under ``--quick``), with an explanation per baseline for the comparisons
+it wins. A file with ``extends = "<other preset>"`` is a variant: the other file's values, its own
 replacing them key by key (top-level keys: a table is replaced whole). A key the schema does not know, a missing key or a value of the wrong type is an error that
 names the file and the key.
 
@@ -35,7 +36,7 @@ SCHEMA: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "curves": (dict, True), "paper": (list, True), "methods": (dict, True), "tuned": (list, True),
     "tuning": (dict, False), "notes": (str, True), "explanations": (dict, True), "parameters": (dict, True),
     "problems": (list, False), "smoke_problems": (list, False), "tune_epsilon": (_NUMBER, False),
-    "epochs": (int, False), "extends": (str, False),
+    "epochs": (int, False), "extends": (str, False), "problem_note": (str, False), "quick_note": (str, False),
 }
 #: Keys of a ``[methods.<name>]`` table.
 METHOD_SCHEMA: dict[str, tuple[type | tuple[type, ...], bool]] = {

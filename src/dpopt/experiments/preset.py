@@ -94,14 +94,19 @@ def declared_experiment(data: Declared, *, make_problem: Callable[[Any, str | No
                         analyses: Callable[[dict[str, Any]], list[str]] | None = None,
                         draw: Callable[[Path, dict[str, Any]], None] | None = None) -> Experiment:
     """The :class:`Experiment` of a preset file: its declared fields, the code's problem and method
-    builders, and as notes the file's text, then :func:`~dpopt.experiments.verdicts.comparison_lines`
-    (the generic rule), then what ``analyses(payload)`` computes for this preset, if anything."""
+    builders, and as notes the file's text (``notes``, a ``problem_note`` per problem, the ``quick_note``
+    under ``--quick``), then :func:`~dpopt.experiments.verdicts.comparison_lines` (the generic rule),
+    then what ``analyses(payload)`` computes for this preset, if anything."""
     delta = data["delta"]
 
     def describe(payload: dict[str, Any]) -> str:
         lines = [data["notes"].strip().format(facts=payload["facts"], seeds=payload["seeds"],
                                               log_points=payload["log_points"], parameters=data["parameters"],
                                               epochs=data.get("epochs"))]
+        if "problem_note" in data.values:
+            lines += [data["problem_note"].strip().format(key=key, **facts) for key, facts in payload["facts"].items()]
+        if payload["quick"] and "quick_note" in data.values:
+            lines.append(data["quick_note"].strip().format(parameters=data["parameters"]))
         lines += comparison_lines(payload, data["verdict_metrics"], data["explanations"])
         return "\n".join(lines + (analyses(payload) if analyses is not None else []))
 
