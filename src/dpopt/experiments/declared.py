@@ -3,16 +3,19 @@
 The file holds everything about a reproduction that is a choice or a published number rather than
 code: the ε list and δ, the problems, seeds, metrics and comparisons, the paper's table, each
 method's grid and settings, the values the last tuning chose (with its date, command and cost),
-and the report's static notes (Markdown: ``notes``; ``problem_note``, a line filled from each problem's
-facts; ``quick_note``, added under ``--quick``), with an explanation per baseline for the comparisons
-it wins. A file with ``extends = "<other preset>"`` is a variant: the other file's values, its own
-replacing them key by key (top-level keys: a table is replaced whole). A key the schema does not know, a missing key or a value of the wrong type is an error that
-names the file and the key.
+preset-specific values (``[parameters]``, read by the preset's code through
+:meth:`Declared.parameter`), and the report's static text in Markdown: ``notes``; ``problem_note``,
+a line filled from each problem's facts; ``quick_note``, added under ``--quick``; and per baseline
+an explanation of the comparisons it wins. A file with ``extends = "<other preset>"`` is a
+variant: the other file's values, its own replacing them key by key (a table is replaced whole).
+A key the schema does not know, a missing key or a value of the wrong type is an error that names
+the file and the key.
 
 Tuned values are records ``{problem, method, epsilon, params}``: ``problem`` is omitted when the
 values hold for every problem (or the preset has one unnamed problem); ``epsilon`` is omitted when
-they are used at every ε (or for a non-private method). :func:`tuned` turns them into ``problem → method → {ε or None: params}``, the
-form a :class:`~dpopt.experiments._runner.Method` reads.
+they are used at every ε (or for a non-private method). :meth:`Declared.tuned` turns them into
+``problem → method → {ε or None: params}``, the form a :class:`~dpopt.experiments._runner.Method`
+reads.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ _NUMBER = (int, float)
 SCHEMA: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "name": (str, True), "epsilons": (list, True), "delta": (_NUMBER + (dict,), True), "seeds": (int, True),
     "log_points": (int, True), "tuning_seeds": (list, True), "metrics": (list, True), "table_metrics": (list, True),
-    "paper_metrics": (list, True), "test_metrics": (list, True), "verdict_metrics": (list, True), "comparisons": (list, True),
+    "paper_metrics": (list, True), "test_metrics": (list, True), "verdict_metrics": (list, True),
+    "comparisons": (list, True),
     "curves": (dict, True), "paper": (list, True), "methods": (dict, True), "tuned": (list, True),
     "tuning": (dict, False), "notes": (str, True), "explanations": (dict, True), "parameters": (dict, True),
     "problems": (list, False), "smoke_problems": (list, False), "tune_epsilon": (_NUMBER, False),
@@ -116,7 +120,8 @@ def load(name: str, folder: Path = FOLDER) -> Declared:
             raise DpoptError(f"{path}: methods.{method}.noise_scale={table['noise_scale']!r}: a noise scale other "
                              "than 1 is allowed only for a method whose name says NOT PRIVATE")
         if table.get("tuner", "grid") not in TUNER_NAMES:
-            raise DpoptError(f"{path}: methods.{method}.tuner={table['tuner']!r} must be one of: {', '.join(TUNER_NAMES)}")
+            raise DpoptError(f"{path}: methods.{method}.tuner={table['tuner']!r} must be one of: "
+                             + ", ".join(TUNER_NAMES))
     for i, record in enumerate(values["tuned"]):
         _check(path, f"tuned[{i}].", record, TUNED_SCHEMA)
         if record["method"] not in values["methods"]:

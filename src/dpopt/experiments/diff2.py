@@ -31,9 +31,10 @@ on a sub-grid of the paper's (the paper: C1, C2 ∈ {1, 3, 10, 30, 100}, T ∈ {
 and DP-GD's C1 ∈ {1, 3, 10}: per-record gradient norms at the initial point are 3.4–4.1 at the
 median and 10–20 at the 99th percentile, so C1 ≥ 30 clips almost nothing and only adds noise).
 BlogFeedback (a 2,000-round run costs ~2 min here) is tuned on η only, at the clip and restart
-values chosen on California Housing. The values found are recorded in ``presets/diff2-regression.toml`` with
-their cost; ``dpopt reproduce diff2-regression --retune`` searches again. The privacy of
-tuning is not accounted by the paper; ``--retune`` reports it (``epsilon_composed``).
+values chosen on California Housing. The values found are recorded in
+``presets/diff2-regression.toml`` with their cost; ``dpopt reproduce diff2-regression --retune``
+searches again. The privacy of tuning is not accounted by the paper; ``--retune`` reports it
+(``epsilon_composed``).
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ Our choices where the paper is silent (standard DP-SGD MNIST settings): the netw
 accountant), expected batch 256 (TF Privacy's / Papernot et al.'s MNIST setting), C = C1 = 1
 (MNIST; DP-SGD's clip on CIFAR-10 = the paper's C1 = 2), b0 = 4b, γ = C2 as in the paper, plain
 SGD steps (no momentum or learning-rate schedule), last iterate. The step sizes and C2 on MNIST
-were chosen in a short pilot (``[tuning]`` of ``presets/dp-srm-mnist.toml``), not by the paper's protocol.
+were chosen in a short pilot (``[tuning]`` of ``presets/dp-srm-mnist.toml``), not by the paper's
+protocol.
 
 Every run is calibrated to its own (ε, δ) by :func:`dpopt.accounting.calibrate` on the method's
 planned event (the paper's noise formula is not used). Test error is evaluated ``LOG_POINTS``
@@ -75,8 +76,9 @@ def _settings(*files: declared.Declared) -> dict[str, Setting]:
     found = {}
     for data in files:
         for key, spec in data.parameter("problems").items():
-            found[key] = Setting(**spec | {"epochs": {float(eps): passes for eps, passes in spec["epochs"].items()},
-                                           "grid": {name: tuple(values) for name, values in spec.get("grid", {}).items()}})
+            epochs = {float(eps): passes for eps, passes in spec["epochs"].items()}
+            grid = {name: tuple(values) for name, values in spec.get("grid", {}).items()}
+            found[key] = Setting(**spec | {"epochs": epochs, "grid": grid})
     return found
 
 

@@ -21,11 +21,12 @@ Methods, from the theorems' settings (:mod:`dpopt.algorithms.o2nc_params`; L = 1
 
 The theorems hide constants (Θ̃, ≲). Two of them are chosen, for the three O2NC methods alike:
 c_D, a multiplier of the radius D (M, Σ, η and the clip C2 follow D), and c, the constant of the
-clips' concentration term (:func:`~dpopt.algorithms.o2nc_params.clips`), on the grid of ``presets/o2nc-nonsmooth.toml`` by :func:`select_constants` (every point on the tuning seeds 1000, 1001 of
-``synthetic-d32``, lowest mean final training objective; not privacy-accounted) and then used on
-every problem (the file's ``tuned``; a constant does not depend on d). Privacy stays exact whatever the
-constants: the clips are what the algorithm uses, and the noise is calibrated by the ledger for
-them.
+clips' concentration term (:func:`~dpopt.algorithms.o2nc_params.clips`), on the grid of
+``presets/o2nc-nonsmooth.toml`` by :func:`select_constants` (every point on the tuning seeds 1000,
+1001 of ``synthetic-d32``, lowest mean final training objective; not privacy-accounted) and then
+used on every problem (the file's ``tuned``; a constant does not depend on d). Privacy stays exact
+whatever the constants: the clips are what the algorithm uses, and the noise is calibrated by the
+ledger for them.
 
 Metrics at each output θ: ``goldstein``, the estimate of ‖∂̄_{2α} F(θ)‖ (Lemma 2.4: a point
 (α, β)-stationary for F_α is (2α, β)-stationary for F) from K = 32 full-data gradients

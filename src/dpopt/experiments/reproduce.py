@@ -2,12 +2,12 @@
 
 For each problem (data set and model), ε and method: take the preset's tuned hyper-parameters
 (or tune them again with ``retune``), calibrate the noise on the method's planned event, run
-every seed, and summarise the final metrics. The preset's pairs of methods (``COMPARISONS``) are compared by one-sided Welch t-tests on the preset's test
-metrics. Written under ``out``: ``results.json`` (the machine-readable form documented in the
-README), ``results.md`` and figures, all atomically; and ``runs/``, every finished run, saved as
-it completes, so that an interrupted reproduction resumes where it stopped (the same command
-loads the saved runs instead of running them again, with the same results; runs saved by other
-code are not reused).
+every seed, and summarise the final metrics. The preset's pairs of methods (``COMPARISONS``) are
+compared by one-sided Welch t-tests on the preset's test metrics. Written under ``out``:
+``results.json`` (the machine-readable form documented in the README), ``results.md`` and
+figures, all atomically; and ``runs/``, every finished run, saved as it completes, so that an
+interrupted reproduction resumes where it stopped (the same command loads the saved runs instead
+of running them again, with the same results; runs saved by other code are not reused).
 
 A preset is an :class:`~dpopt.experiments.preset.Experiment` (its fields are documented there).
 """
