@@ -5,7 +5,9 @@ Rules (each broken one is reported as one line naming the axes):
   (a colour bar's axes: a label on its long axis);
 - the suptitle, or else every axes' title, names ε and δ;
 - the tick labels of each axis (major and minor, inside the view) are distinct;
-- no legend's box covers a data point of a line or scatter (in display coordinates).
+- no legend's box covers a data point of a line or scatter (in display coordinates), or a title;
+- nothing is cut off: every axes with its title, labels and tick labels, the suptitle and every
+  legend lie inside the figure.
 """
 
 from __future__ import annotations
@@ -42,11 +44,20 @@ def problems(fig: Any) -> list[str]:
     if not titles or not all(_names_privacy(title) for title in titles):
         found.append("neither the suptitle nor every axes' title names ε and δ")
     legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None] + list(fig.legends)
+    titles_drawn = [text for text in [fig._suptitle, *(ax.title for ax in fig.axes)] if text is not None and text.get_text()]
     for legend in legends:
         box = legend.get_window_extent(renderer)
         for ax in plots:
             if any(box.contains(x, y) for x, y in _points(ax)):
                 found.append(f"legend covers data of {_name(ax)}")
+        found += [f"legend covers the title {text.get_text()!r}" for text in titles_drawn
+                  if box.overlaps(text.get_window_extent(renderer))]
+    page = fig.bbox.padded(1.0)  # (a pixel of rounding)
+    boxes = [(_name(ax), ax.get_tightbbox(renderer)) for ax in fig.axes]
+    boxes += [("the suptitle", fig._suptitle.get_window_extent(renderer))] if suptitle else []
+    boxes += [("a legend", legend.get_window_extent(renderer)) for legend in legends]
+    found += [f"{name} is cut off at the figure's edge" for name, box in boxes
+              if not (page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1)]
     return found
 
 

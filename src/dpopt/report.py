@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -121,7 +122,7 @@ def curves_figure(path: Path, panels: dict[str, dict[str, Curve | tuple[Any, Any
     """One subplot per panel title; each maps a line label to a :class:`Curve` (or ``(x, y)``);
     saved atomically as PNG. ``title``: the figure's title (it names ε and δ, and the spread of the
     bands if there are any). ``xlabel``, ``ylabel``: one label for every panel, or one per panel
-    title (default y label: the panel's title). One legend for all panels, outside the axes. Points
+    title (default y label: the panel's title). One legend for all panels, below them. Points
     that cannot be drawn (a coordinate that is not finite, beyond ±:data:`DRAWABLE` (a diverging run;
     matplotlib's log-axis ticks overflow near 1e300), or ≤ 0 on a log axis) are left out, and a panel
     that lost some says how many under its title; a panel left with nothing to draw is dropped and
@@ -165,9 +166,12 @@ def curves_figure(path: Path, panels: dict[str, dict[str, Curve | tuple[Any, Any
     for ax in fig.axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, handle)
-    if handles:
-        fig.legend(list(handles.values()), list(handles), loc="outside right upper", fontsize=8)
-    fig.suptitle(title + (f"\n(not drawn, nothing drawable: {', '.join(dropped)})" if dropped else ""), fontsize=10)
+    if handles:  # below the panels: clear of the lines and of the title
+        fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=min(len(handles), 4),
+                   fontsize=8)
+    text = title + (f"\n(not drawn, nothing drawable: {', '.join(dropped)})" if dropped else "")
+    fig.suptitle("\n".join(textwrap.fill(line, int(13 * fig.get_figwidth())) for line in text.split("\n")),
+                 fontsize=10)
     save_figure(path, fig)
     return omitted
 

@@ -123,7 +123,8 @@ def problem_figure(problem: dict[str, Any]) -> Figure:
     ax.set_xlabel("ε (tuning and training)")
     ax.set_ylabel(f"{name.replace('_', ' ')} (mean ± std, {problem['seeds']} seeds)")
     epsilons = ", ".join(f"{cell['epsilon']:g}" for cell in cells)
-    ax.set_title(f"{problem['problem']}: privately tuned at ε ∈ {{{epsilons}}}, δ = {problem['delta']:g}\ncircled: best mean; filled: p < 0.05 against the runner-up", fontsize=10)
+    ax.set_title(f"{problem['problem']}: privately tuned at ε ∈ {{{epsilons}}}, δ = {problem['delta']:g}\n"
+                 "circled: best mean; filled: p < 0.05 against the runner-up", fontsize=10)
     ax.grid(alpha=0.3)
     fig.legend(loc="outside right upper", fontsize=8)
     return fig
@@ -141,7 +142,9 @@ def summary_figure(result: dict[str, Any]) -> Figure:
     epsilons = sorted({cell["epsilon"] for problem in problems for cell in problem["cells"]})
     rows = [(problem, method) for problem in problems for method in _methods(problem)]
     gaps = np.full((len(rows), len(epsilons)), np.nan)
-    fig, ax = plt.subplots(figsize=(3.5 + 1.3 * len(epsilons), 1.6 + 0.38 * len(rows)), layout="constrained")
+    labels = [f"{problem['problem']} [{metric(problem)}]: {method}" for problem, method in rows]
+    width = 3.0 + 0.075 * max(len(label) for label in labels) + 1.1 * len(epsilons)
+    fig, ax = plt.subplots(figsize=(max(8.0, width), 1.8 + 0.38 * len(rows)), layout="constrained")
     for r, (problem, method) in enumerate(rows):
         for cell in problem["cells"]:
             if method not in cell["methods"]:
@@ -157,9 +160,9 @@ def summary_figure(result: dict[str, Any]) -> Figure:
     colours = plt.get_cmap("viridis_r").with_extremes(bad="lightgrey")
     image = ax.imshow(np.ma.masked_invalid(np.minimum(gaps, GAP_CAP)), cmap=colours, vmin=0, vmax=GAP_CAP,
                       aspect="auto")
-    fig.colorbar(image, ax=ax, label=f"gap to the cell's best mean (%, capped at {GAP_CAP:g})")
+    fig.colorbar(image, ax=ax, extend="max", label="gap to the cell's best mean (%)")
     ax.set_xticks(range(len(epsilons)), [f"{e:g}" for e in epsilons])
-    ax.set_yticks(range(len(rows)), [f"{problem['problem']} [{metric(problem)}]: {method}" for problem, method in rows])
+    ax.set_yticks(range(len(rows)), labels)
     for r in range(1, len(rows)):  # a rule between problems
         if rows[r][0] is not rows[r - 1][0]:
             ax.axhline(r - 0.5, color="white", linewidth=3)
@@ -168,7 +171,6 @@ def summary_figure(result: dict[str, Any]) -> Figure:
     deltas = {problem["delta"] for problem in problems}
     delta = f"δ = {deltas.pop():g}" if len(deltas) == 1 else "δ: " + ", ".join(
         f"{p['problem']} {p['delta']:g}" for p in problems)
-    ax.set_title(f"Each method privately tuned and trained at the column's ε, {delta}; mean over seeds "
-                 "(lower is better)\n★ best mean, * p < 0.05 against the runner-up (Welch); grey: not run",
-                 fontsize=9)
+    fig.suptitle(f"Each method privately tuned and trained at the column's ε, {delta}\nmean over seeds (lower is "
+                 "better); grey: not run\n★ best mean, * p < 0.05 against the runner-up (Welch)", fontsize=9)
     return fig

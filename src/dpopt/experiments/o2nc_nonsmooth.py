@@ -400,6 +400,6 @@ def figures(out_dir: Path, payload: dict[str, Any]) -> None:
         panels = {key: {name: mean_curve(_histories(payload, key, name), "goldstein", "oracle_calls")
                         for name in (*O2NC_METHODS, "DP-SGD")} for key in keys}
         report.curves_figure(out_dir / "goldstein_vs_calls.png", panels, xlabel="per-record oracle calls",
-                             ylabel="Goldstein ‖∂̄_{2α}F‖ of θ_t", log_x=True,
+                             ylabel="Goldstein stationarity of the iterate", log_x=True,
                              title=f"Every problem at ε = {EPSILONS[0]:g}, δ = {DELTA:g}: mean over {payload['seeds']} seeds, "
                                    "band ± 1 std")
