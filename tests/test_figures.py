@@ -1,7 +1,7 @@
 """Every figure dpopt writes is one a reader can use (``legibility.py`` states the rules): built
 here from small synthetic inputs, each passes the check, and each mutant of it (its title
-stripped, its legend over the data, an empty axes, a label dropped, a log axis over a flat curve)
-is caught."""
+stripped, its legend over the data, an empty axes, a label dropped, a title wider than the
+figure, a log axis over a flat curve) is caught."""
 
 from __future__ import annotations
 
@@ -96,6 +96,8 @@ MUTANTS = {
     "legend over the data": (_legend_over_data, "legend covers data of"),
     "an empty axes": (lambda fig: fig.add_axes((0.0, 0.0, 0.1, 0.1)), "empty axes"),
     "y label dropped": (lambda fig: fig.axes[0].set_ylabel(""), "no y label"),
+    "title wider than the figure": (lambda fig: fig.suptitle("ε and δ " + "and a long title " * 20),
+                                    "the suptitle is cut off at the figure's edge"),
 }
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import report
+from . import SIGNIFICANCE
 from ..report import markdown_table
 
 if TYPE_CHECKING:
@@ -124,7 +125,7 @@ def problem_figure(problem: dict[str, Any]) -> Figure:
     ax.set_ylabel(f"{name.replace('_', ' ')} (mean ± std, {problem['seeds']} seeds)")
     epsilons = ", ".join(f"{cell['epsilon']:g}" for cell in cells)
     ax.set_title(f"{problem['problem']}: privately tuned at ε ∈ {{{epsilons}}}, δ = {problem['delta']:g}\n"
-                 "circled: best mean; filled: p < 0.05 against the runner-up", fontsize=10)
+                 f"circled: best mean; filled: p < {SIGNIFICANCE:g} against the runner-up", fontsize=10)
     ax.grid(alpha=0.3)
     fig.legend(loc="outside right upper", fontsize=8)
     return fig
@@ -132,9 +133,10 @@ def problem_figure(problem: dict[str, Any]) -> Figure:
 
 def summary_figure(result: dict[str, Any]) -> Figure:
     """A heatmap over all problems and ε: a row per (problem, method), a column per ε; the colour is
-    the method's gap to the best mean of that cell, relative to it (%; capped at :data:`GAP_CAP`);
-    each square shows the mean; the winner is starred (★), and marked * when p < 0.05 against the
-    runner-up. Grey: not run."""
+    the method's gap to the best mean of that cell relative to it (:func:`_gap`, capped at
+    :data:`GAP_CAP`), so problems with different metrics share one scale; each square shows the
+    mean; the winner is starred (★), and marked * when significant against the runner-up. Grey:
+    not run."""
     import numpy as np
 
     plt = report.pyplot()
@@ -151,10 +153,10 @@ def summary_figure(result: dict[str, Any]) -> Figure:
                 continue
             c = epsilons.index(cell["epsilon"])
             means = {m: score(entry, metric(problem))["mean"] for m, entry in cell["methods"].items()}
-            best = means[cell["winner"]]
-            gaps[r, c] = 100 * (means[method] - best) / abs(best) if best else (0.0 if means[method] == best else math.inf)
+            gaps[r, c] = _gap(means[method], means[cell["winner"]])
             winner = method == cell["winner"]
-            ax.text(c, r, f"{'★ ' if winner else ''}{means[method]:.3g}{' *' if winner and cell['significant'] else ''}",
+            star = " *" if winner and cell["significant"] else ""
+            ax.text(c, r, f"{'★ ' if winner else ''}{means[method]:.3g}{star}",
                     ha="center", va="center", fontsize=8, fontweight="bold" if winner else "normal",
                     color="white" if gaps[r, c] > GAP_CAP / 2 else "black")
     colours = plt.get_cmap("viridis_r").with_extremes(bad="lightgrey")
@@ -172,5 +174,12 @@ def summary_figure(result: dict[str, Any]) -> Figure:
     delta = f"δ = {deltas.pop():g}" if len(deltas) == 1 else "δ: " + ", ".join(
         f"{p['problem']} {p['delta']:g}" for p in problems)
     fig.suptitle(f"Each method privately tuned and trained at the column's ε, {delta}\nmean over seeds (lower is "
-                 "better); grey: not run\n★ best mean, * p < 0.05 against the runner-up (Welch)", fontsize=9)
+                 f"better); grey: not run\n★ best mean, * p < {SIGNIFICANCE:g} against the runner-up (Welch)", fontsize=9)
     return fig
+
+
+def _gap(mean: float, best: float) -> float:
+    """100 (mean − best) / |best|: how far (in %) a mean is behind the best one."""
+    if best == 0:
+        return 0.0 if mean == 0 else math.inf
+    return 100 * (mean - best) / abs(best)
