@@ -39,18 +39,18 @@ def problems(fig: Any) -> list[str]:
             repeated = sorted({label for label in labels if labels.count(label) > 1})
             if repeated:
                 found.append(f"{name}: {which} tick labels repeated: {repeated}")
-    suptitle = fig._suptitle.get_text() if fig._suptitle is not None else ""
+    suptitle = fig.get_suptitle()
     titles = [suptitle] if _names_privacy(suptitle) else [ax.get_title() for ax in plots]
     if not titles or not all(_names_privacy(title) for title in titles):
         found.append("neither the suptitle nor every axes' title names ε and δ")
     legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None] + list(fig.legends)
-    titles_drawn = [text for text in [fig._suptitle, *(ax.title for ax in fig.axes)] if text is not None and text.get_text()]
+    title_texts = [text for text in (fig._suptitle, *(ax.title for ax in fig.axes)) if text and text.get_text()]
     for legend in legends:
         box = legend.get_window_extent(renderer)
         for ax in plots:
             if any(box.contains(x, y) for x, y in _points(ax)):
                 found.append(f"legend covers data of {_name(ax)}")
-        found += [f"legend covers the title {text.get_text()!r}" for text in titles_drawn
+        found += [f"legend covers the title {text.get_text()!r}" for text in title_texts
                   if box.overlaps(text.get_window_extent(renderer))]
     page = fig.bbox.padded(1.0)  # (a pixel of rounding)
     boxes = [(_name(ax), ax.get_tightbbox(renderer)) for ax in fig.axes]

@@ -92,7 +92,7 @@ def test_reproduce_figures_are_legible(toy: str, tmp_path: Path, drawn_figures: 
     for epsilon, name in ((1.0, "curves_eps1.0.png"), (2.0, "curves_eps2.0.png")):
         fig = drawn_figures[name]
         assert problems(fig) == []
-        title = fig._suptitle.get_text()
+        title = fig.get_suptitle()
         assert f"ε = {epsilon:g}, δ = 1e-05" in title and "mean over 2 seeds, band ± 1 std" in title
         assert all(len(ax.collections) == len(ax.lines) == 3 for ax in fig.axes)  # DP-SGD, DP-GD, SGD: a band each
 
