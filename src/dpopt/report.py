@@ -130,18 +130,9 @@ def curves_figure(path: Path, panels: dict[str, dict[str, Curve | tuple[Any, Any
     import numpy as np
 
     plt = pyplot()
-    kept, omitted = {}, 0
-    for name, lines in panels.items():
-        drawn = {}
-        for label, curve in lines.items():
-            x, y, spread = (np.asarray(v, dtype=float) if v is not None else None for v in Curve(*curve))
-            drawable = ((np.abs(x) <= DRAWABLE) & (np.abs(y) <= DRAWABLE)  # (False for NaN)
-                        & ((x > 0) | (not log_x)) & ((y > 0) | (not log_y)))
-            omitted += int((~drawable).sum())
-            drawn[label] = (Curve(x[drawable], y[drawable], None if spread is None else spread[drawable]),
-                            int((~drawable).sum()))
-        if any(len(curve.x) for curve, _ in drawn.values()):
-            kept[name] = drawn
+    drawable = {name: _drawable(lines, log_x, log_y) for name, lines in panels.items()}
+    omitted = sum(n for drawn in drawable.values() for _, n in drawn.values())
+    kept = {name: drawn for name, drawn in drawable.items() if any(len(curve.x) for curve, _ in drawn.values())}
     dropped = [name for name in panels if name not in kept]
     fig, axes = plt.subplots(1, max(1, len(kept)), figsize=(4.5 * max(1, len(kept)) + 1.5, 3.8), squeeze=False,
                              layout="constrained")
@@ -174,6 +165,19 @@ def curves_figure(path: Path, panels: dict[str, dict[str, Curve | tuple[Any, Any
                  fontsize=10)
     save_figure(path, fig)
     return omitted
+
+
+def _drawable(lines: dict[str, Curve | tuple[Any, Any]], log_x: bool, log_y: bool) -> dict[str, tuple[Curve, int]]:
+    """Each line's drawable points (see :func:`curves_figure`) and how many it lost."""
+    import numpy as np
+
+    drawn = {}
+    for label, curve in lines.items():
+        x, y, spread = (np.asarray(v, dtype=float) if v is not None else None for v in Curve(*curve))
+        keep = ((np.abs(x) <= DRAWABLE) & (np.abs(y) <= DRAWABLE)  # (False for NaN)
+                & ((x > 0) | (not log_x)) & ((y > 0) | (not log_y)))
+        drawn[label] = (Curve(x[keep], y[keep], None if spread is None else spread[keep]), int((~keep).sum()))
+    return drawn
 
 
 def _scale(log: bool, values: list[Any]) -> str:
