@@ -94,6 +94,8 @@ def test_the_tables_name_the_metric_and_give_each_methods_cost_the_wall_time_lab
                                                              "wall_time_s": 6.0, "trials_run": [1, 3]}]}}
     text = markdown(result, "cmd")
     assert "test_mse of the privately selected θ" in text and "| a | **2.5000 (0.1000)** |" in text
+    cell["methods"]["b"]["test_mse"] = {"mean": 7.9e26, "std": 1.8e27}  # a diverged method: not 27 digits
+    assert "| b | 7.9e+26 (1.8e+27) |" in markdown(result, "cmd")
     assert "| expected passes (planned) | ε = 1 |\n|---|---|\n| a | 12 |\n| b | 40 |" in text
     assert "| wall time (NOT PRIVATE) | ε = 1 |\n|---|---|\n| a | 3.0 s (4 trials) |\n| b | – |" in text
     for method in cell["methods"].values():  # a result without planned passes: no table of them

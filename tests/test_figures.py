@@ -147,3 +147,13 @@ def test_bands_show_the_spread_over_seeds(drawn_figures: dict[str, Any], tmp_pat
     (band,) = [c for c in drawn_figures["c.png"].axes[0].collections]
     edges = set(np.round(band.get_paths()[0].vertices[:, 1], 6))
     assert edges == {1.5, 0.6, 0.011, 0.5, 0.1, 0.009}  # y ± spread; at y = 0.1, y − 0.5 < 0: from 0.1 up
+
+
+def test_a_bench_figure_with_a_diverged_method_has_a_log_axis() -> None:
+    """Finding (the California DIFF2 run): a method whose mean loss reached 1e26 flattened every
+    other line to 0 on a linear axis; means spanning decades get a log axis."""
+    problem = BENCH["problems"][1] | {"cells": [_cell(e, {"diff2": 1e26 / e, "dp-gd": 0.05}, "test_mse", True)
+                                                for e in (1.0, 8.0)]}
+    fig = tables.problem_figure(problem)
+    assert fig.axes[0].get_yscale() == "log" and problems(fig) == []
+    assert tables.problem_figure(BENCH["problems"][1]).axes[0].get_yscale() == "linear"

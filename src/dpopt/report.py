@@ -137,8 +137,8 @@ def curves_figure(path: Path, panels: dict[str, dict[str, Curve | tuple[Any, Any
     fig, axes = plt.subplots(1, max(1, len(kept)), figsize=(4.5 * max(1, len(kept)) + 1.5, 3.8), squeeze=False,
                              layout="constrained")
     for ax, (name, drawn) in zip(axes[0], kept.items()):
-        ax.set_xscale(_scale(log_x, [curve.x for curve, _ in drawn.values()]))
-        ax.set_yscale(_scale(log_y, [curve.y for curve, _ in drawn.values()]))
+        ax.set_xscale(scale(log_x, [curve.x for curve, _ in drawn.values()]))
+        ax.set_yscale(scale(log_y, [curve.y for curve, _ in drawn.values()]))
         for label, (curve, _) in drawn.items():
             (line,) = ax.plot(curve.x, curve.y, label=label)
             if curve.spread is not None:  # on a log axis, a band reaching ≤ 0 is drawn from the mean up
@@ -180,7 +180,7 @@ def _drawable(lines: dict[str, Curve | tuple[Any, Any]], log_x: bool, log_y: boo
     return drawn
 
 
-def _scale(log: bool, values: list[Any]) -> str:
+def scale(log: bool, values: list[Any]) -> str:
     """The scale of an axis: log if ``log`` was asked for and the drawn ``values`` span at least
     :data:`LOG_SPAN`, else linear."""
     import numpy as np

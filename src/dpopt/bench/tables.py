@@ -85,8 +85,13 @@ def _entry(cell: dict[str, Any], name: str, metric_name: str) -> str:
     if name not in cell["methods"]:
         return "–"
     value = score(cell["methods"][name], metric_name)
-    text = f"{value['mean']:.4f} ({value['std']:.4f})"
+    text = f"{_number(value['mean'])} ({_number(value['std'])})"
     return f"**{text}**" if name == cell["winner"] else text
+
+
+def _number(value: float) -> str:
+    """4 decimals for a value between 0.001 and 1000 (an error rate, a loss), else 4 significant digits."""
+    return f"{value:.4f}" if 1e-3 <= abs(value) < 1e3 or value == 0 else f"{value:.4g}"
 
 
 def _wall(run: dict[str, Any] | None) -> str:
@@ -104,10 +109,13 @@ def figures(out: Path, result: dict[str, Any]) -> None:
 
 def problem_figure(problem: dict[str, Any]) -> Figure:
     """The problem's metric (mean ± std over seeds) against ε, one line per method side by side at
-    each ε; the winner of each ε circled, filled if significant."""
+    each ε (on a log axis if the means span :data:`~dpopt.report.LOG_SPAN` or more, e.g. a method
+    that diverged); the winner of each ε circled, filled if significant."""
     plt = report.pyplot()
     cells, name, methods = problem["cells"], metric(problem), _methods(problem)
     fig, ax = plt.subplots(figsize=(6.5, 4), layout="constrained")
+    means = [score(entry, name)["mean"] for cell in cells for entry in cell["methods"].values()]
+    ax.set_yscale(report.scale(True, [[m for m in means if m > 0]]))  # log where the means span decades
     for j, method in enumerate(methods):  # ε on a categorical axis, the methods side by side at each ε
         at = [(i + 0.6 * (j - (len(methods) - 1) / 2) / max(1, len(methods)), cell)
               for i, cell in enumerate(cells) if method in cell["methods"]]
