@@ -19,6 +19,7 @@ from dpopt.train import History
 from dpopt.experiments.preset import Experiment
 from dpopt.experiments.reproduce import reproduce
 from dpopt.oracles import Logistic
+from legibility import problems
 
 
 def _problem(data_dir: str | None, key: None = None) -> tuple[Problem, dict[str, Any]]:
@@ -95,6 +96,19 @@ def test_reproduce_writes_the_documented_json(toy: str, tmp_path: Path) -> None:
     assert "objective (NOT PRIVATE)" in (tmp_path / "results.md").read_text()
 
 
+def test_reproduce_figures_are_legible(toy: str, tmp_path: Path, drawn_figures: dict[str, Any]) -> None:
+    """One figure per ε: ε and δ in its title, each method's mean with a band of ± 1 std over the
+    seeds, and the rules of legibility.py."""
+    reproduce(toy, seeds=2, out=tmp_path, workers=1)
+    assert sorted(drawn_figures) == ["curves_eps1.0.png", "curves_eps2.0.png"]
+    for epsilon, name in ((1.0, "curves_eps1.0.png"), (2.0, "curves_eps2.0.png")):
+        fig = drawn_figures[name]
+        assert problems(fig) == []
+        title = fig.get_suptitle()
+        assert f"ε = {epsilon:g}, δ = 1e-05" in title and "mean over 2 seeds, band ± 1 std" in title
+        assert all(len(ax.collections) == len(ax.lines) == 3 for ax in fig.axes)  # DP-SGD, DP-GD, SGD: a band each
+
+
 def _refuse(token: str) -> None:
     raise AssertionError(f"{token} is not JSON")
 
@@ -141,8 +155,10 @@ def test_a_derived_curve_is_the_mean_of_the_function_over_seeds() -> None:
         return History(records=records, final={}, theta=torch.zeros(1), delta=1e-5, accountant="pld",
                        neighboring_relation="replace_one", steps_done=2, randomness="seed 0")
 
-    xs, values = mean_curve([history([1.0, 2.0]), history([3.0, 4.0])], "grad_norm_sq")
+    xs, values, spread = mean_curve([history([1.0, 2.0]), history([3.0, 4.0])], "grad_norm_sq")
     assert xs.tolist() == [0.0, 1.0] and values == pytest.approx([5.0, 10.0])
+    assert spread == pytest.approx([32**0.5, 72**0.5])  # std (ddof 1) of the squares (1, 9) and (4, 16)
+    assert mean_curve([history([1.0, 2.0])], "grad_norm").spread is None  # one seed: no spread
     assert mean_curve([history([1.0, 2.0]), history([3.0, 4.0])], "grad_norm")[1] == pytest.approx([2.0, 3.0])
 
 
@@ -235,7 +251,7 @@ def test_a_diverged_seed_leaves_a_gap_in_the_mean_curve() -> None:
         return History(records=records, final={}, theta=torch.zeros(1), delta=1e-5, accountant="pld",
                        neighboring_relation="replace_one", steps_done=len(values), randomness="seed 0")
 
-    xs, values = mean_curve([history([1.0, 2.0, 3.0]), history([3.0])], "objective")
+    xs, values, _ = mean_curve([history([1.0, 2.0, 3.0]), history([3.0])], "objective")
     assert xs.tolist() == [1.0, 2.0, 3.0]
     assert values[0] == 2.0 and np.isnan(values[1:]).all()
 

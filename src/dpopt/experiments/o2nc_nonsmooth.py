@@ -331,15 +331,19 @@ def figures(out_dir: Path, payload: dict[str, Any]) -> None:
     synthetic_keys = [key for key in keys if key.startswith("synthetic")]
     if synthetic_keys:
         dims = np.array([_dimension(key) for key in synthetic_keys], dtype=float)
-        lines = {name: (dims, np.array([rows[(key, name)]["metrics"]["goldstein"]["mean"] for key in synthetic_keys]))
+        lines = {name: report.Curve(dims, *(np.array([rows[(key, name)]["metrics"]["goldstein"][stat]
+                                                      for key in synthetic_keys]) for stat in ("mean", "std")))
                  for name in (*O2NC_METHODS, "DP-SGD")}
-        report.curves_figure(out_dir / "goldstein_vs_d.png", {"Goldstein stationarity at ε = 1": lines},
-                             xlabel="dimension d", log_x=True)
+        report.curves_figure(out_dir / "goldstein_vs_d.png", {"Goldstein stationarity of θ_T": lines},
+                             xlabel="dimension d", log_x=True, title=f"Synthetic family at ε = {DATA.epsilons[0]:g}, "
+                             f"δ = {DELTA:g}: mean over {payload['seeds']} seeds, band ± 1 std")
     if "_curves" in payload and keys:
         panels = {key: {name: mean_curve(_histories(payload, key, name), "goldstein", "oracle_calls")
                         for name in (*O2NC_METHODS, "DP-SGD")} for key in keys}
         report.curves_figure(out_dir / "goldstein_vs_calls.png", panels, xlabel="per-record oracle calls",
-                             log_x=True)
+                             ylabel="Goldstein stationarity of the iterate", log_x=True,
+                             title=f"Every problem at ε = {DATA.epsilons[0]:g}, δ = {DELTA:g}: mean over "
+                                   f"{payload['seeds']} seeds, band ± 1 std")
 
 
 PRESET = declared_experiment(DATA, make_problem=problem, make_methods=declared_methods(DATA, BUILDERS),

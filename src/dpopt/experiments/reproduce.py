@@ -221,8 +221,13 @@ def _write(out_dir: Path, payload: dict[str, Any], exp: Experiment) -> None:
             if not any(panels.values()):
                 continue  # no method runs at this ε on this problem
             name = f"curves_eps{epsilon}.png" if key is None else f"curves_{key.replace(':', '-')}_eps{epsilon}.png"
+            deltas = {row["delta"] for row in payload["rows"]
+                      if row.get("problem") == key and row["epsilon"] == epsilon}
             report.curves_figure(out_dir / name, panels, log_x=True,
-                                 xlabel={title: X_LABELS[x] for title, (_, x) in shown.items()})
+                                 xlabel={title: X_LABELS[x] for title, (_, x) in shown.items()},
+                                 title=f"{exp.NAME}{f' {key}' if key is not None else ''}: private methods at ε = "
+                                       f"{epsilon:g}, δ = {', '.join(f'{d:g}' for d in sorted(deltas))} (non-private "
+                                       f"ones: ε = ∞)\nmean over {payload['seeds']} seeds, band ± 1 std")
 
 
 def _classified(payload: dict[str, Any]) -> dict[str, Any]:
