@@ -38,7 +38,7 @@ def _glm(d: int, n: int = 2000) -> Any:
 def _mlp() -> Any:
     from dpopt.experiments.o2nc_nonsmooth import problem
 
-    return problem(str(data_dir()), "ijcnn1-relu")[0].oracle.oracle
+    return problem("ijcnn1-relu", str(data_dir()))[0].oracle.oracle
 
 
 def _throughput(oracle: Any, records: int, directions: int, loop_records: int, loop_directions: int,
@@ -77,7 +77,7 @@ def _first_vs_zeroth(quick: bool) -> list[dict[str, Any]]:
     for private in (True, False):
         runs = {}
         for estimator, name in (("first", preset.FIRST), ("zeroth", preset.OURS)):
-            chosen = preset.TUNED[name] if private else {"c_D": 16.0, "c": 1.0}
+            chosen = preset.PRESET.TUNED[preset.TUNING_PROBLEM][name][1.0] if private else {"c_D": 16.0, "c": 1.0}
             constants = o2nc_params.Constants(radius=chosen["c_D"], concentration=chosen["c"],
                                               max_directions=preset.MAX_DIRECTIONS)
             algo, steps = o2nc_params.single_pass(n=n, d=32, estimator=estimator, constants=constants, **settings)

@@ -41,3 +41,18 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         present = ["cpu", *(["cuda"] if torch.cuda.is_available() else []),
                    *(["mps"] if torch.backends.mps.is_available() else [])]
         metafunc.parametrize("device", present)
+
+
+@pytest.fixture
+def drawn_figures(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+    """The figures the code under test saves through ``dpopt.report.save_figure``, by file name,
+    kept open for checking (see ``legibility.py``) and not written; closed afterwards."""
+    import matplotlib.pyplot as plt
+
+    from dpopt import report
+
+    figures: dict[str, object] = {}
+    monkeypatch.setattr(report, "save_figure", lambda path, fig: figures.__setitem__(Path(path).name, fig))
+    yield figures
+    for fig in figures.values():
+        plt.close(fig)

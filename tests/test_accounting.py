@@ -236,3 +236,25 @@ def test_composed_gaussians_are_one_gaussian_exactly(relation):
     assert ours < rdp.get_epsilon(1e-5)
     single = epsilon_of(dpa.GaussianDpEvent((3 / 0.8**2 + 50 / 2.0**2) ** -0.5), 1e-5, relation)
     assert ours == pytest.approx(single, rel=1e-12)
+
+
+def test_each_pld_is_built_once_per_grid(monkeypatch):
+    """ε on the default grid memoises the answers of both grids it reads (the coarse one that
+    picks the grid, and the picked one): a calibration, which evaluates on the picked grid and then
+    checks its answer by the default path, builds no PLD twice (it once built two more per call)."""
+    built = []
+    real = accounting._gaussian_pld
+    monkeypatch.setattr(accounting, "_gaussian_pld", lambda runs, relation, grid: built.append((repr(runs), grid))
+                        or real(runs, relation, grid))
+    accounting._EPSILON_CACHE.clear()
+    relation = NeighboringRelation.ADD_OR_REMOVE_ONE
+
+    def event_of(z: float) -> dpa.DpEvent:
+        return dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.02, dpa.GaussianDpEvent(z)), 300)
+
+    grid = accounting.ledger_grid(event_of(3.0), 1e-5, relation)
+    on_grid = epsilon_of(event_of(3.0), 1e-5, relation, "pld", grid)
+    assert grid < accounting.COARSE_DISCRETIZATION and len(built) == 2
+    assert epsilon_of(event_of(3.0), 1e-5, relation) == on_grid and len(built) == 2
+    solve_noise(event_of, epsilon=0.3, delta=1e-5, relation=relation)
+    assert len(built) == len(set(built)) > 2

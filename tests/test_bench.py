@@ -11,6 +11,7 @@ import torch
 from dpopt._validate import DpoptError
 from dpopt.algorithms.diff2 import paper_ratios
 from dpopt.bench import problems
+from dpopt.bench.tables import markdown
 from dpopt.cli import main
 from dpopt.tuning import TruncatedNegativeBinomial
 from dpopt.tuning.task import builder
@@ -93,8 +94,9 @@ def test_bench_json_gives_each_cell_its_methods_errors_epsilons_and_winner(capsy
     assert result["diagnostics"]["label"].startswith("NOT PRIVATE")
     assert len(result["diagnostics"]["runs"]) == 4 and all(len(r["trials_run"]) == 2 for r in result["diagnostics"]["runs"])
     written = {p.name for p in (tmp_path / "out").iterdir()}
-    assert written == {"bench.json", "bench.md", "tiny.png"}
-    assert "| dp-sgd |" in (tmp_path / "out" / "bench.md").read_text()
+    assert written == {"bench.json", "bench.md", "tiny.png", "summary.png"}
+    text = (tmp_path / "out" / "bench.md").read_text()
+    assert "| dp-sgd |" in text and "| wall time (NOT PRIVATE) | ε = 0.5 | ε = 2 |" in text
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -164,3 +166,27 @@ def test_a_task_refuses_unknown_kinds_and_settings(settings, message):
 
     with pytest.raises(DpoptError, match=message):
         build_task(settings, validation_fraction=0.2, data_dir=None)
+
+
+def test_the_tables_name_the_metric_and_give_each_methods_cost_the_wall_time_labelled_not_private():
+    """From bench.json alone: a problem's own metric, the planned expected passes (public) when the
+    result has them, and the wall time per seed with the trials run, labelled NOT PRIVATE."""
+    def entry(mean: float, passes: float) -> dict:
+        return {"test_mse": {"mean": mean, "std": 0.1}, "epsilon_tuning_and_training": 0.99, "expected_passes": passes}
+
+    cell = {"epsilon": 1.0, "winner": "a", "p_value": 0.01, "significant": True,
+            "methods": {"a": entry(2.5, 12.0), "b": entry(3.0, 40.0)}}
+    result = {"problems": [{"problem": "p", "dataset": "housing", "model": "ridge", "delta": 1e-5, "seeds": 2,
+                            "trials": "T", "steps": {}, "grids": {}, "metric": "test_mse", "cells": [cell]}],
+              "diagnostics": {"wall_time_s": 9.0, "runs": [{"problem": "p", "epsilon": 1.0, "algorithm": "a",
+                                                             "wall_time_s": 6.0, "trials_run": [1, 3]}]}}
+    text = markdown(result, "cmd")
+    assert "test_mse of the privately selected θ" in text and "| a | **2.5000 (0.1000)** |" in text
+    cell["methods"]["b"]["test_mse"] = {"mean": 7.9e26, "std": 1.8e27}  # a diverged method: not 27 digits
+    assert "| b | 7.9e+26 (1.8e+27) |" in markdown(result, "cmd")
+    assert "| expected passes (planned) | ε = 1 |\n|---|---|\n| a | 12 |\n| b | 40 |" in text
+    assert "| wall time (NOT PRIVATE) | ε = 1 |\n|---|---|\n| a | 3.0 s (4 trials) |\n| b | – |" in text
+    for method in cell["methods"].values():  # a result without planned passes: no table of them
+        del method["expected_passes"]
+    assert "expected passes" not in markdown(result, "cmd")
+

@@ -55,7 +55,8 @@ def test_figures_leave_out_what_they_cannot_draw(tmp_path: Path) -> None:
     x = np.arange(1.0, 7.0)
     y = np.array([1.0, 1e50, 1e270, math.inf, math.nan, 0.0])
     left_out = report.curves_figure(tmp_path / "curves.png", {"objective": {"a": (x, y)}, "again": {"a": (x, y)}},
-                                    xlabel="passes")
+                                    xlabel="passes", title="ε = 1, δ = 1e-5")
     assert left_out == 2 * 4  # 1e270, ∞, NaN, and 0 on the log axis, in each panel
     assert (tmp_path / "curves.png").read_bytes().startswith(b"\x89PNG")
-    assert report.curves_figure(tmp_path / "lin.png", {"o": {"a": (x, y)}}, xlabel="passes", log_y=False) == 3
+    assert report.curves_figure(tmp_path / "lin.png", {"o": {"a": (x, y)}}, xlabel="passes", title="ε, δ",
+                                log_y=False) == 3

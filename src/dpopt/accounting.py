@@ -228,19 +228,24 @@ def epsilon_of(event: dpa.DpEvent, delta: float, relation: NeighboringRelation, 
     """
     _validate.open_unit("delta", delta)
     kind = accountant_for(event, relation, accountant)
-    runs = merged(run_length([in_accountant_terms(event, relation, kind)]))
-    key = (repr(runs), delta, relation, kind, grid)
-    if key not in _EPSILON_CACHE:
-        if len(_EPSILON_CACHE) >= _EPSILON_CACHE_SIZE:
-            _EPSILON_CACHE.pop(next(iter(_EPSILON_CACHE)))
-        _EPSILON_CACHE[key] = _epsilon(runs, delta, relation, kind, grid)
-    return _EPSILON_CACHE[key]
+    return _memoised_epsilon(merged(run_length([in_accountant_terms(event, relation, kind)])), delta, relation,
+                             kind, grid)
 
 
 #: ε is a pure function of the translated runs; memoised on their ``repr`` (events holding lists
 #: are unhashable), oldest entry first out.
 _EPSILON_CACHE: dict[tuple[Any, ...], float] = {}
 _EPSILON_CACHE_SIZE = 4096
+
+
+def _memoised_epsilon(runs: list[tuple[dpa.DpEvent, int]], delta: float, relation: NeighboringRelation, kind: str,
+                      grid: float | None) -> float:
+    key = (repr(runs), delta, relation, kind, grid)
+    if key not in _EPSILON_CACHE:
+        if len(_EPSILON_CACHE) >= _EPSILON_CACHE_SIZE:
+            _EPSILON_CACHE.pop(next(iter(_EPSILON_CACHE)))
+        _EPSILON_CACHE[key] = _epsilon(runs, delta, relation, kind, grid)
+    return _EPSILON_CACHE[key]
 
 
 def _epsilon(runs: list[tuple[dpa.DpEvent, int]], delta: float, relation: NeighboringRelation, kind: str,
@@ -255,11 +260,12 @@ def _epsilon(runs: list[tuple[dpa.DpEvent, int]], delta: float, relation: Neighb
     if kind == "pld":
         if _is_plain_gaussians(runs):
             return _composed_gaussian_epsilon(runs, delta, relation)
-        if grid is None:
-            coarse = _epsilon(runs, delta, relation, kind, COARSE_DISCRETIZATION)
+        if grid is None:  # both grids' answers memoised: a calibration has usually computed them already
+            coarse = _memoised_epsilon(runs, delta, relation, kind, COARSE_DISCRETIZATION)
             steps = sum(count for _, count in runs)
             grid = (COARSE_DISCRETIZATION if not math.isfinite(coarse) or coarse == 0
                     else pld_discretization(coarse, steps))
+            return _memoised_epsilon(runs, delta, relation, kind, grid)
         pld = _gaussian_pld(runs, relation, grid)
         if pld is not None:
             return float(pld.get_epsilon_for_delta(delta))

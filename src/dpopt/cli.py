@@ -275,16 +275,24 @@ def _train(args: argparse.Namespace) -> dict[str, Any] | None:
                "hyperparameters": repr(algorithm), "processes": processes, **history.to_dict()}
     report.write_json(out / "history.json", payload)
     report.write_text(out / "summary.md", _summary(args.algorithm, dataset.name, history))
-    passes = [r["expected_passes"] for r in history.records]
-    panels = {"test error": {args.algorithm: (passes, [r["test_error"] for r in history.records])},
-              "ε spent (guarantee)": {args.algorithm: (passes, [r["epsilon"] for r in history.records])}}
-    if history.diagnostics is not None:
-        panels["training objective (NOT PRIVATE)"] = {args.algorithm: (
-            passes, [r["objective"] for r in history.diagnostics["records"]])}
-    report.curves_figure(out / "curves.png", panels, xlabel="expected data passes")
+    run_figure(out / "curves.png", history, algorithm=args.algorithm, dataset=dataset.name, epsilon=epsilon)
     return {k: payload[k] for k in ("algorithm", "dataset", "epsilon_target", "final", "delta", "accountant",
                                     "neighboring_relation", "steps_done", "stopped", "diverged_at",
                                     "randomness")} | {"out": str(out)}
+
+
+def run_figure(path: Path, history: Any, *, algorithm: str, dataset: str, epsilon: float) -> None:
+    """``dpopt run``'s figure: the test error and the ε spent against the expected data passes, and
+    the training objective (NOT PRIVATE) if diagnostics were asked for; one run, so no spread."""
+    passes = [r["expected_passes"] for r in history.records]
+    panels = {"test error": {algorithm: (passes, [r["test_error"] for r in history.records])},
+              "ε spent (guarantee)": {algorithm: (passes, [r["epsilon"] for r in history.records])}}
+    if history.diagnostics is not None:
+        panels["training objective (NOT PRIVATE)"] = {algorithm: (
+            passes, [r["objective"] for r in history.diagnostics["records"]])}
+    report.curves_figure(path, panels, xlabel="expected data passes",
+                         title=f"{algorithm} on {dataset}: one run at target ε = {epsilon:g}, δ = {history.delta:g} "
+                               f"({history.accountant})")
 
 
 def _summary(algorithm: str, dataset: str, history: Any) -> str:

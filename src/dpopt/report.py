@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import checkpoint
 
-if TYPE_CHECKING:  # numpy is imported where it is used: the command line's parser starts without it
-    import numpy as np
+if TYPE_CHECKING:  # numpy and matplotlib are imported where used: the command line's parser starts without them
+    from matplotlib.figure import Figure
 
 
 def summarise(values: Sequence[float]) -> dict[str, float]:
@@ -79,47 +80,110 @@ def write_text(path: Path, text: str) -> None:
 
 #: Largest magnitude a figure draws (see :func:`curves_figure`).
 DRAWABLE = 1e100
+#: A log axis is drawn only over data spanning at least this factor: over less, matplotlib's log
+#: tick labels repeat (e.g. "1.55×10⁻¹" at every tick of a nearly flat curve) and a linear axis reads better.
+LOG_SPAN = 10.0
 
 
-def curves_figure(path: Path, panels: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]], *,
-                  xlabel: str | dict[str, str], log_y: bool = True, log_x: bool = False) -> int:
-    """One subplot per panel title; each maps a line label to (x, y); saved atomically as PNG.
-    ``xlabel``: one label for every panel, or one per panel title. Points that cannot be drawn
-    (a coordinate that is not finite, beyond ±:data:`DRAWABLE` (a diverging run; matplotlib's
-    log-axis ticks overflow near 1e300), or ≤ 0 on a log axis) are left out, and a panel that lost
-    some says how many under its title. Returns the number of points left out."""
+class Curve(NamedTuple):
+    """One line of a panel: ``y`` against ``x``, and if given a band ``y ± spread`` (e.g. the
+    standard deviation over seeds; the figure's title says which spread)."""
+
+    x: Any
+    y: Any
+    spread: Any = None
+
+
+def save_figure(path: Path, fig: Figure) -> None:
+    """``fig`` as PNG at ``path``, written atomically; the figure is closed."""
     import io
 
-    import matplotlib
-    import numpy as np
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False)
-    omitted = 0
-    for ax, (title, lines) in zip(axes[0], panels.items()):
-        left_out = 0
-        for label, (x, y) in lines.items():
-            x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-            drawable = ((np.abs(x) <= DRAWABLE) & (np.abs(y) <= DRAWABLE)  # (False for NaN)
-                        & ((x > 0) | (not log_x)) & ((y > 0) | (not log_y)))
-            left_out += int((~drawable).sum())
-            ax.plot(x[drawable], y[drawable], label=label)
-        ax.set_title(title if not left_out else f"{title}\n({left_out} points not shown: not finite, beyond "
-                     f"{DRAWABLE:.0e}{' or ≤ 0' if log_x or log_y else ''})",
-                     fontsize=None if not left_out else 9)
-        omitted += left_out
-        ax.set_xlabel(xlabel if isinstance(xlabel, str) else xlabel[title])
-        if log_y:
-            ax.set_yscale("log")
-        if log_x:
-            ax.set_xscale("log")
-        ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)
     checkpoint.write_bytes(path, buffer.getvalue())
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on the file-only (Agg) backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def curves_figure(path: Path, panels: dict[str, dict[str, Curve | tuple[Any, Any]]], *, title: str,
+                  xlabel: str | dict[str, str], ylabel: str | dict[str, str] | None = None,
+                  log_y: bool = True, log_x: bool = False) -> int:
+    """One subplot per panel title; each maps a line label to a :class:`Curve` (or ``(x, y)``);
+    saved atomically as PNG. ``title``: the figure's title (it names ε and δ, and the spread of the
+    bands if there are any). ``xlabel``, ``ylabel``: one label for every panel, or one per panel
+    title (default y label: the panel's title). One legend for all panels, below them. Points
+    that cannot be drawn (a coordinate that is not finite, beyond ±:data:`DRAWABLE` (a diverging run;
+    matplotlib's log-axis ticks overflow near 1e300), or ≤ 0 on a log axis) are left out, and a panel
+    that lost some says how many under its title; a panel left with nothing to draw is dropped and
+    the title says so. Returns the number of points left out."""
+    import numpy as np
+
+    plt = pyplot()
+    drawable = {name: _drawable(lines, log_x, log_y) for name, lines in panels.items()}
+    omitted = sum(n for drawn in drawable.values() for _, n in drawn.values())
+    kept = {name: drawn for name, drawn in drawable.items() if any(len(curve.x) for curve, _ in drawn.values())}
+    dropped = [name for name in panels if name not in kept]
+    fig, axes = plt.subplots(1, max(1, len(kept)), figsize=(4.5 * max(1, len(kept)) + 1.5, 3.8), squeeze=False,
+                             layout="constrained")
+    for ax, (name, drawn) in zip(axes[0], kept.items()):
+        ax.set_xscale(scale(log_x, [curve.x for curve, _ in drawn.values()]))
+        ax.set_yscale(scale(log_y, [curve.y for curve, _ in drawn.values()]))
+        for label, (curve, _) in drawn.items():
+            (line,) = ax.plot(curve.x, curve.y, label=label)
+            if curve.spread is not None:  # on a log axis, a band reaching ≤ 0 is drawn from the mean up
+                low = curve.y - curve.spread
+                ax.fill_between(curve.x, np.where((low > 0) | (ax.get_yscale() == "linear"), low, curve.y),
+                                curve.y + curve.spread, color=line.get_color(), alpha=0.2, linewidth=0)
+        left_out = sum(n for _, n in drawn.values())
+        ax.set_title(name if not left_out else f"{name}\n({left_out} points not shown: not finite, beyond "
+                     f"{DRAWABLE:.0e}{' or ≤ 0' if log_x or log_y else ''})", fontsize=10 if not left_out else 9)
+        ax.set_xlabel(xlabel if isinstance(xlabel, str) else xlabel[name])
+        ax.set_ylabel(name if ylabel is None else ylabel if isinstance(ylabel, str) else ylabel[name])
+        ax.grid(alpha=0.3)
+    if not kept:
+        axes[0][0].remove()
+    handles: dict[str, Any] = {}  # one legend entry per label, whichever panels draw it
+    for ax in fig.axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    if handles:  # below the panels: clear of the lines and of the title
+        fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=min(len(handles), 4),
+                   fontsize=8)
+    text = title + (f"\n(not drawn, nothing drawable: {', '.join(dropped)})" if dropped else "")
+    fig.suptitle("\n".join(textwrap.fill(line, int(13 * fig.get_figwidth())) for line in text.split("\n")),
+                 fontsize=10)
+    save_figure(path, fig)
     return omitted
+
+
+def _drawable(lines: dict[str, Curve | tuple[Any, Any]], log_x: bool, log_y: bool) -> dict[str, tuple[Curve, int]]:
+    """Each line's drawable points (see :func:`curves_figure`) and how many it lost."""
+    import numpy as np
+
+    drawn = {}
+    for label, curve in lines.items():
+        x, y, spread = (np.asarray(v, dtype=float) if v is not None else None for v in Curve(*curve))
+        keep = ((np.abs(x) <= DRAWABLE) & (np.abs(y) <= DRAWABLE)  # (False for NaN)
+                & ((x > 0) | (not log_x)) & ((y > 0) | (not log_y)))
+        drawn[label] = (Curve(x[keep], y[keep], None if spread is None else spread[keep]), int((~keep).sum()))
+    return drawn
+
+
+def scale(log: bool, values: list[Any]) -> str:
+    """The scale of an axis: log if ``log`` was asked for and the drawn ``values`` span at least
+    :data:`LOG_SPAN`, else linear."""
+    import numpy as np
+
+    drawn = np.concatenate(values) if values else np.empty(0)
+    return "log" if log and drawn.size and drawn.max() >= LOG_SPAN * drawn.min() else "linear"

@@ -39,14 +39,14 @@ def test_paper_tables_are_complete():
 
 
 def test_methods_use_the_papers_settings():
-    methods = {m.name: m for m in aclip.build_methods("ridge:adult", 30, {}, 1.0)}
+    methods = {m.name: m for m in aclip.REAL.methods(1.0, "ridge:adult")}
     cc, _ = methods["CC (paper)"].build(21_000, {"lr_factor": 1.0, "clip_factor": 1.0})
     assert (cc.clip, cc.lr, cc.batch_size, cc.radius) == (0.54, 5e-4, 200, aclip.CC_RADIUS["ridge:adult"])
     sgd, steps = methods["DP-SGD (paper)"].build(21_000, {"lr_factor": 1.0, "clip_factor": 1.0})
     assert (sgd.clip, sgd.lr, sgd.batch_size, steps) == (0.74, 4e-4, 200, 3150)
     assert methods[aclip.NOT_PRIVATE].noise_scale == 0.5
-    assert aclip.NOT_PRIVATE not in {m.name for m in aclip.build_methods("ridge:adult", 30, {}, 0.5)}
-    uc, _ = {m.name: m for m in aclip.build_methods("ridge:diabetes", 30, {}, 1.0)}["UC (paper)"].build(
+    assert aclip.NOT_PRIVATE not in {m.name for m in aclip.REAL.methods(0.5, "ridge:adult")}
+    uc, _ = {m.name: m for m in aclip.REAL.methods(1.0, "ridge:diabetes")}["UC (paper)"].build(
         500, {"lr_factor": 1.0, "clip_factor": 1.0})
     assert (uc.clip, uc.lr, uc.batch_size) == (0.87, 1e-2, 24)
 

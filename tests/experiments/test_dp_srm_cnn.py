@@ -26,7 +26,7 @@ def _check_payload(payload: dict, epsilons: dict[str, tuple[float, ...]]) -> Non
     for row in payload["rows"]:
         assert row["delta"] == 1e-5
         assert row["accountant"] == "pld" and row["neighboring_relation"] == "add/remove-one"
-        assert set(row["metrics"]) | set(row["diagnostics"]["metrics"]) == set(dp_srm_cnn.METRICS)
+        assert set(row["metrics"]) | set(row["diagnostics"]["metrics"]) == set(dp_srm_cnn.MNIST.METRICS)
         assert set(row["metrics"]) == {"test_error", "reached_target", "epsilon"}
         spent = row["metrics"]["epsilon"]["mean"]
         assert 0.99 * row["epsilon"] <= spent <= row["epsilon"]
@@ -72,14 +72,14 @@ def test_cifar10_full_version_names_the_missing_data(tmp_path):
 
 def test_cifar10_methods_follow_the_papers_settings():
     """C1 = 2, γ = C2, b0 = factor·b, the ALGORITHMS.md §1 grids, CNN6 only at ε = 8, 100 passes."""
-    grids = dp_srm_cnn.CIFAR_GRIDS
+    grids = {m.name: m.grid for m in dp_srm_cnn.CIFAR10.methods(8.0, "cnn5:cifar10")}
     assert grids["DP-SRM"]["clip_diff"] == (0.01, 0.1, 0.3, 0.5, 0.7, 0.9, 0.99)
     assert grids["DP-SRM"]["lr"] == grids["DP-SGD"]["lr"] == (0.01, 0.02, 0.05, 0.1, 0.2)
     assert grids["DP-SRM"]["batch_size"] == grids["DP-SGD"]["batch_size"] == (32, 64, 128)
     assert grids["DP-SRM"]["b0_factor"] == (1, 2, 4)
-    assert dp_srm_cnn.build_methods("cnn6:cifar10", 100, {}, 6.0) == []
-    methods = {m.name: m for m in dp_srm_cnn.build_methods("cnn6:cifar10", 100, {}, 8.0)}
-    assert methods["DP-SRM"].tuned == {} and methods["DP-SRM"].grid is grids["DP-SRM"]  # tuned when first run
+    assert dp_srm_cnn.CIFAR10.methods(6.0, "cnn6:cifar10") == []
+    methods = {m.name: m for m in dp_srm_cnn.CIFAR10.methods(8.0, "cnn6:cifar10")}
+    assert methods["DP-SRM"].tuned == {} and methods["DP-SRM"].grid == grids["DP-SRM"]  # tuned when first run
     srm, steps = methods["DP-SRM"].build(50_000, {"lr": 0.1, "clip_diff": 0.3, "batch_size": 64, "b0_factor": 4})
     assert (srm.clip, srm.clip_diff, srm.gamma, srm.batch_size0, srm.batch_size, srm.lr) == (2.0, 0.3, 0.3, 256, 64, 0.1)
     assert steps == 1 + (100 * 50_000 - 256) // 64
@@ -88,9 +88,8 @@ def test_cifar10_methods_follow_the_papers_settings():
 
 
 def test_mnist_methods_use_the_tuned_settings_at_every_epsilon():
-    for epsilon, passes in dp_srm_cnn.MNIST_EPOCHS.items():
-        methods = {m.name: m for m in dp_srm_cnn.build_methods("mnist-cnn:mnist", 10, dp_srm_cnn.TUNED["mnist-cnn:mnist"],
-                                                                epsilon)}
+    for epsilon, passes in dp_srm_cnn.SETTINGS["mnist-cnn:mnist"].epochs.items():
+        methods = {m.name: m for m in dp_srm_cnn.MNIST.methods(epsilon, "mnist-cnn:mnist")}
         params = methods["DP-SRM"].tuned[epsilon]
         srm, steps = methods["DP-SRM"].build(60_000, params)
         assert (srm.clip, srm.gamma, srm.batch_size0) == (1.0, params["clip_diff"], 4 * 256)
@@ -123,14 +122,15 @@ def test_mnist_report_states_misses_and_times():
     paper = [{"algorithm": "DP-SRM", "metrics": {"test_error": {"mean": 0.0291}}},
              {"algorithm": "DP-SGD", "metrics": {"test_error": {"mean": 0.0293}}}]
     payload = {"facts": facts, "paper": paper, "quick": False, "log_points": 20, "seeds": 2,
-               "t_tests": [{"problem": "mnist-cnn:mnist", "epsilon": 7.0, "p_test_error": 0.2}],
+               "t_tests": [{"problem": "mnist-cnn:mnist", "epsilon": 7.0, "ours": "DP-SRM", "baseline": "DP-SGD",
+                            "p_test_error": 0.2}],
                "rows": [row("DP-SRM", 0.0350, 400.0, 300.0), row("DP-SGD", 0.0300, 200.0, 150.0)]}
     notes = dp_srm_cnn.MNIST.notes(payload)
     assert "60,000 training / 10,000 test records" in notes
     assert "DP-SRM test error 3.50% **misses** the paper's 2.91%" in notes
     assert "DP-SGD test error 3.00% matches or beats the paper's 2.93%" in notes
     assert "DP-SRM is **slower**" in notes and "ratio DP-SGD/DP-SRM 0.50 (wall), 0.50 (CPU)" in notes
-    assert "p = 0.2 (**not significant** at 0.05, 2 seeds)" in notes
+    assert "**Miss:** mnist-cnn:mnist, ε = 7, DP-SRM vs DP-SGD: p = 0.2 (test_error)" in notes
     payload["rows"][0] = row("DP-SRM", 0.0350, math.nan, math.nan)
     assert "**not every seed reached 97 % accuracy** (fraction of seeds: {'DP-SRM': 0.5, 'DP-SGD': 1.0})" in \
         dp_srm_cnn.MNIST.notes(payload)

@@ -23,14 +23,14 @@ def test_synthetic_family_is_unit_lipschitz_with_unit_margins():
 
 
 def test_ijcnn1_problem_is_a_relu_network_from_its_initialisation(shared_data_dir):
-    problem, facts = preset.problem(str(shared_data_dir), "ijcnn1-relu")
+    problem, facts = preset.problem("ijcnn1-relu", str(shared_data_dir))
     assert facts["n"] == preset.N_TRAIN and facts["d"] == 22 * 8 + 8 + 8 + 1 == preset._dimension("ijcnn1-relu")
     assert problem.theta0.shape == (facts["d"],) and float(problem.theta0.abs().sum()) > 0
     assert 0.0 <= problem.test_error(problem.theta0) <= 1.0
 
 
 def test_counted_oracle_counts_per_record_calls():
-    problem, _ = preset.problem(None, "synthetic-d8-n2000")
+    problem, _ = preset.problem("synthetic-d8-n2000", None)
     oracle = problem.oracle
     points = torch.zeros(3, 5, 8, dtype=torch.float64)
     oracle.losses_at(points, torch.arange(3))
@@ -79,7 +79,9 @@ def test_slope_of_a_power_law_is_its_exponent():
 def test_the_o2nc_methods_share_one_grid_of_constants_and_build_from_it():
     methods = {m.name: m for m in preset.methods(1.0, "synthetic-d32")}
     for name in preset.O2NC_METHODS:
-        assert methods[name].grid == preset.CONSTANTS_GRID and methods[name].tuned[1.0] == preset.TUNED[name]
+        assert methods[name].grid == {"c_D": (1.0, 4.0, 16.0), "c": (1.0, 0.1, 0.01)}
+    assert methods[preset.OURS].tuned[1.0] == {"c_D": 4.0, "c": 0.01}
+    assert methods[preset.ZHANG].tuned[1.0] == methods[preset.FIRST].tuned[1.0] == {"c_D": 1.0, "c": 0.01}
     small, _ = methods[preset.OURS].build(4000, {"c_D": 1.0, "c": 1.0})
     large, _ = methods[preset.OURS].build(4000, {"c_D": 4.0, "c": 0.1})
     # D = c_D·(the theorem's D at its own T; a larger D shortens Σ, so T moves a little);

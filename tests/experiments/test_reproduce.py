@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
-import types
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,10 @@ from dpopt import experiments, outputs, report
 from dpopt.algorithms import DPSGD, Storm, dp_gd
 from dpopt.experiments._runner import Method, Problem, mean_curve, one_sided_p
 from dpopt.train import History
+from dpopt.experiments.preset import Experiment
 from dpopt.experiments.reproduce import reproduce
 from dpopt.oracles import Logistic
+from legibility import problems
 
 
 def _problem(data_dir: str | None, key: None = None) -> tuple[Problem, dict[str, Any]]:
@@ -39,14 +41,25 @@ def _methods(epsilon: float, key: None = None) -> list[Method]:
     ]
 
 
+def _toy(**changes: Any) -> Experiment:
+    return dataclasses.replace(Experiment(
+        NAME="toy", EPSILONS=(1.0, 2.0), TUNING_SEEDS=(100,), COMPARISONS=[("DP-SGD", "DP-GD")],
+        METRICS=("test_error", "objective", "grad_norm", "passes", "cpu_time_s", "wall_time_s", "epsilon"),
+        TABLE_METRICS=("test_error", "objective", "grad_norm", "passes", "cpu_time_s"),
+        PAPER_METRICS=("test_error", "grad_norm", "passes"), TEST_METRICS=("objective", "grad_norm"), epochs=0,
+        PAPER=[{"algorithm": "DP-SGD", "epsilon": 1.0, "test_error": (0.1, 0.01), "passes": 3}],
+        make_problem=lambda key, data_dir: _problem(data_dir, key), make_methods=lambda key, epochs, tuned, eps: _methods(eps),
+        delta_of=lambda key: 1e-5, describe=lambda payload: "toy notes"), **changes)
+
+
+def _with(monkeypatch: pytest.MonkeyPatch, **changes: Any) -> None:
+    """The toy preset with ``changes``."""
+    monkeypatch.setitem(experiments.EXPERIMENTS, "toy", _toy(**changes))
+
+
 @pytest.fixture
 def toy(monkeypatch: pytest.MonkeyPatch) -> str:
-    module = types.SimpleNamespace(
-        NAME="toy", EPSILONS=(1.0, 2.0), DELTA=1e-5, TUNING_SEEDS=(100,), OURS="DP-SGD",
-        METRICS=("test_error", "objective", "grad_norm", "passes", "cpu_time_s", "wall_time_s", "epsilon"),
-        PAPER=[{"algorithm": "DP-SGD", "epsilon": 1.0, "test_error": (0.1, 0.01), "passes": 3}],
-        TUNING_COST={}, problem=_problem, methods=_methods, notes=lambda payload: "toy notes")
-    monkeypatch.setitem(experiments.EXPERIMENTS, "toy", module)
+    _with(monkeypatch)
     return "toy"
 
 
@@ -83,6 +96,19 @@ def test_reproduce_writes_the_documented_json(toy: str, tmp_path: Path) -> None:
     assert "objective (NOT PRIVATE)" in (tmp_path / "results.md").read_text()
 
 
+def test_reproduce_figures_are_legible(toy: str, tmp_path: Path, drawn_figures: dict[str, Any]) -> None:
+    """One figure per ε: ε and δ in its title, each method's mean with a band of ± 1 std over the
+    seeds, and the rules of legibility.py."""
+    reproduce(toy, seeds=2, out=tmp_path, workers=1)
+    assert sorted(drawn_figures) == ["curves_eps1.0.png", "curves_eps2.0.png"]
+    for epsilon, name in ((1.0, "curves_eps1.0.png"), (2.0, "curves_eps2.0.png")):
+        fig = drawn_figures[name]
+        assert problems(fig) == []
+        title = fig.get_suptitle()
+        assert f"ε = {epsilon:g}, δ = 1e-05" in title and "mean over 2 seeds, band ± 1 std" in title
+        assert all(len(ax.collections) == len(ax.lines) == 3 for ax in fig.axes)  # DP-SGD, DP-GD, SGD: a band each
+
+
 def _refuse(token: str) -> None:
     raise AssertionError(f"{token} is not JSON")
 
@@ -111,12 +137,8 @@ def test_the_largest_problem_is_queued_first_and_reported_in_the_preset_order(
         X = torch.randn(size, 4, generator=gen, dtype=torch.float64)
         return Problem(Logistic(X, torch.where(X[:, 0] > 0, 1.0, -1.0)), made.test_error), {"n": size}
 
-    module = experiments.EXPERIMENTS[toy]
-    monkeypatch.setattr(module, "PROBLEMS", ("small", "large"), raising=False)
-    monkeypatch.setattr(module, "problem", problem)
-    monkeypatch.setattr(module, "methods", lambda epsilon, key: _methods(epsilon)[:1])
-    monkeypatch.setattr(module, "EPSILONS", (1.0,))
-    monkeypatch.setattr(module, "PAPER", [])
+    _with(monkeypatch, PROBLEMS=("small", "large"), make_problem=lambda key, data_dir: problem(data_dir, key),
+          make_methods=lambda key, epochs, tuned, eps: _methods(eps)[:1], EPSILONS=(1.0,), PAPER=[])
     queued = []
     start = driver.start_seeds
     monkeypatch.setattr(driver, "start_seeds", lambda *args, key, **kw: queued.append(key) or start(*args, key=key, **kw))
@@ -133,8 +155,10 @@ def test_a_derived_curve_is_the_mean_of_the_function_over_seeds() -> None:
         return History(records=records, final={}, theta=torch.zeros(1), delta=1e-5, accountant="pld",
                        neighboring_relation="replace_one", steps_done=2, randomness="seed 0")
 
-    xs, values = mean_curve([history([1.0, 2.0]), history([3.0, 4.0])], "grad_norm_sq")
+    xs, values, spread = mean_curve([history([1.0, 2.0]), history([3.0, 4.0])], "grad_norm_sq")
     assert xs.tolist() == [0.0, 1.0] and values == pytest.approx([5.0, 10.0])
+    assert spread == pytest.approx([32**0.5, 72**0.5])  # std (ddof 1) of the squares (1, 9) and (4, 16)
+    assert mean_curve([history([1.0, 2.0])], "grad_norm").spread is None  # one seed: no spread
     assert mean_curve([history([1.0, 2.0]), history([3.0, 4.0])], "grad_norm")[1] == pytest.approx([2.0, 3.0])
 
 
@@ -157,7 +181,7 @@ def _comparable(payload: dict[str, Any]) -> dict[str, Any]:
 
 def _counting_problem(calls: list[int], interrupt_at: int | None = None):
     """The toy problem; every finished run appends to ``calls``; run ``interrupt_at`` is interrupted."""
-    def problem(data_dir: str | None, key: None = None) -> tuple[Problem, dict[str, Any]]:
+    def problem(key: None, data_dir: str | None) -> tuple[Problem, dict[str, Any]]:
         made, described = _problem(data_dir)
 
         def count(theta: torch.Tensor) -> dict[str, float]:
@@ -177,7 +201,7 @@ def test_out_is_checked_before_any_work(toy: str, tmp_path: Path, monkeypatch: p
     from dpopt.cli import main
 
     calls: list[int] = []
-    monkeypatch.setattr(experiments.EXPERIMENTS[toy], "problem", _counting_problem(calls))
+    _with(monkeypatch, make_problem=_counting_problem(calls))
     a_file = tmp_path / "results.txt"
     a_file.write_text("not a folder")
     with pytest.raises(_validate.DpoptError, match=r"out='.*results.txt' must be a directory \(it is a file\)"):
@@ -191,9 +215,8 @@ def test_an_interrupted_reproduction_resumes_to_the_same_results(toy: str, tmp_p
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Finding: an interrupt lost every finished run. Each run is saved as it finishes; the same
     command resumes, runs only what is missing, and gives the uninterrupted results."""
-    module = experiments.EXPERIMENTS[toy]
     calls: list[int] = []
-    monkeypatch.setattr(module, "problem", _counting_problem(calls, interrupt_at=7))
+    _with(monkeypatch, make_problem=_counting_problem(calls, interrupt_at=7))
     out = tmp_path / "interrupted"
     with pytest.raises(KeyboardInterrupt) as interrupt:
         reproduce(toy, seeds=3, out=out, workers=1)
@@ -201,7 +224,7 @@ def test_an_interrupted_reproduction_resumes_to_the_same_results(toy: str, tmp_p
                                     "again to resume (saved runs are loaded, not run again); no report was written")
     assert len(list((out / "runs").glob("*.pt"))) == 6 and not (out / "results.json").exists()
     calls.clear()
-    monkeypatch.setattr(module, "problem", _counting_problem(calls))
+    _with(monkeypatch, make_problem=_counting_problem(calls))
     resumed = reproduce(toy, seeds=3, out=out, workers=1)
     assert len(calls) == TOY_RUNS - 6  # the saved runs were not run again
     assert len(list((out / "runs").glob("*.pt"))) == TOY_RUNS
@@ -228,7 +251,7 @@ def test_a_diverged_seed_leaves_a_gap_in_the_mean_curve() -> None:
         return History(records=records, final={}, theta=torch.zeros(1), delta=1e-5, accountant="pld",
                        neighboring_relation="replace_one", steps_done=len(values), randomness="seed 0")
 
-    xs, values = mean_curve([history([1.0, 2.0, 3.0]), history([3.0])], "objective")
+    xs, values, _ = mean_curve([history([1.0, 2.0, 3.0]), history([3.0])], "objective")
     assert xs.tolist() == [1.0, 2.0, 3.0]
     assert values[0] == 2.0 and np.isnan(values[1:]).all()
 

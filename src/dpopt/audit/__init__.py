@@ -96,19 +96,6 @@ def _inclusion_rate(algorithm: Any, n: int) -> float:
     return min(1.0, algorithm.sampler(0, n).expected_size / n)
 
 
-def _bound(kind: BoundKind, threat: ThreatModel, out: np.ndarray, inside: np.ndarray, q: float, delta: float,
-           confidence: float) -> bounds.Bound:
-    """The statistic and threshold chosen on the first halves, the bound on the second halves."""
-    h_out, h_in = len(out) // 2, len(inside) // 2
-    best = None
-    for score in threat.scores(out[:h_out], inside[:h_in], q):
-        picked = bounds.choose(kind, score(out[:h_out]), score(inside[:h_in]), delta, confidence)
-        if best is None or picked.epsilon > best[1].epsilon:  # ties: the first (the matched filter)
-            best = (score, picked)
-    score, picked = best
-    return bounds.evaluate(kind, score(out[h_out:]), score(inside[h_in:]), picked.threshold, delta, confidence)
-
-
 def audit(algorithm: Any, *, name: str, steps: int, dataset_size: int, runs: int = 10_000, delta: float = 1e-5,
           confidence: float = 0.95, threat_model: ThreatModel = Releases(), bound: BoundKind = GaussianDP(),
           engine: Engine = ClosedForm(), canary: Canary | None = None, seed: int = 0) -> AuditResult:
@@ -130,7 +117,8 @@ def audit(algorithm: Any, *, name: str, steps: int, dataset_size: int, runs: int
     out, inside = (observations(algorithm, place, engine, threat_model, present=present, steps=steps, runs=runs,
                                 seed=seed + offset) for present, offset in ((False, 0), (True, runs)))
     q = _inclusion_rate(algorithm, n)
-    found = {kind.name: _bound(kind, threat_model, out, inside, q, delta, confidence) for kind in KINDS.values()}
+    found = {kind.name: bounds.lower_bound(kind, out, inside, delta, confidence,
+                                          lambda o, i: threat_model.scores(o, i, q)) for kind in KINDS.values()}
     chosen = found[bound.name]
     return AuditResult(
         algorithm=name, threat_model=threat_model.name, engine=engine.name, claimed_epsilon=claimed, delta=delta,

@@ -24,6 +24,7 @@ computed on the second half: choosing costs no confidence.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -149,12 +150,21 @@ def evaluate(kind: BoundKind, out: np.ndarray, inside: np.ndarray, threshold: fl
     return Bound(kind.epsilon(strength[0], delta), float(fpr[0]), float(fnr[0]), threshold)
 
 
-def lower_bound(kind: BoundKind, out: np.ndarray, inside: np.ndarray, delta: float, confidence: float) -> Bound:
-    """Threshold chosen on the first halves of the scores on D (``out``) and D′ (``inside``),
-    bound computed on the second halves."""
+def lower_bound(kind: BoundKind, out: np.ndarray, inside: np.ndarray, delta: float, confidence: float,
+                statistics: Callable[[np.ndarray, np.ndarray], Iterable[Callable[[np.ndarray], np.ndarray]]]
+                = lambda out, inside: (lambda x: x,)) -> Bound:
+    """The statistic (among ``statistics(first halves)``, a score per observation; default the
+    observation itself) and its threshold chosen on the first halves of the observations on D
+    (``out``) and D′ (``inside``), the bound computed on the second halves: the choice never sees
+    the observations that bound it. Ties go to the first statistic."""
     h_out, h_in = len(out) // 2, len(inside) // 2
-    picked = choose(kind, out[:h_out], inside[:h_in], delta, confidence)
-    return evaluate(kind, out[h_out:], inside[h_in:], picked.threshold, delta, confidence)
+    best = None
+    for score in statistics(out[:h_out], inside[:h_in]):
+        picked = choose(kind, score(out[:h_out]), score(inside[:h_in]), delta, confidence)
+        if best is None or picked.epsilon > best[1].epsilon:
+            best = (score, picked)
+    score, picked = best
+    return evaluate(kind, score(out[h_out:]), score(inside[h_in:]), picked.threshold, delta, confidence)
 
 
 def smallest_refutable_epsilon(kind: BoundKind, claimed: float, held_out: int, delta: float,

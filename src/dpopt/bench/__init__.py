@@ -146,9 +146,9 @@ def select(names: Sequence[str] | None, variant: str | None, path: Path = PROBLE
 
 
 def run_bench(args: Any, command: str) -> dict[str, Any]:
-    """``dpopt bench``: run, write ``bench.json``, ``bench.md`` and a figure per problem to ``--out``;
-    the result (with its Markdown) for printing."""
-    from .tables import figure, markdown
+    """``dpopt bench``: run, write ``bench.json``, ``bench.md``, a figure per problem and
+    ``summary.png`` to ``--out``; the result (with its Markdown) for printing."""
+    from .tables import figures, markdown
 
     variant = "quick" if args.quick else args.variant
     chosen = select(args.problem, variant, Path(args.file) if args.file else PROBLEMS)
@@ -161,6 +161,5 @@ def run_bench(args: Any, command: str) -> dict[str, Any]:
     text = markdown(result, command)
     report.write_json(out / "bench.json", result | {"command": command})
     report.write_text(out / "bench.md", text)
-    for problem in result["problems"]:
-        figure(out / f"{problem['problem']}.png", problem)
+    figures(out, result)
     return result | {"markdown": text, "out": str(out)}

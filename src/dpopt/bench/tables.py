@@ -1,75 +1,193 @@
-"""The bench's results as a Markdown table per problem and one figure per problem: each method's
-test error (mean ± std over seeds) against ε, the winner of every ε marked."""
+"""The bench's results (``bench.json``) as Markdown and figures.
+
+Per problem: a table of each method's metric (mean (std) over seeds) at every ε with the winner and
+its p-value, a table of its cost (planned expected data passes, public), a table of its wall time
+(NOT PRIVATE), and a figure (metric against ε). Over all problems: ``summary.png``, a heatmap of
+each method's gap to the best mean of its (problem, ε) cell.
+
+Everything is read from the result alone: problems may have different methods, ε and metrics (a
+problem's ``"metric"``, default ``"test_error"``; lower is better for every metric).
+"""
 
 from __future__ import annotations
 
-import io
+import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .. import checkpoint
+from .. import report
+from . import SIGNIFICANCE
 from ..report import markdown_table
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+#: Gaps to the best mean beyond this (in %) get the darkest colour of the summary figure.
+GAP_CAP = 50.0
+
+
+def metric(problem: dict[str, Any]) -> str:
+    """The name of the problem's metric (``test_error`` if it names none)."""
+    return problem.get("metric", "test_error")
+
+
+def score(entry: dict[str, Any], name: str) -> dict[str, float]:
+    """A method entry's metric summary ({mean, std, ...}): under the metric's name, ``"metric"``
+    or ``"test_error"``, the first present."""
+    return next(entry[key] for key in (name, "metric", "test_error") if key in entry)
+
+
+def _methods(problem: dict[str, Any]) -> list[str]:
+    """The problem's methods in the order of their first appearance over its cells."""
+    return list(dict.fromkeys(name for cell in problem["cells"] for name in cell["methods"]))
 
 
 def markdown(result: dict[str, Any], command: str) -> str:
-    """One table per problem: rows are methods, one column per ε (test error mean (std)), then the
-    winner, its p-value against the runner-up, and the ε of tuning and training."""
+    """Per problem: the metric table (rows: methods, then the winner with its p-value against the
+    runner-up; one column per ε), the planned cost and the NOT PRIVATE wall time."""
     lines = [f"Command: `{command}`; total wall time (NOT PRIVATE: it reveals the number of trials) "
-             f"{result['diagnostics']['wall_time_s']:.0f} s.", ""]
+             f"{result['diagnostics']['wall_time_s']:.0f} s. Summary figure: `summary.png`.", ""]
+    walls = {(run["problem"], run["epsilon"], run["algorithm"]): run for run in result["diagnostics"]["runs"]}
     for problem in result["problems"]:
-        cells = problem["cells"]
-        columns = ["method"] + [f"ε = {cell['epsilon']:g}" for cell in cells]
-        rows = [{"method": name} | {f"ε = {cell['epsilon']:g}": _entry(cell, name) for cell in cells}
-                for name in cells[0]["methods"]]
-        rows.append({"method": "winner (p vs runner-up)"} | {
-            f"ε = {cell['epsilon']:g}": f"{cell['winner']} (p = {cell['p_value']:.2g}"
-                                        f"{', significant' if cell['significant'] else ''})" for cell in cells})
-        spent = max(entry["epsilon_tuning_and_training"] for cell in cells for entry in cell["methods"].values()
-                    ) if cells else 0.0
+        cells, name, methods = problem["cells"], metric(problem), _methods(problem)
+        columns = [f"ε = {cell['epsilon']:g}" for cell in cells]
+
+        def table(head: str, label_rows: dict[str, Any]) -> str:  # one row per label, a column per ε
+            return markdown_table([{head: label} | {column: entry(cell) for column, cell in zip(columns, cells)}
+                                   for label, entry in label_rows.items()], [head, *columns])
+
+        rows = {method: (lambda cell, m=method: _entry(cell, m, name)) for method in methods}
+        rows["winner (p vs runner-up)"] = lambda cell: (f"{cell['winner']} (p = {cell['p_value']:.2g}"
+                                                        f"{', significant' if cell['significant'] else ''})")
+        spent = max((entry["epsilon_tuning_and_training"] for cell in cells for entry in cell["methods"].values()),
+                    default=0.0)
         lines += [f"## {problem['problem']}: {problem['model']} on {problem['dataset']}", "",
-                  f"{problem.get('metric', 'test_error')} of the privately selected θ, mean (std) over "
-                  f"{problem['seeds']} seeds; δ = "
+                  f"{name} of the privately selected θ, mean (std) over {problem['seeds']} seeds; δ = "
                   f"{problem['delta']:g}; trials per tuning: {problem['trials']}; steps {problem['steps']}; "
                   f"grids {problem['grids']}. Each ε is the total for tuning and training (RDP accountant); the largest "
                   f"ε any tuning claimed: {spent:.4g}. Bold: the lowest mean.", "",
-                  markdown_table(rows, columns), ""]
+                  table("method", rows), ""]
+        if any("expected_passes" in entry for cell in cells for entry in cell["methods"].values()):
+            passes = {method: (lambda cell, m=method: cell["methods"].get(m, {}).get("expected_passes", "–"))
+                      for method in methods}
+            lines += ["Cost: planned expected data passes of the whole tuning and training (expected trials × "
+                      "one trial's passes; public: fixed by the plan before any data is seen).", "",
+                      table("expected passes (planned)", passes), ""]
+        timed = {method: (lambda cell, m=method: _wall(walls.get((problem["problem"], cell["epsilon"], m))))
+                 for method in methods}
+        lines += ["Cost, NOT PRIVATE wall time (it reveals the number of trials): seconds of tuning and training "
+                  "per seed (trials run, summed over seeds).", "",
+                  table("wall time (NOT PRIVATE)", timed), ""]
     return "\n".join(lines)
 
 
-def _entry(cell: dict[str, Any], name: str) -> str:
-    error = cell["methods"][name]["test_error"]
-    text = f"{error['mean']:.4f} ({error['std']:.4f})"
+def _entry(cell: dict[str, Any], name: str, metric_name: str) -> str:
+    if name not in cell["methods"]:
+        return "–"
+    value = score(cell["methods"][name], metric_name)
+    text = f"{_number(value['mean'])} ({_number(value['std'])})"
     return f"**{text}**" if name == cell["winner"] else text
 
 
-def figure(path: Path, problem: dict[str, Any]) -> None:
-    """Test error (mean ± std) against ε, one line per method, the winner of each ε circled."""
-    import matplotlib
+def _number(value: float) -> str:
+    """4 decimals for a value between 0.001 and 1000 (an error rate, a loss), else 4 significant digits."""
+    return f"{value:.4f}" if 1e-3 <= abs(value) < 1e3 or value == 0 else f"{value:.4g}"
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    cells = problem["cells"]
-    epsilons = [cell["epsilon"] for cell in cells]
-    names = list(cells[0]["methods"])
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for j, name in enumerate(names):  # ε on a categorical axis, the methods side by side at each ε
-        x = [i + 0.6 * (j - (len(names) - 1) / 2) / max(1, len(names)) for i in range(len(cells))]
-        means = [cell["methods"][name]["test_error"]["mean"] for cell in cells]
-        stds = [cell["methods"][name]["test_error"]["std"] for cell in cells]
-        ax.errorbar(x, means, yerr=stds, marker="o", capsize=3, label=name)
-        for xi, cell, mean in zip(x, cells, means):
-            if cell["winner"] == name:
-                ax.scatter([xi], [mean], s=160, facecolors="none", edgecolors="black", zorder=3)
-    ax.set_xticks(range(len(cells)), [f"{e:g}" for e in epsilons])
+def _wall(run: dict[str, Any] | None) -> str:
+    if run is None:
+        return "–"
+    return f"{run['wall_time_s'] / len(run['trials_run']):.1f} s ({sum(run['trials_run'])} trials)"
+
+
+def figures(out: Path, result: dict[str, Any]) -> None:
+    """``<problem>.png`` for every problem and ``summary.png``, in ``out``."""
+    for problem in result["problems"]:
+        report.save_figure(out / f"{problem['problem']}.png", problem_figure(problem))
+    report.save_figure(out / "summary.png", summary_figure(result))
+
+
+def problem_figure(problem: dict[str, Any]) -> Figure:
+    """The problem's metric (mean ± std over seeds) against ε, one line per method side by side at
+    each ε (on a log axis if the means span :data:`~dpopt.report.LOG_SPAN` or more, e.g. a method
+    that diverged); the winner of each ε circled, filled if significant."""
+    plt = report.pyplot()
+    cells, name, methods = problem["cells"], metric(problem), _methods(problem)
+    fig, ax = plt.subplots(figsize=(6.5, 4), layout="constrained")
+    means = [score(entry, name)["mean"] for cell in cells for entry in cell["methods"].values()]
+    ax.set_yscale(report.scale(True, [[m for m in means if m > 0]]))  # log where the means span decades
+    for j, method in enumerate(methods):  # ε on a categorical axis, the methods side by side at each ε
+        at = [(i + 0.6 * (j - (len(methods) - 1) / 2) / max(1, len(methods)), cell)
+              for i, cell in enumerate(cells) if method in cell["methods"]]
+        x = [xi for xi, _ in at]
+        values = [score(cell["methods"][method], name) for _, cell in at]
+        ax.errorbar(x, [v["mean"] for v in values], yerr=[v["std"] for v in values], marker="o", capsize=3,
+                    label=method)
+        for xi, (_, cell), value in zip(x, at, values):
+            if cell["winner"] == method:
+                ax.scatter([xi], [value["mean"]], s=160, zorder=3, edgecolors="black",
+                           facecolors=(0, 0, 0, 0.25) if cell["significant"] else "none")
+    ax.set_xticks(range(len(cells)), [f"{cell['epsilon']:g}" for cell in cells])
     ax.set_xlim(-0.6, len(cells) - 0.4)
     ax.set_xlabel("ε (tuning and training)")
-    ax.set_ylabel(f"{problem.get('metric', 'test_error')} (mean ± std, {problem['seeds']} seeds)")
-    ax.set_title(f"{problem['problem']}, δ = {problem['delta']:g}, privately tuned (circled: best)", fontsize=10)
+    ax.set_ylabel(f"{name.replace('_', ' ')} (mean ± std, {problem['seeds']} seeds)")
+    epsilons = ", ".join(f"{cell['epsilon']:g}" for cell in cells)
+    ax.set_title(f"{problem['problem']}: privately tuned at ε ∈ {{{epsilons}}}, δ = {problem['delta']:g}\n"
+                 f"circled: best mean; filled: p < {SIGNIFICANCE:g} against the runner-up", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
-    plt.close(fig)
-    checkpoint.write_bytes(path, buffer.getvalue())
+    fig.legend(loc="outside right upper", fontsize=8)
+    return fig
+
+
+def summary_figure(result: dict[str, Any]) -> Figure:
+    """A heatmap over all problems and ε: a row per (problem, method), a column per ε; the colour is
+    the method's gap to the best mean of that cell relative to it (:func:`_gap`, capped at
+    :data:`GAP_CAP`), so problems with different metrics share one scale; each square shows the
+    mean; the winner is starred (★), and marked * when significant against the runner-up. Grey:
+    not run."""
+    import numpy as np
+
+    plt = report.pyplot()
+    problems = result["problems"]
+    epsilons = sorted({cell["epsilon"] for problem in problems for cell in problem["cells"]})
+    rows = [(problem, method) for problem in problems for method in _methods(problem)]
+    gaps = np.full((len(rows), len(epsilons)), np.nan)
+    labels = [f"{problem['problem']} [{metric(problem)}]: {method}" for problem, method in rows]
+    width = 3.0 + 0.075 * max(len(label) for label in labels) + 1.1 * len(epsilons)
+    fig, ax = plt.subplots(figsize=(max(8.0, width), 1.8 + 0.38 * len(rows)), layout="constrained")
+    for r, (problem, method) in enumerate(rows):
+        for cell in problem["cells"]:
+            if method not in cell["methods"]:
+                continue
+            c = epsilons.index(cell["epsilon"])
+            means = {m: score(entry, metric(problem))["mean"] for m, entry in cell["methods"].items()}
+            gaps[r, c] = _gap(means[method], means[cell["winner"]])
+            winner = method == cell["winner"]
+            star = " *" if winner and cell["significant"] else ""
+            ax.text(c, r, f"{'★ ' if winner else ''}{means[method]:.3g}{star}",
+                    ha="center", va="center", fontsize=8, fontweight="bold" if winner else "normal",
+                    color="white" if gaps[r, c] > GAP_CAP / 2 else "black")
+    colours = plt.get_cmap("viridis_r").with_extremes(bad="lightgrey")
+    image = ax.imshow(np.ma.masked_invalid(np.minimum(gaps, GAP_CAP)), cmap=colours, vmin=0, vmax=GAP_CAP,
+                      aspect="auto")
+    fig.colorbar(image, ax=ax, extend="max", label="gap to the cell's best mean (%)")
+    ax.set_xticks(range(len(epsilons)), [f"{e:g}" for e in epsilons])
+    ax.set_yticks(range(len(rows)), labels)
+    for r in range(1, len(rows)):  # a rule between problems
+        if rows[r][0] is not rows[r - 1][0]:
+            ax.axhline(r - 0.5, color="white", linewidth=3)
+    ax.set_xlabel("ε (tuning and training)")
+    ax.set_ylabel("problem [metric]: method")
+    deltas = {problem["delta"] for problem in problems}
+    delta = f"δ = {deltas.pop():g}" if len(deltas) == 1 else "δ: " + ", ".join(
+        f"{p['problem']} {p['delta']:g}" for p in problems)
+    fig.suptitle(f"Each method privately tuned and trained at the column's ε, {delta}\nmean over seeds (lower is "
+                 f"better); grey: not run\n★ best mean, * p < {SIGNIFICANCE:g} against the runner-up (Welch)", fontsize=9)
+    return fig
+
+
+def _gap(mean: float, best: float) -> float:
+    """100 (mean − best) / |best|: how far (in %) a mean is behind the best one."""
+    if best == 0:
+        return 0.0 if mean == 0 else math.inf
+    return 100 * (mean - best) / abs(best)

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from .. import checkpoint
 from ..accounting import calibrate
 from ..outputs import NOT_PRIVATE
-from ..report import summarise
+from ..report import Curve, summarise
 from ..resume import describe
 from ..train import History, run
 
@@ -311,11 +311,11 @@ def one_sided_p(ours: Sequence[float], theirs: Sequence[float]) -> float:
 DERIVED_CURVES: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]] = {"grad_norm_sq": ("grad_norm", np.square)}
 
 
-def mean_curve(histories: Sequence[History], metric: str, x: str = "passes") -> tuple[np.ndarray, np.ndarray]:
-    """(mean of ``x``, mean of ``metric``) over seeds at the logged steps; a metric of
-    :data:`DERIVED_CURVES` is the mean of the function of its logged quantity (‖∇F‖²: the mean
-    of the squares). A run that stopped early (diverged) counts as NaN where it has no record,
-    so the mean of ``metric`` is NaN there (the x of the others is kept)."""
+def mean_curve(histories: Sequence[History], metric: str, x: str = "passes") -> Curve:
+    """(mean of ``x``, mean of ``metric``, its standard deviation (ddof 1; None for one seed)) over
+    seeds at the logged steps; a metric of :data:`DERIVED_CURVES` is the mean of the function of its
+    logged quantity (‖∇F‖²: the mean of the squares). A run that stopped early (diverged) counts as
+    NaN where it has no record, so the mean of ``metric`` is NaN there (the x of the others is kept)."""
     logged, function = DERIVED_CURVES.get(metric, (metric, np.asarray))
     length = max(len(h.records) for h in histories)
 
@@ -323,5 +323,5 @@ def mean_curve(histories: Sequence[History], metric: str, x: str = "passes") -> 
         return np.concatenate([np.asarray(values, dtype=float), np.full(length - len(values), np.nan)])
 
     xs = np.nanmean([padded([r[x] for r in h.records]) for h in histories], axis=0)
-    values = np.mean([function(padded([r[logged] for r in h.records])) for h in histories], axis=0)
-    return xs, values
+    values = np.array([function(padded([r[logged] for r in h.records])) for h in histories])
+    return Curve(xs, values.mean(axis=0), values.std(axis=0, ddof=1) if len(histories) > 1 else None)

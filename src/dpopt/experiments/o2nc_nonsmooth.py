@@ -21,12 +21,12 @@ Methods, from the theorems' settings (:mod:`dpopt.algorithms.o2nc_params`; L = 1
 
 The theorems hide constants (Θ̃, ≲). Two of them are chosen, for the three O2NC methods alike:
 c_D, a multiplier of the radius D (M, Σ, η and the clip C2 follow D), and c, the constant of the
-clips' concentration term (:func:`~dpopt.algorithms.o2nc_params.clips`), on the grid
-:data:`CONSTANTS_GRID` by :func:`select_constants` (every point on the tuning seeds 1000, 1001 of
-``synthetic-d32``, lowest mean final training objective; not privacy-accounted) and then used on
-every problem (:data:`TUNED`; a constant does not depend on d). Privacy stays exact whatever the
-constants: the clips are what the algorithm uses, and the noise is calibrated by the ledger for
-them.
+clips' concentration term (:func:`~dpopt.algorithms.o2nc_params.clips`), on the grid of
+``presets/o2nc-nonsmooth.toml`` by :func:`select_constants` (every point on the tuning seeds 1000,
+1001 of ``synthetic-d32``, lowest mean final training objective; not privacy-accounted) and then
+used on every problem (the file's ``tuned``; a constant does not depend on d). Privacy stays exact
+whatever the constants: the clips are what the algorithm uses, and the noise is calibrated by the
+ledger for them.
 
 Metrics at each output θ: ``goldstein``, the estimate of ‖∂̄_{2α} F(θ)‖ (Lemma 2.4: a point
 (α, β)-stationary for F_α is (2α, β)-stationary for F) from K = 32 full-data gradients
@@ -56,56 +56,18 @@ from ..algorithms import o2nc_params as params
 from ..data import load
 from ..metrics import goldstein
 from ..oracles import TorchModel, TruncatedAbsolute
+from . import declared
 from ._runner import Method, Params, Problem, mean_curve
+from .preset import declared_experiment, declared_methods
 
-NAME = "o2nc-nonsmooth"
-EPSILONS = (1.0,)
-DELTA = 1e-5
-DIMS = (8, 32, 128, 512)
-PROBLEMS = ("ijcnn1-relu",) + tuple(f"synthetic-d{d}" for d in DIMS)
-SMOKE_PROBLEMS = ("synthetic-d8-n2000",)  # --quick: the d = 8 problem on 2,000 records
-N_TRAIN = 4000
-N_TEST = 5000
-ALPHA = 0.05
-MAX_DIRECTIONS = 1024
-GOLDSTEIN_POINTS = 32
-DPSGD_EPOCHS, DPSGD_BATCH = 5, 64
-SEEDS = 5
-PAPER: list[dict[str, Any]] = []  # the paper has no experiments
-OURS = "O2NC-ZO (ours)"
-ZHANG = "Zhang et al. 2024"
-FIRST = "O2NC-FO (ours)"
-O2NC_METHODS = (OURS, ZHANG, FIRST)
-COMPARISONS = [(OURS, ZHANG), (OURS, "DP-SGD"), (FIRST, "DP-SGD"), (FIRST, ZHANG), ("DP-SGD", OURS),
-               ("DP-SGD", FIRST)]
-METRICS = ("goldstein", "objective", "test_error", "function_evals", "gradient_evals", "clip_rate", "epsilon",
-           "passes", "wall_time_s")
-TABLE_METRICS = ("goldstein", "objective", "test_error", "function_evals", "gradient_evals", "clip_rate", "epsilon",
-                 "wall_time_s")
-PAPER_METRICS: tuple[str, ...] = ()
-TEST_METRICS = ("goldstein", "objective")
-CURVES = {"training objective": "objective", "Goldstein ‖∂̄_{2α}F‖ of θ_t": "goldstein"}
-TUNING_SEEDS = (1000, 1001)
-LOG_POINTS = 12
-#: The theorems' hidden constants, searched for every O2NC method alike: c_D multiplies the
-#: radius D (and so moves M, Σ, η and the difference clip C2 with it), c the concentration term
-#: of the clips C1, C2 (o2nc_params.clips).
-CONSTANTS_GRID = {"c_D": (1.0, 4.0, 16.0), "c": (1.0, 0.1, 0.01)}
-TUNING_PROBLEM = "synthetic-d32"
-#: (c)'s second threshold: this fraction of the Goldstein stationarity at θ0.
-REACH_FRACTION = 0.9
-#: Chosen by :func:`select_constants` (lowest mean final training objective on TUNING_SEEDS on
-#: TUNING_PROBLEM; not privacy-accounted) and used on every problem: a constant does not depend on d.
-#: Scores (mean final objective, c_D/c: value) of the selection run, 178 s on 2 workers:
-#: ours 1/1 .9347 1/.1 .9346 1/.01 .9343 4/1 .9332 4/.1 .9327 4/.01 .9323 16/1 .9400 16/.1 .9390 16/.01 .9387;
-#: Zhang 1/1 .9348 1/.1 .9348 1/.01 .9346 4/1 .9367 4/.1 .9366 4/.01 .9361 16/1 .9443 16/.1 .9435 16/.01 .9429;
-#: first order 1/1 .9334 1/.1 .9330 1/.01 .9328 4/1 .9397 4/.1 .9395 4/.01 .9392 16/* .9372.
-TUNED = {OURS: {"c_D": 4.0, "c": 0.01}, ZHANG: {"c_D": 1.0, "c": 0.01}, FIRST: {"c_D": 1.0, "c": 0.01}}
-TUNING_COST: dict[str, Any] = {"O2NC constants (select_constants, synthetic-d32)": {"runs": 54, "wall_time_s": 178}}
-
-
-def problems(quick: bool) -> tuple[str, ...]:
-    return SMOKE_PROBLEMS if quick else PROBLEMS
+DATA = declared.load("o2nc-nonsmooth")
+NAME = DATA["name"]
+DELTA = DATA["delta"]
+N_TRAIN, N_TEST, ALPHA = DATA.parameter("n_train"), DATA.parameter("n_test"), DATA.parameter("alpha")
+MAX_DIRECTIONS, GOLDSTEIN_POINTS = DATA.parameter("max_directions"), DATA.parameter("goldstein_points")
+TUNING_PROBLEM, REACH_FRACTION = DATA.parameter("tuning_problem"), DATA.parameter("reach_fraction")
+#: The method names (the file's order): ours zeroth order, Zhang et al., ours first order; then DP-SGD.
+OURS, ZHANG, FIRST = O2NC_METHODS = tuple(name for name in DATA["methods"] if name != "DP-SGD")
 
 
 class Counted:
@@ -165,7 +127,7 @@ def hinge(out: Tensor, y: Tensor) -> Tensor:
     return torch.relu(1 - y * out.squeeze(-1))
 
 
-def problem(data_dir: str | None, key: str) -> tuple[Problem, dict[str, Any]]:
+def problem(key: str, data_dir: str | None) -> tuple[Problem, dict[str, Any]]:
     if key == "ijcnn1-relu":
         data = load("ijcnn1", data_dir)
         order = np.random.default_rng(0).permutation(len(data.X_train))[:N_TRAIN]
@@ -198,26 +160,33 @@ def problem(data_dir: str | None, key: str) -> tuple[Problem, dict[str, Any]]:
                    theta0=theta0, log_metrics=logged), facts
 
 
+def _o2nc(settings: dict[str, Any], epsilon: float, key: str) -> Any:
+    """O2NC with the theorems' settings (:mod:`dpopt.algorithms.o2nc_params`) for ``settings["estimator"]``:
+    "zeroth" (Theorem 3.1), "first" (Theorem 6.1) or "zhang" (Zhang et al. 2024, m = d); L = 1, Φ = 1 on
+    the hinge network, 2 on the synthetic family; the grid's constants c_D and c."""
+    d, phi = _dimension(key), 1.0 if key == "ijcnn1-relu" else 2.0
+    common = {"epsilon": epsilon, "delta": DELTA, "alpha": ALPHA, "lipschitz": 1.0, "phi": phi}
+
+    def build(n: int, p: Params) -> tuple[Any, int]:
+        constants = params.Constants(radius=p["c_D"], concentration=p["c"], max_directions=MAX_DIRECTIONS)
+        if settings["estimator"] == "zhang":
+            return params.zhang2024(n=n, d=d, constants=constants, **common)
+        return params.single_pass(n=n, d=d, estimator=settings["estimator"], constants=constants, **common)
+    return build
+
+
+def _dpsgd(settings: dict[str, Any], epsilon: float, key: str) -> Any:
+    def build(n: int, p: Params) -> tuple[Any, int]:
+        algo = DPSGD(lr=p["lr"], clip=1.0, noise_multiplier=1.0, batch_size=settings["batch_size"])
+        return algo, settings["epochs"] * n // settings["batch_size"]
+    return build
+
+
+BUILDERS = {OURS: _o2nc, ZHANG: _o2nc, FIRST: _o2nc, "DP-SGD": _dpsgd}
+
+
 def methods(epsilon: float, key: str) -> list[Method]:
-    phi = 1.0 if key == "ijcnn1-relu" else 2.0
-    settings = {"epsilon": epsilon, "delta": DELTA, "alpha": ALPHA, "lipschitz": 1.0, "phi": phi}
-    d = _dimension(key)
-
-    def o2nc(kind: str) -> Any:
-        def build(n: int, p: Params) -> tuple[Any, int]:
-            constants = params.Constants(radius=p["c_D"], concentration=p["c"], max_directions=MAX_DIRECTIONS)
-            if kind == "zhang":
-                return params.zhang2024(n=n, d=d, constants=constants, **settings)
-            return params.single_pass(n=n, d=d, estimator=kind, constants=constants, **settings)
-        return build
-
-    def dpsgd(n: int, p: Params) -> tuple[Any, int]:
-        algo = DPSGD(lr=p["lr"], clip=1.0, noise_multiplier=1.0, batch_size=DPSGD_BATCH)
-        return algo, DPSGD_EPOCHS * n // DPSGD_BATCH
-
-    return [Method(name, o2nc(kind), CONSTANTS_GRID, {epsilon: TUNED[name]})
-            for name, kind in ((OURS, "zeroth"), (ZHANG, "zhang"), (FIRST, "first"))] + [
-        Method("DP-SGD", dpsgd, {"lr": (0.03, 0.1, 0.3, 1.0)})]
+    return PRESET.methods(epsilon, key)
 
 
 def _synthetic_key(key: str) -> tuple[int, int]:
@@ -233,16 +202,16 @@ def _dimension(key: str) -> int:
 
 
 def select_constants(data_dir: str | None = None, workers: int = 2) -> dict[str, Any]:
-    """Re-select :data:`TUNED`: every point of :data:`CONSTANTS_GRID` for each O2NC method on
-    :data:`TUNING_PROBLEM`, :data:`TUNING_SEEDS`, scored by :func:`~dpopt.experiments._runner.tune`
+    """Re-select the tuned constants: every point of its grid for each O2NC method on the
+    ``tuning_problem`` and tuning seeds of the preset file, scored by :func:`~dpopt.experiments._runner.tune`
     (mean final training objective), at ε = 1. Tuning is not privacy-accounted."""
     from ._runner import Pool, tune
     from .reproduce import _problem_of
 
-    problem_ = problem(data_dir, TUNING_PROBLEM)[0]
+    problem_ = problem(TUNING_PROBLEM, data_dir)[0]
     pool = Pool(workers, _problem_of, NAME, data_dir) if workers > 1 else None
     try:
-        return {method.name: tune(method, problem_, epsilon=1.0, delta=DELTA, seeds=TUNING_SEEDS, pool=pool,
+        return {method.name: tune(method, problem_, epsilon=1.0, delta=DELTA, seeds=PRESET.TUNING_SEEDS, pool=pool,
                                   key=TUNING_PROBLEM)
                 for method in methods(1.0, TUNING_PROBLEM) if method.name in O2NC_METHODS}
     finally:
@@ -329,25 +298,12 @@ def _scaling_lines(payload: dict[str, Any], rows: dict[tuple[str, str], dict[str
             f"Zhang − ours of +0.5 (at a fixed target); measured: {slopes[ZHANG] - slopes[OURS]:+.3f}.", ""]
 
 
-def _verdict_lines(rows: dict[tuple[str, str], dict[str, Any]], keys: list[str],
-                   verdicts: dict[tuple[str, str, str], float]) -> list[str]:
-    def count(ours: str, base: str) -> str:
-        won = [key for key in keys if verdicts.get((key, ours, base), 1.0) < 0.05]
-        return f"{len(won)} of {len(keys)}" + (f" ({', '.join(won)})" if won else "")
-
-    return ["Verdicts (one-sided Welch tests on Goldstein stationarity at the output, p < 0.05):",
-            f"* ours (zeroth order) more stationary than Zhang et al.: {count(OURS, ZHANG)};",
-            f"* ours (zeroth order) more stationary than DP-SGD: {count(OURS, 'DP-SGD')}; "
-            f"ours (first order): {count(FIRST, 'DP-SGD')};",
-            f"* DP-SGD more stationary than ours (zeroth order): {count('DP-SGD', OURS)}; "
-            f"than ours (first order): {count('DP-SGD', FIRST)}.", ""]
-
-
-def notes(payload: dict[str, Any]) -> str:
+def analyses(payload: dict[str, Any]) -> list[str]:
+    """What the report computes for this preset beyond the verdicts: the Goldstein stationarity
+    table, (b) the scaling with d and (c) the oracle calls to a common threshold."""
     rows = _rows(payload)
-    keys = [key for key in problems(payload["quick"]) if (key, OURS) in rows]
-    lines = ["The paper (Kornowski, Liu, Talwar) reports no experiments: every number here is ours.", "",
-             "Goldstein stationarity ‖∂̄_{2α}F‖ at the output, mean (std) over seeds, and the ratio "
+    keys = [key for key in PRESET.problems(payload["quick"]) if (key, OURS) in rows]
+    lines = ["", "Goldstein stationarity ‖∂̄_{2α}F‖ at the output, mean (std) over seeds, and the ratio "
              "Zhang et al. / ours (> 1: ours is more stationary):", ""]
     table = []
     for key in keys:
@@ -361,40 +317,34 @@ def notes(payload: dict[str, Any]) -> str:
                       "clip rate ZO/Zhang/FO": "/".join(f"{rows[(key, m)]['metrics']['clip_rate']['mean']:.3f}"
                                                         for m in O2NC_METHODS)})
     lines += [report.markdown_table(table, list(table[0]) if table else []), ""]
-    verdicts = {(test.get("problem"), test["ours"], test["baseline"]): test["p_goldstein"]
-                for test in payload["t_tests"]}
-    for key in keys:
-        said = [f"{ours} < {base}: p = {verdicts[(key, ours, base)]:.3g}" for ours, base in COMPARISONS
-                if (key, ours, base) in verdicts]
-        lines.append(f"* {key}: one-sided Welch tests on Goldstein stationarity: " + "; ".join(said) + ".")
-    lines.append("")
-    lines += _verdict_lines(rows, keys, verdicts)
     lines += _scaling_lines(payload, rows, keys)
     if "_curves" in payload:
         lines += _reach_lines(payload, keys)
-    lines += ["The theorems' m (zeroth order) is d²Σ² + dα²/D², far beyond any budget here; it is capped at "
-              f"{MAX_DIRECTIONS}, so the per-record clip of ours is c·d·L·√(log(dB/δ)/m) rather than the "
-              "theorem's O(L): the √d advantage over Zhang et al. (m = d) shrinks to √(m/d) at this cap, "
-              "and vanishes at d = m. The O2NC constants (c_D, c) were chosen on "
-              f"{TUNING_PROBLEM} from the grid {CONSTANTS_GRID} for each method alike ({TUNED}); "
-              "DP-SGD's step size is tuned per problem. Neither tuning is privacy-accounted."]
-    return "\n".join(lines)
+    return lines
 
 
 def figures(out_dir: Path, payload: dict[str, Any]) -> None:
     """``goldstein_vs_d.png``: stationarity of each method against the dimension (synthetic family);
     ``goldstein_vs_calls.png``: stationarity of the iterate against per-record oracle calls."""
     rows = _rows(payload)
-    keys = [key for key in problems(payload["quick"]) if (key, OURS) in rows]
+    keys = [key for key in PRESET.problems(payload["quick"]) if (key, OURS) in rows]
     synthetic_keys = [key for key in keys if key.startswith("synthetic")]
     if synthetic_keys:
         dims = np.array([_dimension(key) for key in synthetic_keys], dtype=float)
-        lines = {name: (dims, np.array([rows[(key, name)]["metrics"]["goldstein"]["mean"] for key in synthetic_keys]))
+        lines = {name: report.Curve(dims, *(np.array([rows[(key, name)]["metrics"]["goldstein"][stat]
+                                                      for key in synthetic_keys]) for stat in ("mean", "std")))
                  for name in (*O2NC_METHODS, "DP-SGD")}
-        report.curves_figure(out_dir / "goldstein_vs_d.png", {"Goldstein stationarity at ε = 1": lines},
-                             xlabel="dimension d", log_x=True)
+        report.curves_figure(out_dir / "goldstein_vs_d.png", {"Goldstein stationarity of θ_T": lines},
+                             xlabel="dimension d", log_x=True, title=f"Synthetic family at ε = {DATA.epsilons[0]:g}, "
+                             f"δ = {DELTA:g}: mean over {payload['seeds']} seeds, band ± 1 std")
     if "_curves" in payload and keys:
         panels = {key: {name: mean_curve(_histories(payload, key, name), "goldstein", "oracle_calls")
                         for name in (*O2NC_METHODS, "DP-SGD")} for key in keys}
         report.curves_figure(out_dir / "goldstein_vs_calls.png", panels, xlabel="per-record oracle calls",
-                             log_x=True)
+                             ylabel="Goldstein stationarity of the iterate", log_x=True,
+                             title=f"Every problem at ε = {DATA.epsilons[0]:g}, δ = {DELTA:g}: mean over "
+                                   f"{payload['seeds']} seeds, band ± 1 std")
+
+
+PRESET = declared_experiment(DATA, make_problem=problem, make_methods=declared_methods(DATA, BUILDERS),
+                             analyses=analyses, draw=figures)

@@ -1,26 +1,38 @@
-"""A preset experiment as an object: what :func:`dpopt.experiments.reproduce` reads from it.
+"""A preset experiment as one object: what :func:`dpopt.experiments.reproduce` reads from it.
 
-A module can be a preset (``dp_srm_ijcnn1``); an :class:`Experiment` is the same interface for
-presets that share code (the AClip presets): problems and methods come from callables.
+Every preset is an :class:`Experiment`: upper-case fields are its declared settings; problems and
+methods come from callables.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ._runner import Method, Params, Problem
+from .declared import Declared
+from .patience_tuning import patience_tune
+from .verdicts import comparison_lines
 
 
 @dataclass(frozen=True)
 class Experiment:
-    """Upper-case fields are the preset attributes documented in ``reproduce``; ``make_problem(key,
-    data_dir)``, ``make_methods(key, epochs, tuned, epsilon)`` and ``delta_of(key)`` build the rest;
-    ``SMOKE_PROBLEMS`` replace ``PROBLEMS`` under ``--quick`` when set."""
+    """A preset: ``NAME``; the ε it runs at (``EPSILONS``); ``PROBLEMS`` (problem keys; ``(None,)``
+    for a preset with one unnamed problem, whose rows then have no ``problem`` column) and
+    ``SMOKE_PROBLEMS`` (they replace ``PROBLEMS`` under ``--quick`` when set); ``PAPER`` (rows of the
+    paper's table); ``METRICS`` (summarised per row), ``TABLE_METRICS`` and ``PAPER_METRICS`` (the
+    columns of results.md), ``TEST_METRICS`` (the t-tests' metrics) and ``COMPARISONS`` ((ours,
+    baseline) name pairs); ``CURVES`` (figure panels: title -> metric, or (metric, x)); ``TUNED``
+    (problem key -> the values a method builder reads), ``TUNING_COST``, ``TUNING_SEEDS`` and
+    ``TUNE_EPSILON`` (tune once, at that ε, and use the choice at every ε; None: at every ε);
+    ``LOG_POINTS`` (logged points per run: measurement only) and ``SEEDS`` (default seed count).
+    ``make_problem(key, data_dir)``, ``make_methods(key, epochs, tuned, epsilon)``, ``delta_of(key)``,
+    ``describe(payload)`` (the report's notes) and ``draw(out_dir, payload)`` (a preset's own
+    figures, if any) build the rest."""
 
     NAME: str
-    PROBLEMS: tuple[str, ...]
     EPSILONS: tuple[float, ...]
     PAPER: list[dict[str, Any]]
     METRICS: tuple[str, ...]
@@ -28,32 +40,107 @@ class Experiment:
     PAPER_METRICS: tuple[str, ...]
     TEST_METRICS: tuple[str, ...]
     COMPARISONS: list[tuple[str, str]]
-    OURS: str
     epochs: int
-    make_problem: Callable[[str, str | None], tuple[Problem, dict[str, Any]]]
-    make_methods: Callable[[str, int, dict[str, Params], float], list[Method]]
-    delta_of: Callable[[str], float]
+    make_problem: Callable[[Any, str | None], tuple[Problem, dict[str, Any]]]
+    make_methods: Callable[[Any, int, Any, float], list[Method]]
+    delta_of: Callable[[Any], float]
     describe: Callable[[dict[str, Any]], str]
+    PROBLEMS: tuple[Any, ...] = (None,)
     CURVES: dict[str, str | tuple[str, str]] = field(default_factory=lambda: {"training objective": "objective"})
-    TUNED: dict[str, dict[str, Params]] = field(default_factory=dict)
+    TUNED: dict[Any, Any] = field(default_factory=dict)
     TUNING_COST: dict[str, Any] = field(default_factory=dict)
     TUNING_SEEDS: tuple[int, ...] = (1000, 1001, 1002)
     TUNE_EPSILON: float | None = None
-    SMOKE_PROBLEMS: tuple[str, ...] | None = None
+    SMOKE_PROBLEMS: tuple[Any, ...] | None = None
     LOG_POINTS: int = 40
     SEEDS: int = 10
+    draw: Callable[[Path, dict[str, Any]], None] | None = None
+    #: How the ``TUNED`` values were chosen (the command and its date), for the report.
+    TUNED_BY: str = ""
 
-    def problems(self, quick: bool) -> tuple[str, ...]:
+    @property
+    def keyed(self) -> bool:
+        """Whether the rows name their problem (False for one unnamed problem)."""
+        return self.PROBLEMS != (None,)
+
+    def problems(self, quick: bool) -> tuple[Any, ...]:
         return self.SMOKE_PROBLEMS if quick and self.SMOKE_PROBLEMS else self.PROBLEMS
 
-    def problem(self, data_dir: str | None, key: str) -> tuple[Problem, dict[str, Any]]:
+    def problem(self, data_dir: str | None, key: Any) -> tuple[Problem, dict[str, Any]]:
         return self.make_problem(key, data_dir)
 
-    def methods(self, epsilon: float, key: str) -> list[Method]:
+    def methods(self, epsilon: float, key: Any) -> list[Method]:
         return self.make_methods(key, self.epochs, self.TUNED.get(key, {}), epsilon)
 
-    def delta(self, key: str) -> float:
+    def delta(self, key: Any) -> float:
         return self.delta_of(key)
 
     def notes(self, payload: dict[str, Any]) -> str:
         return self.describe(payload)
+
+    def figures(self, out_dir: Path, payload: dict[str, Any]) -> None:
+        if self.draw is not None:
+            self.draw(out_dir, payload)
+
+
+
+#: Builds a method's ``build(n, params) -> (algorithm, steps)`` from its declared ``settings``, the ε
+#: and the problem key; None where the method does not run at that ε on that problem.
+Builder = Callable[[dict[str, Any], float, Any], Callable[[int, Params], tuple[Any, int]] | None]
+
+
+def declared_experiment(data: Declared, *, make_problem: Callable[[Any, str | None], tuple[Problem, dict[str, Any]]],
+                        make_methods: Callable[[Any, int, Any, float], list[Method]],
+                        analyses: Callable[[dict[str, Any]], list[str]] | None = None,
+                        draw: Callable[[Path, dict[str, Any]], None] | None = None) -> Experiment:
+    """The :class:`Experiment` of a preset file: its declared fields, the code's problem and method
+    builders, and as notes the file's text (``notes``, a ``problem_note`` per problem, the ``quick_note``
+    under ``--quick``), then :func:`~dpopt.experiments.verdicts.comparison_lines` (the generic rule),
+    then what ``analyses(payload)`` computes for this preset, if anything."""
+    delta = data["delta"]
+
+    def describe(payload: dict[str, Any]) -> str:
+        lines = [data["notes"].strip().format(facts=payload["facts"], seeds=payload["seeds"],
+                                              log_points=payload["log_points"], parameters=data["parameters"],
+                                              epochs=data.get("epochs"))]
+        if "problem_note" in data.values:
+            lines += [data["problem_note"].strip().format(key=key, **facts) for key, facts in payload["facts"].items()]
+        if payload["quick"] and "quick_note" in data.values:
+            lines.append(data["quick_note"].strip().format(parameters=data["parameters"]))
+        lines += comparison_lines(payload, data["verdict_metrics"], data["explanations"])
+        return "\n".join(lines + (analyses(payload) if analyses is not None else []))
+
+    return Experiment(
+        NAME=data["name"], EPSILONS=data.epsilons, PAPER=data.paper(), METRICS=tuple(data["metrics"]),
+        TABLE_METRICS=tuple(data["table_metrics"]), PAPER_METRICS=tuple(data["paper_metrics"]),
+        TEST_METRICS=tuple(data["test_metrics"]), COMPARISONS=[tuple(pair) for pair in data["comparisons"]],
+        epochs=data.get("epochs", 0), make_problem=make_problem, make_methods=make_methods,
+        delta_of=(lambda key: delta[key]) if isinstance(delta, dict) else (lambda key: delta), describe=describe,
+        PROBLEMS=tuple(data.get("problems", [None])),
+        SMOKE_PROBLEMS=tuple(data["smoke_problems"]) if "smoke_problems" in data.values else None,
+        CURVES={title: spec if isinstance(spec, str) else tuple(spec) for title, spec in data["curves"].items()},
+        TUNED=data.tuned(), TUNING_COST=data.get("tuning", {}).get("cost", {}), TUNING_SEEDS=tuple(data["tuning_seeds"]),
+        TUNE_EPSILON=data.get("tune_epsilon"), LOG_POINTS=data["log_points"], SEEDS=data["seeds"], draw=draw,
+        TUNED_BY=f"`{tuning['command']}` on {tuning['date']}" if (tuning := data.get("tuning")) else "")
+
+
+#: How a method's grid is searched, by the name a preset file gives (``tuner``): every grid point
+#: scored by its final training objective (:func:`~dpopt.experiments._runner.tune`), or the DIFF2
+#: paper's step-size search with patience (:func:`~dpopt.experiments.patience_tuning.patience_tune`).
+TUNERS: dict[str, Callable[..., dict[str, Any]] | None] = {"grid": None, "patience": patience_tune}
+
+
+def declared_methods(data: Declared, builders: dict[str, Builder]) -> Callable[[Any, int, Any, float], list[Method]]:
+    """``make_methods`` of a preset file: its methods in the file's order, each built by
+    ``builders[name]`` from its ``settings``, with its grid, tuned values and tuner."""
+    def make(key: Any, epochs: int, tuned: dict[str, dict[float | None, Params]], epsilon: float) -> list[Method]:
+        found = []
+        for name, spec in data["methods"].items():
+            build = builders[name](spec.get("settings", {}), epsilon, key)
+            if build is not None:
+                found.append(Method(name, build, {k: tuple(v) for k, v in spec["grid"].items()}, tuned.get(name, {}),
+                                    private=spec.get("private", True), noise_scale=spec.get("noise_scale", 1.0),
+                                    deterministic=spec.get("deterministic", False),
+                                    tuner=TUNERS[spec.get("tuner", "grid")]))
+        return found
+    return make

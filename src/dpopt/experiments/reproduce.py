@@ -2,22 +2,14 @@
 
 For each problem (data set and model), ε and method: take the preset's tuned hyper-parameters
 (or tune them again with ``retune``), calibrate the noise on the method's planned event, run
-every seed, and summarise the final metrics. Pairs of methods (by default: the paper's method
-against each private baseline) are compared by one-sided Welch t-tests on the preset's test
-metrics. Written under ``out``: ``results.json`` (the machine-readable form documented in the
-README), ``results.md`` and figures, all atomically; and ``runs/``, every finished run, saved as
-it completes, so that an interrupted reproduction resumes where it stopped (the same command
-loads the saved runs instead of running them again, with the same results; runs saved by other
-code are not reused).
+every seed, and summarise the final metrics. The preset's pairs of methods (``COMPARISONS``) are
+compared by one-sided Welch t-tests on the preset's test metrics. Written under ``out``:
+``results.json`` (the machine-readable form documented in the README), ``results.md`` and
+figures, all atomically; and ``runs/``, every finished run, saved as it completes, so that an
+interrupted reproduction resumes where it stopped (the same command loads the saved runs instead
+of running them again, with the same results; runs saved by other code are not reused).
 
-A preset module defines ``NAME``, ``EPSILONS``, ``DELTA``, ``PAPER`` (rows of the paper's
-table), ``METRICS``, ``OURS``, ``TUNING_SEEDS``, ``TUNING_COST``, ``problem(data_dir, key)``,
-``methods(epsilon, key)`` and ``notes(payload)``; optionally ``PROBLEMS`` (problem keys;
-default one problem, key None), ``COMPARISONS`` ((ours, baseline) name pairs), ``TEST_METRICS``
-(default objective and gradient norm), ``TABLE_METRICS`` and ``PAPER_METRICS`` (the columns of
-results.md), ``CURVES`` (figure panels: title -> metric, or (metric, x) with x in
-:data:`X_LABELS`; default x: data passes), ``SEEDS`` (default seed count), ``LOG_POINTS`` (logged points per run, default 40; logging is measurement only and
-does not change a run).
+A preset is an :class:`~dpopt.experiments.preset.Experiment` (its fields are documented there).
 """
 
 from __future__ import annotations
@@ -26,7 +18,6 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -35,9 +26,10 @@ from tqdm import tqdm
 from .. import _validate, outputs, report
 from ._runner import (Method, Pool, Problem, Saved, mean_curve, metrics, one_sided_p, source_digest,
                       start_seeds, tune)
+from .preset import Experiment
 
 
-def _module(name: str) -> ModuleType:
+def _preset(name: str) -> Experiment:
     from . import EXPERIMENTS
 
     _validate.one_of("experiment", name, EXPERIMENTS)
@@ -63,9 +55,9 @@ def reproduce(name: str, *, seeds: int | None = None, quick: bool = False, out: 
     saved there are loaded, not run again. ``progress``: a bar over the runs, with an ETA.
     Interrupted (KeyboardInterrupt), it stops its workers and raises KeyboardInterrupt saying how
     many runs are saved and how to resume."""
-    exp = _module(name)
+    exp = _preset(name)
     n_seeds = _validate.positive_int("seeds", seeds if seeds is not None else
-                                     (2 if quick else getattr(exp, "SEEDS", 10)))
+                                     (2 if quick else exp.SEEDS))
     workers = _validate.positive_int("workers", workers if workers is not None else os.cpu_count() or 1)
     out_dir = _writable(Path(out) if out else Path("results") / name)
     pool = Pool(workers, _problem_of, name, data_dir, saved=Saved(out_dir / "runs", f"{name} {source_digest()}"),
@@ -101,10 +93,10 @@ def _writable(out_dir: Path) -> Path:
 
 def _problem_of(name: str, data_dir: str | None, key: Any) -> Problem:
     """The experiment's problem ``key`` alone (built in each worker process)."""
-    return _module(name).problem(data_dir, key)[0]
+    return _preset(name).problem(data_dir, key)[0]
 
 
-def _jobs(exp: ModuleType, keys: tuple[Any, ...], built: dict[Any, Any]) -> list[tuple[Any, Method, float]]:
+def _jobs(exp: Experiment, keys: tuple[Any, ...], built: dict[Any, Any]) -> list[tuple[Any, Method, float]]:
     """(problem key, method, ε) of every row, in the order they are queued: the largest problems
     first, so the workers' last runs are short ones; a non-private method once per problem (it
     does not depend on ε)."""
@@ -118,22 +110,22 @@ def _jobs(exp: ModuleType, keys: tuple[Any, ...], built: dict[Any, Any]) -> list
     return jobs
 
 
-def _run_all(exp: ModuleType, data_dir: str | None, n_seeds: int, quick: bool, retune: bool,
+def _run_all(exp: Experiment, data_dir: str | None, n_seeds: int, quick: bool, retune: bool,
              progress: bool, pool: Pool) -> dict[str, Any]:
     started = time.perf_counter()
     rows, tuning, curves = [], {}, {}
     chosen: dict[tuple[Any, str], dict[str, Any]] = {}  # with TUNE_EPSILON: one tuning per method
-    test_metrics = getattr(exp, "TEST_METRICS", ("objective", "grad_norm"))
-    log_points = 10 if quick else getattr(exp, "LOG_POINTS", 40)
+    test_metrics = exp.TEST_METRICS
+    log_points = 10 if quick else exp.LOG_POINTS
     started_runs = []  # every run is queued before any is awaited: the workers stay busy to the end
-    keys = _problem_keys(exp, quick)
+    keys = exp.problems(quick)
     built = {key: exp.problem(data_dir, key) for key in keys}
     facts = {str(key): described for key, (_, described) in built.items()}
     jobs = _jobs(exp, keys, built)
     pool.expect(sum(1 if method.deterministic else n_seeds for _, method, _ in jobs))
     for key, method, epsilon in jobs:
         problem = built[key][0]
-        delta = exp.delta(key) if hasattr(exp, "delta") else exp.DELTA
+        delta = exp.delta(key)
         params, tuned = _params(method, epsilon if method.private else None, retune, problem, exp, progress,
                                 pool, key, delta, chosen)
         if tuned:
@@ -153,39 +145,23 @@ def _run_all(exp: ModuleType, data_dir: str | None, n_seeds: int, quick: bool, r
         if progress:
             tqdm.write(f"  {key or ''} {name:>8} ε={epsilon}: training objective (NOT PRIVATE) "
                        f"{rows[-1]['metrics']['objective']['mean']:.5f}")
-    tests = _t_tests(rows, _comparisons(exp, rows), test_metrics)
+    tests = _t_tests(rows, exp.COMPARISONS, test_metrics)
     for row in rows:
         del row["_final"]
-    if getattr(exp, "PROBLEMS", None) is None:
+    if not exp.keyed:
         for row in rows:
             del row["problem"]
         facts = facts["None"]
     return {
         "experiment": exp.NAME, "rows": rows,
-        "paper": [_paper_row(row, exp.delta(row["problem"]) if hasattr(exp, "delta") else exp.DELTA)
-                  for row in exp.PAPER],
+        "paper": [_paper_row(row, exp.delta(row.get("problem"))) for row in exp.PAPER],
         "seeds": n_seeds, "quick": quick, "log_points": log_points, "facts": facts, "t_tests": tests,
-        "grids": {m.name: m.grid for m in exp.methods(exp.EPSILONS[0], _problem_keys(exp, quick)[0])},
+        "grids": {m.name: m.grid for m in exp.methods(exp.EPSILONS[0], exp.problems(quick)[0])},
         "tuning": tuning or exp.TUNING_COST, "wall_time_s": time.perf_counter() - started, "_curves": curves,
     }
 
 
-def _problem_keys(exp: ModuleType, quick: bool) -> tuple[Any, ...]:
-    """The preset's problems (``problems(quick)`` where a preset has a smaller smoke version)."""
-    if hasattr(exp, "problems"):
-        return exp.problems(quick)
-    return getattr(exp, "PROBLEMS", (None,))
-
-
-def _comparisons(exp: ModuleType, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """The preset's (ours, baseline) pairs; by default ``OURS`` against every private method."""
-    if hasattr(exp, "COMPARISONS"):
-        return list(exp.COMPARISONS)
-    private = {row["algorithm"] for row in rows if row["epsilon"] is not None}
-    return [(exp.OURS, name) for name in sorted(private) if name != exp.OURS]
-
-
-def _params(method: Method, epsilon: float | None, retune: bool, problem: Any, exp: ModuleType,
+def _params(method: Method, epsilon: float | None, retune: bool, problem: Any, exp: Experiment,
             progress: bool, pool: Pool, key: Any, delta: float,
             chosen: dict[tuple[Any, str], dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The preset's tuned hyper-parameters for ``epsilon`` (None for a non-private method), or tune.
@@ -194,7 +170,7 @@ def _params(method: Method, epsilon: float | None, retune: bool, problem: Any, e
     ``TUNE_EPSILON`` tunes each method once, at that ε, and uses the choice at every ε."""
     if epsilon in method.tuned and (not retune or not method.grid):
         return method.tuned[epsilon], None
-    at = getattr(exp, "TUNE_EPSILON", None)
+    at = exp.TUNE_EPSILON
     if at is not None and (key, method.name) in chosen:
         return chosen[(key, method.name)], None
     result = (method.tuner or tune)(method, problem, epsilon=at or epsilon or exp.EPSILONS[0], delta=delta, seeds=exp.TUNING_SEEDS,
@@ -228,15 +204,14 @@ def _paper_row(row: dict[str, Any], delta: float) -> dict[str, Any]:
             "metrics": {k: metric(v) for k, v in row.items() if k not in keys}}
 
 
-def _write(out_dir: Path, payload: dict[str, Any], exp: ModuleType) -> None:
+def _write(out_dir: Path, payload: dict[str, Any], exp: Experiment) -> None:
     curves = payload["_curves"]
     report.write_json(out_dir / "results.json", _classified(payload))
     report.write_text(out_dir / "results.md", _markdown(payload, exp))
-    if hasattr(exp, "figures"):  # a preset's own figures beside the curves
-        exp.figures(out_dir, payload)
+    exp.figures(out_dir, payload)  # a preset's own figures beside the curves
     shown = {_titled(title, spec): (spec, "passes") if isinstance(spec, str) else spec  # a metric, or (metric, x)
-             for title, spec in getattr(exp, "CURVES", {"objective": "objective", "gradient norm": "grad_norm"}).items()}
-    for key in _problem_keys(exp, payload["quick"]):
+             for title, spec in exp.CURVES.items()}
+    for key in exp.problems(payload["quick"]):
         for epsilon in exp.EPSILONS:
             panels: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {title: {} for title in shown}
             for (problem, method, eps), histories in curves.items():
@@ -246,8 +221,13 @@ def _write(out_dir: Path, payload: dict[str, Any], exp: ModuleType) -> None:
             if not any(panels.values()):
                 continue  # no method runs at this ε on this problem
             name = f"curves_eps{epsilon}.png" if key is None else f"curves_{key.replace(':', '-')}_eps{epsilon}.png"
+            deltas = {row["delta"] for row in payload["rows"]
+                      if row.get("problem") == key and row["epsilon"] == epsilon}
             report.curves_figure(out_dir / name, panels, log_x=True,
-                                 xlabel={title: X_LABELS[x] for title, (_, x) in shown.items()})
+                                 xlabel={title: X_LABELS[x] for title, (_, x) in shown.items()},
+                                 title=f"{exp.NAME}{f' {key}' if key is not None else ''}: private methods at ε = "
+                                       f"{epsilon:g}, δ = {', '.join(f'{d:g}' for d in sorted(deltas))} (non-private "
+                                       f"ones: ε = ∞)\nmean over {payload['seeds']} seeds, band ± 1 std")
 
 
 def _classified(payload: dict[str, Any]) -> dict[str, Any]:
@@ -294,12 +274,9 @@ def _titled(title: str, spec: str | tuple[str, str]) -> str:
     return title if outputs.is_private(metric) else f"{title} (NOT PRIVATE)"
 
 
-def _markdown(payload: dict[str, Any], exp: ModuleType) -> str:
+def _markdown(payload: dict[str, Any], exp: Experiment) -> str:
     keyed = payload["rows"] and "problem" in payload["rows"][0]
-    table_metrics = list(getattr(exp, "TABLE_METRICS", ("test_error", "objective", "grad_norm", "passes",
-                                                         "cpu_time_s")))
-    paper_metrics = list(getattr(exp, "PAPER_METRICS", ("test_error", "grad_norm", "passes")))
-    test_metrics = getattr(exp, "TEST_METRICS", ("objective", "grad_norm"))
+    table_metrics, paper_metrics, test_metrics = list(exp.TABLE_METRICS), list(exp.PAPER_METRICS), exp.TEST_METRICS
     head = (["problem"] if keyed else []) + ["algorithm", "epsilon"]
     shown = {c: f"spent {c}" if c in head else outputs.shown(c) for c in table_metrics}  # the ledger's ε beside the target
     paper_by_key = {(r.get("problem"), r["algorithm"], r["epsilon"]): r["metrics"] for r in payload["paper"]}
@@ -327,6 +304,7 @@ def _markdown(payload: dict[str, Any], exp: ModuleType) -> str:
         "## Notes", "", exp.notes(payload), "",
         "## Tuning", "", f"Grids: `{payload['grids']}`.", "",
         f"Chosen (NOT PRIVATE where tuned here: selected on training-data objectives): `{ {(str(r.get('problem')) + ' ' if keyed else '') + r['algorithm'] + ' ε=' + str(r['epsilon']): r['params'] for r in payload['rows']} }`.", "",
+        *([f"The preset's values were chosen by {exp.TUNED_BY}.", ""] if exp.TUNED_BY else []),
         f"Tuning cost (NOT PRIVATE tuning: chosen by the training objective without noise; its privacy cost is "
         f"not in the ε above): `{_tuning_cost(payload['tuning'])}`.", "",
     ]
