@@ -73,6 +73,7 @@ from torch import nn
 
 from . import _validate
 from .oracles import TorchModel
+from .oracles.per_record import SqueezeLast
 
 __all__ = ["ACTIVATIONS", "MODELS", "BasicBlock", "cnn5", "cnn6", "cross_entropy", "make_model", "mlp", "mlp_oracle",
            "mnist_cnn", "resnet18", "squared_loss"]
@@ -193,7 +194,7 @@ def mlp(inputs: int, *, hidden: int = 10, outputs: int = 1, activation: str = "s
     _validate.positive_int("outputs", outputs)
     layers: list[nn.Module] = [nn.Linear(inputs, hidden), _activation(activation)(), nn.Linear(hidden, outputs)]
     if outputs == 1:
-        layers.append(nn.Flatten(0))
+        layers.append(SqueezeLast())
     model = nn.Sequential(*layers).double()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():

@@ -26,7 +26,9 @@ from torch import nn
 
 from dpopt._validate import DpoptError
 from dpopt.clipping import Term, clip_sum, clip_weights
+from dpopt import models
 from dpopt.oracles import ghost
+from dpopt.oracles.per_record import SqueezeLast
 from dpopt.oracles.torch_model import ENGINES, TorchModel
 from test_ghost import loop_reference  # the per-record autograd reference of the engine tests
 
@@ -170,7 +172,7 @@ def loop_losses(oracle: TorchModel, theta: torch.Tensor) -> torch.Tensor:
     (nn.Softmax(dim=-1), None), (nn.Softmax(), None), (nn.LayerNorm(3, elementwise_affine=False), "layernorm"),
     (nn.Embedding(3, 2), "embedding"), (nn.Embedding(3, 2, max_norm=1.0), None),
     (nn.Embedding(3, 2, scale_grad_by_freq=True), None), (nn.Conv1d(1, 2, 3, padding=1), "conv"), (nn.GroupNorm(1, 2), "groupnorm"),
-    (Centre(), None), (ReLUOverridden(), None), (ReLUSubclass(), "plain"),
+    (Centre(), None), (ReLUOverridden(), None), (ReLUSubclass(), "plain"), (SqueezeLast(), "plain"),
 ])
 def test_the_registry_knows_layers_by_class_forward_and_condition(module, kind):
     assert ghost.KNOWN_LAYERS.kind(module) == kind
@@ -202,6 +204,22 @@ def test_unknown_modules_run_per_record_and_agree_with_the_loop(known):
     assert torch.allclose(rows.norms(), want.norm(dim=1), rtol=1e-9)
     weights = torch.linspace(-1, 1, 9, dtype=F64)
     assert torch.allclose(rows.weighted_sum(weights), weights @ want, rtol=1e-9, atol=1e-14)
+
+
+def test_the_regression_mlp_runs_every_stage_on_the_whole_batch():
+    """DIFF2's network ends in a layer that turns [B, 1] into [B]: a known per-record layer, so no
+    stage runs record by record (``nn.Flatten(0)`` there cost DIFF2 a vmap per round), and its norms
+    and clipped sums are the per-record loop's."""
+    torch.manual_seed(0)
+    X, y = torch.randn(9, 5, dtype=F64), torch.randn(9, dtype=F64)
+    oracle = TorchModel(models.mlp(5, hidden=4), lambda out, y: (out - y).square(), X, y)
+    assert oracle.rules() == [("0", "ghost"), ("2", "ghost")]
+    theta, indices = oracle.flat_params(), torch.arange(9)
+    want = loop_reference(oracle, theta, indices)
+    rows = oracle.per_record(theta, indices)
+    assert torch.allclose(rows.norms(), want.norm(dim=1), rtol=1e-9)
+    with pytest.raises(ValueError, match=r"trailing axis of size 1, got input of shape \(9, 2\)"):
+        SqueezeLast()(torch.zeros(9, 2))
 
 
 def test_a_module_vmap_cannot_run_is_refused_by_name_with_what_to_do():

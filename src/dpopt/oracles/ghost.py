@@ -162,6 +162,7 @@ from torch import Tensor, nn
 from .. import _validate
 from ..clipping import weights_in
 from .ghost_blocks import Calls, _hooked, _per_record, run_block
+from .per_record import SqueezeLast
 
 
 class Layout(Protocol):
@@ -309,6 +310,7 @@ KNOWN_LAYERS = Registry((
     Known(nn.GroupNorm, "groupnorm"),
     *(Known(layer, "plain") for layer in _PER_RECORD),
     Known(nn.Flatten, "plain", _from_dim_1("start_dim")),
+    Known(SqueezeLast, "plain"),
     Known(nn.Unflatten, "plain", _from_dim_1("dim")),
     *(Known(layer, "plain", _from_dim_1("dim")) for layer in (nn.Softmax, nn.LogSoftmax, nn.Softmin, nn.GLU)),
 ))
