@@ -111,3 +111,18 @@ def test_a_diverged_cli_run_exits_3_with_strict_json_and_its_files(
     saved = checkpoint.load(tmp_path / "checkpoint.pt")
     assert saved["step"] == at and Ledger.from_state(saved["ledger"]).steps == at
     assert (tmp_path / "curves.png").stat().st_size > 0 and (tmp_path / "summary.md").exists()
+
+
+@pytest.mark.parametrize("entries, finite", [
+    ([0.0, -1.5, 2.0], True),
+    ([1e308, 1e308, -1e308], True),   # the sum overflows to ∞, yet every entry is finite
+    ([1.0, math.nan, 2.0], False),
+    ([1.0, math.inf, -math.inf], False),  # ∞ − ∞: a NaN sum
+    ([-math.inf], False),
+])
+def test_the_divergence_check_is_exact_even_where_the_sum_overflows(entries: list[float], finite: bool) -> None:
+    """``all_finite`` answers from one sum where it can; an overflowing sum of finite entries must
+    not be read as divergence (the mutant ``isfinite(sum)`` alone fails the second case)."""
+    theta = torch.tensor(entries, dtype=torch.float64)
+    assert train.all_finite(theta) is finite
+    assert finite == bool(torch.isfinite(theta).all())

@@ -99,7 +99,9 @@ class SeededNoise:
         return torch.Generator(device=device).manual_seed(seed)
 
     def gaussian(self, like: Tensor, std: float) -> Tensor:
-        draws = torch.randn(like.shape, generator=self.on(like.device), dtype=like.dtype, device=like.device)
+        # the CPU case without the device look-up of :meth:`on`: every release's hot path
+        gen = self.generator if like.is_cpu else self.on(like.device)
+        draws = torch.randn(like.shape, generator=gen, dtype=like.dtype, device=like.device)
         return draws if std == 1.0 else draws.mul_(std)
 
     def gumbel(self, like: Tensor, scale: float) -> Tensor:

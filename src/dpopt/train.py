@@ -123,6 +123,13 @@ def step(algorithm: Any, oracle: Oracle, state: Any, t: int, ledger: Ledger,
     return state, len(indices)
 
 
+def all_finite(theta: Tensor) -> bool:
+    """Whether every entry of θ is finite: a finite sum has only finite terms (a NaN or ±∞ entry
+    makes the sum NaN or ±∞), so one reduction answers; only a sum that overflowed is checked
+    entry by entry."""
+    return math.isfinite(float(theta.sum())) or bool(torch.isfinite(theta).all())
+
+
 @dataclasses.dataclass
 class Stepper:
     """The moving parts of one run: the algorithm and its state, the oracle, the ledger, the
@@ -319,7 +326,7 @@ def _train(stepper: Stepper, *, stop_at: int, delta: float, test_error: Callable
         cpu_spent += time.process_time() - cpu_start
         wall_spent += time.perf_counter() - wall_start
         bar.update()
-        finite = bool(torch.isfinite(stepper.state.theta).all())
+        finite = all_finite(stepper.state.theta)
         if not finite or (t + 1) % log_every == 0 or t + 1 == stop_at:
             theta_t = current(stepper.state)
             records.append({"step": t + 1} | measure(theta_t))

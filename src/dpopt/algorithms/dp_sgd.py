@@ -31,7 +31,8 @@ from ._common import OUTPUT_RULES, Batch, Output, check_noise, output_init, outp
 class DPSGDState(NamedTuple):
     theta: Tensor
     out: Output
-    direction: Tensor  # g̃_{t−1}, the last step's private estimate (zero before the first)
+    release: Tensor  # the last step's noised clipped sum (zero before the first step)
+    divisor: float   # its public divisor b: g̃_{t−1} = release / divisor
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,8 @@ class DPSGD:
         return self.sampling.of(n, self.batch_size)
 
     def init(self, theta0: Tensor, steps: int, gen: torch.Generator) -> DPSGDState:
-        return DPSGDState(theta0.clone(), output_init(self.output_rule, theta0, steps, gen), torch.zeros_like(theta0))
+        return DPSGDState(theta0.clone(), output_init(self.output_rule, theta0, steps, gen), torch.zeros_like(theta0),
+                          1.0)
 
     def step(self, state: DPSGDState, batch: Batch, oracle: Oracle,
              source: mechanisms.NoiseSource) -> tuple[DPSGDState, dpa.DpEvent]:
@@ -77,12 +79,14 @@ class DPSGD:
         clipped, _ = clipping.clip_sum([clipping.Term(1.0, rows, self.clip)], batch.sampler.relation)
         noised, event = mechanisms.gaussian(clipped, self.noise_multiplier, source, self.noise)
         out = output_track(state.out, batch.t, state.theta)
-        direction = noised.div_(batch.sampler.expected_size)  # the release, scaled by a public constant
-        return DPSGDState(state.theta.add(direction, alpha=-self.lr), out, direction), batch.sampler.wrap(event)
+        b = batch.sampler.expected_size  # a public constant: θ − η·(release / b) in one operation
+        return (DPSGDState(state.theta.add(noised, alpha=-self.lr / b), out, noised, b),
+                batch.sampler.wrap(event))
 
     def direction(self, state: DPSGDState) -> Tensor:
-        """g̃_t = (noised clipped sum)/b of the last step."""
-        return state.direction
+        """g̃_t = (noised clipped sum)/b of the last step (divided here, when asked: the step
+        itself folds 1/b into its update)."""
+        return state.release / state.divisor
 
     def moved(self, state: DPSGDState, theta: Tensor) -> DPSGDState:
         """θ_{t+1} := ``theta`` (the output rule tracks it from the next step on)."""
