@@ -94,9 +94,41 @@ def test_bench_json_gives_each_cell_its_methods_errors_epsilons_and_winner(capsy
     assert result["diagnostics"]["label"].startswith("NOT PRIVATE")
     assert len(result["diagnostics"]["runs"]) == 4 and all(len(r["trials_run"]) == 2 for r in result["diagnostics"]["runs"])
     written = {p.name for p in (tmp_path / "out").iterdir()}
-    assert written == {"bench.json", "bench.md", "tiny.png", "summary.png"}
+    assert written == {"bench.json", "bench.md", "tiny.png", "summary.png", "runs"}
     text = (tmp_path / "out" / "bench.md").read_text()
     assert "| dp-sgd |" in text and "| wall time (NOT PRIVATE) | ε = 0.5 | ε = 2 |" in text
+
+
+def private_part(result: dict) -> list:
+    return result["problems"]
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_bench_saves_every_finished_job_and_resumes_from_them(capsys, tmp_path, workers):
+    """The shared runner (the one reproduce uses): each tuning job is saved as it finishes, in this
+    process or in the workers; the same command run again loads them all (2 ε × 2 methods × 2
+    seeds = 8 files) and reports the same private results, and a job whose file is gone is run
+    again to the same result (its seeds fix it)."""
+    file = tmp_path / "problems.toml"
+    file.write_text(TINY)
+    argv = ["bench", "--file", str(file), "--json", "--out", str(tmp_path / "out"), "--workers", workers]
+    assert main(argv) == 0
+    first = json.loads(capsys.readouterr().out)
+    saved = sorted((tmp_path / "out" / "runs").glob("*.pt"))
+    assert len(saved) == 8
+    stamps = {path: path.stat().st_mtime_ns for path in saved}
+    saved[0].unlink()
+    assert main(argv) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert private_part(again) == private_part(first)
+    assert all(path.stat().st_mtime_ns == stamps[path] for path in saved[1:])  # loaded, not rewritten
+    assert saved[0].exists()  # the missing job ran again
+
+
+def test_bench_refuses_an_out_that_is_a_file_before_any_work(capsys, tmp_path):
+    (tmp_path / "taken").write_text("")
+    assert main(["bench", "--quick", "--out", str(tmp_path / "taken")]) == 2
+    assert "must be a directory (it is a file)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -519,7 +519,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--seeds", type=int, help="seeds per cell instead of the problem's")
     sub.add_argument("--file", help="a problems file (default: the bundled problems.toml)")
     sub.add_argument("--data-dir")
-    sub.add_argument("--out", help="output directory (default results/bench, results/bench-quick)")
+    sub.add_argument("--out", help="output directory (default results/bench, results/bench-quick); finished jobs "
+                     "are saved in its runs/ folder, and the same command run again resumes from them")
+    sub.add_argument("--workers", type=int, help="processes running the tunings in parallel (default: one per core)")
     common(sub)
 
     sub = commands.add_parser("data", help="list, describe or download data sets")

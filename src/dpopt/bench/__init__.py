@@ -13,22 +13,27 @@ NOT PRIVATE diagnostics (they reveal the number of trials).
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import sys
 import time
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import _validate, report
 from ..outputs import NOT_PRIVATE
 from ..report import summarise
 from ..tuning import Choice, Space, tune
 from ..tuning.command import trials_of
-from ..tuning.task import builder
+from ..tuning.task import Task, builder
 from .tasks import build_task
+
+if TYPE_CHECKING:
+    from ..experiments._runner import Pool
 
 PROBLEMS = Path(__file__).with_name("problems.toml")
 #: A winner's p-value below this is reported as significant.
@@ -86,45 +91,90 @@ def _problem(name: str, spec: dict[str, Any], variant: str | None) -> Problem:
                    settings["seeds"], trials, methods)
 
 
-def bench(chosen: Sequence[Problem], *, data_dir: str | None = None, progress: bool = False) -> dict[str, Any]:
-    """Every problem of ``chosen``, at each of its ε, every method tuned privately on seeds 0, 1, …"""
+@dataclass(frozen=True)
+class Tuning:
+    """A bench job (:class:`~dpopt.experiments._runner.Job`): ``method`` tuned privately at
+    ``epsilon`` on tuning seed ``seed`` (:func:`dpopt.tuning.tune`, ``trials`` trials on average);
+    its result is the test metric of the selected θ under ``test_error``, the claimed ε of tuning
+    and training, the planned expected passes and, NOT PRIVATE, the trials run and the wall time."""
+
+    method: Method
+    trials: Any
+    epsilon: float
+    delta: float
+    seed: int
+
+    def run(self, task: Task) -> dict[str, Any]:
+        clock = time.perf_counter()
+        method = self.method
+        tuned = tune(builder(method.algorithm, task.oracle.n, method.fixed), task.oracle, space=method.space,
+                     trials=self.trials, epsilon=self.epsilon, delta=self.delta, steps=method.steps,
+                     score=task.validation_error, seed=self.seed, theta0=task.theta0, test_error=task.test_error,
+                     diagnostics=True)
+        return {"test_error": tuned.final.get("test_error", math.nan), "epsilon": tuned.final["epsilon"],
+                "expected_passes": tuned.final["expected_passes"], "trials_run": tuned.diagnostics["trials_run"],
+                "wall_time_s": time.perf_counter() - clock}
+
+    def described(self, task: Task) -> dict[str, str]:
+        """The job's settings and the task's data (size and digest, where the oracle has one)."""
+        oracle = task.oracle
+        return {"job": repr(self), "n": str(oracle.n), "dim": str(oracle.dim),
+                "data": getattr(oracle, "data_digest", "no digest")}
+
+
+def task_key(problem: Problem) -> str:
+    """What names a problem's task in the workers: its declared settings and validation split."""
+    return json.dumps({"settings": dict(problem.task), "validation_fraction": problem.validation_fraction},
+                      sort_keys=True)
+
+
+def task_of(data_dir: str | None, key: str) -> Task:
+    """The task :func:`task_key` names (built once in each worker process)."""
+    declared = json.loads(key)
+    return build_task(declared["settings"], validation_fraction=declared["validation_fraction"], data_dir=data_dir)
+
+
+def bench(chosen: Sequence[Problem], pool: Pool, *, data_dir: str | None = None,
+          progress: bool = False) -> dict[str, Any]:
+    """Every problem of ``chosen``, at each of its ε, every method tuned privately on seeds 0, 1, …
+    (one :class:`Tuning` job each, all queued in ``pool`` before any is waited for)."""
     from ..experiments._runner import one_sided_p
 
     started = time.perf_counter()
-    results, diagnostics = [], []
+    queued = []
     for problem in chosen:
-        task = build_task(dict(problem.task), validation_fraction=problem.validation_fraction, data_dir=data_dir)
+        key = task_key(problem)
+        task = task_of(data_dir, key)
+        pool.expect(len(problem.epsilons) * len(problem.methods) * problem.seeds)
+        jobs = {(epsilon, method.algorithm): [pool.start(Tuning(method, problem.trials, epsilon, problem.delta, seed),
+                                                         task, key) for seed in range(problem.seeds)]
+                for epsilon in problem.epsilons for method in problem.methods}
+        queued.append((problem, task.metric, jobs))
+    results, diagnostics = [], []
+    for problem, metric, jobs in queued:
         cells = []
         for epsilon in problem.epsilons:
-            errors: dict[str, list[float]] = {}
-            claimed: dict[str, float] = {}
-            passes: dict[str, float] = {}
-            for method in problem.methods:
-                clock = time.perf_counter()
-                runs = [tune(builder(method.algorithm, task.oracle.n, method.fixed), task.oracle, space=method.space,
-                             trials=problem.trials, epsilon=epsilon, delta=problem.delta, steps=method.steps,
-                             score=task.validation_error, seed=seed, theta0=task.theta0, test_error=task.test_error,
-                             diagnostics=True)
-                        for seed in range(problem.seeds)]
-                errors[method.algorithm] = [r.final.get("test_error", math.nan) for r in runs]
-                claimed[method.algorithm] = max(r.final["epsilon"] for r in runs)
-                passes[method.algorithm] = runs[0].final["expected_passes"]
-                diagnostics.append({"problem": problem.name, "epsilon": epsilon, "algorithm": method.algorithm,
-                                    "wall_time_s": time.perf_counter() - clock,
-                                    "trials_run": [r.diagnostics["trials_run"] for r in runs]})
+            runs = {method.algorithm: [future.result() for future in jobs[epsilon, method.algorithm]]
+                    for method in problem.methods}
+            errors = {name: [r["test_error"] for r in rs] for name, rs in runs.items()}
+            for name, rs in runs.items():
+                diagnostics.append({"problem": problem.name, "epsilon": epsilon, "algorithm": name,
+                                    "wall_time_s": sum(r["wall_time_s"] for r in rs),
+                                    "trials_run": [r["trials_run"] for r in rs]})
                 if progress:
-                    error = summarise(errors[method.algorithm])
-                    print(f"{problem.name} ε={epsilon:g} {method.algorithm}: {task.metric} {error['mean']:.4f} "
-                          f"({error['std']:.4f})", file=sys.stderr, flush=True)
+                    error = summarise(errors[name])
+                    print(f"{problem.name} ε={epsilon:g} {name}: {metric} {error['mean']:.4f} ({error['std']:.4f})",
+                          file=sys.stderr, flush=True)
             ranked = sorted(errors, key=lambda name: summarise(errors[name])["mean"])
             p = one_sided_p(errors[ranked[0]], errors[ranked[1]]) if len(ranked) > 1 else 0.0
             cells.append({"epsilon": epsilon, "winner": ranked[0], "runner_up": ranked[1] if len(ranked) > 1 else None,
                           "p_value": p, "significant": p < SIGNIFICANCE,
                           "methods": {name: {"test_error": summarise(errors[name]),
-                                             "epsilon_tuning_and_training": claimed[name],
-                                             "expected_passes": passes[name]} for name in errors}})
+                                             "epsilon_tuning_and_training": max(r["epsilon"] for r in rs),
+                                             "expected_passes": rs[0]["expected_passes"]}
+                                      for name, rs in runs.items()}})
         kind = problem.task["kind"]
-        results.append({"problem": problem.name, "metric": task.metric, "task": dict(problem.task),
+        results.append({"problem": problem.name, "metric": metric, "task": dict(problem.task),
                         "dataset": problem.task.get("dataset", kind), "model": problem.task.get("model", kind),
                         "delta": problem.delta, "seeds": problem.seeds, "trials": repr(problem.trials),
                         "steps": {m.algorithm: m.steps for m in problem.methods},
@@ -147,7 +197,12 @@ def select(names: Sequence[str] | None, variant: str | None, path: Path = PROBLE
 
 def run_bench(args: Any, command: str) -> dict[str, Any]:
     """``dpopt bench``: run, write ``bench.json``, ``bench.md``, a figure per problem and
-    ``summary.png`` to ``--out``; the result (with its Markdown) for printing."""
+    ``summary.png`` to ``--out``; the result (with its Markdown) for printing.
+
+    The jobs run in ``--workers`` processes (default: one per core); ``--out`` is checked before
+    any work, and every finished job is saved in ``--out``/runs as it completes: run again, the
+    same command loads them instead of running them (an interrupted bench resumes)."""
+    from ..experiments._runner import Pool, Saved, running, source_digest, writable
     from .tables import figures, markdown
 
     variant = "quick" if args.quick else args.variant
@@ -156,8 +211,11 @@ def run_bench(args: Any, command: str) -> dict[str, Any]:
         chosen = [replace(p, epsilons=tuple(_validate.positive("epsilon", e) for e in args.epsilon)) for p in chosen]
     if args.seeds is not None:
         chosen = [replace(p, seeds=_validate.positive_int("seeds", args.seeds)) for p in chosen]
-    result = bench(chosen, data_dir=args.data_dir, progress=not args.json)
-    out = Path(args.out or (f"results/bench-{variant}" if variant else "results/bench"))
+    workers = _validate.positive_int("workers", args.workers if args.workers is not None else os.cpu_count() or 1)
+    out = writable(Path(args.out or (f"results/bench-{variant}" if variant else "results/bench")))
+    pool = Pool(workers, task_of, args.data_dir, saved=Saved(out / "runs", f"bench {source_digest()}"))
+    with running(pool):
+        result = bench(chosen, pool, data_dir=args.data_dir, progress=not args.json)
     text = markdown(result, command)
     report.write_json(out / "bench.json", result | {"command": command})
     report.write_text(out / "bench.md", text)

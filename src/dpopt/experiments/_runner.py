@@ -7,6 +7,7 @@ the privacy target and its hyper-parameters; private methods are calibrated with
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -14,19 +15,20 @@ import json
 import math
 import multiprocessing
 import signal
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from scipy import stats
 from tqdm import tqdm
 
-from .. import checkpoint
+from .. import _validate, checkpoint
 from ..accounting import calibrate
 from ..outputs import NOT_PRIVATE
 from ..report import Curve, summarise
@@ -132,6 +134,19 @@ def start_seeds(method: Method, params: Params, problem: Problem, *, epsilon: fl
     return lambda: histories
 
 
+def writable(out_dir: Path) -> Path:
+    """``out_dir``, made if missing, once a file could be created in it; else a DpoptError."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise _validate.DpoptError(f"out={str(out_dir)!r} must be a directory (it is a file)")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir):
+            pass
+    except OSError as err:
+        raise _validate.DpoptError(f"out={str(out_dir)!r} must be a writable directory ({err.strerror})") from None
+    return out_dir
+
+
 def source_digest() -> str:
     """A hash of dpopt's source files: saved runs of other code are not reused."""
     package = Path(__file__).resolve().parents[1]
@@ -141,39 +156,66 @@ def source_digest() -> str:
     return digest.hexdigest()
 
 
+class Job(Protocol):
+    """A unit of work a :class:`Pool` runs on the problem its key names, and keeps: ``run(problem)``
+    gives the result (a value :mod:`dpopt.checkpoint` can save), ``described(problem)`` everything
+    that determines it (the name it is saved under)."""
+
+    def run(self, problem: Any) -> Any: ...
+
+    def described(self, problem: Any) -> dict[str, str]: ...
+
+
+@dataclass(frozen=True)
+class Training:
+    """A reproduction's job: one training run of the calibrated ``algorithm`` with ``settings``
+    (:func:`dpopt.train.run`'s) on ``seed``; its result is the :class:`~dpopt.train.History`."""
+
+    algorithm: Any
+    settings: dict[str, Any]
+    seed: int
+
+    def run(self, problem: Problem) -> History:
+        return problem.run(self.algorithm, self.seed, self.settings)
+
+    def described(self, problem: Problem) -> dict[str, str]:
+        """The problem's oracle and starting point, the calibrated algorithm, the settings and seed."""
+        theta0 = None if problem.theta0 is None else hashlib.sha256(
+            problem.theta0.detach().cpu().numpy().tobytes()).hexdigest()
+        return describe(self.algorithm, problem.oracle, seed=self.seed, theta0=theta0,
+                        train_metrics=problem.train_metrics, **self.settings)
+
+
 @dataclass(frozen=True)
 class Saved:
-    """Finished runs kept as files in ``folder`` (the History in the checkpoint format, written
-    atomically and read without running code, its digest checked). A run's file is named by a hash of ``context`` (the
-    experiment's name and :func:`source_digest`) and everything that determines the run: the
-    problem key, its oracle and starting point, the calibrated algorithm, the run's settings and
-    seed. So a file is found again by the same run of the same code only; a changed
-    configuration or a changed dpopt never picks up a stale one."""
+    """Finished jobs kept as files in ``folder`` (the result in the checkpoint format, written
+    atomically and read without running code, its digest checked). A job's file is named by a
+    hash of ``context`` (the experiment's or bench's name and :func:`source_digest`), the problem
+    key and everything that determines the job (:meth:`Job.described`). So a file is found again
+    by the same job of the same code only; a changed configuration or a changed dpopt never picks
+    up a stale one."""
 
     folder: Path
     context: str
 
-    def path(self, problem: Problem, key: Any, algorithm: Any, settings: dict[str, Any], seed: int) -> Path:
-        theta0 = None if problem.theta0 is None else hashlib.sha256(
-            problem.theta0.detach().cpu().numpy().tobytes()).hexdigest()
-        described = describe(algorithm, problem.oracle, context=self.context, key=key, seed=seed, theta0=theta0,
-                             train_metrics=problem.train_metrics, **settings)
+    def path(self, job: Job, problem: Any, key: Any) -> Path:
+        described = {"context": self.context, "key": repr(key)} | job.described(problem)
         name = hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
         return self.folder / f"{name[:32]}.pt"
 
 
 class Pool:
-    """Where the runs of a reproduction execute, and where they are kept.
+    """Where the jobs of a reproduction or a bench execute (:class:`Job`), and where they are kept.
 
     ``workers`` > 1: spawned worker processes (one torch thread each; they ignore SIGINT, the
     driver stops them); each builds the problem named ``key`` once, by ``make_problem(*args,
     key)`` — a module-level function, so it can be pickled — and keeps it for later jobs on the
-    same key. ``workers`` = 1: the runs execute in this process, on the problem given.
+    same key. ``workers`` = 1: the jobs execute in this process, on the problem given.
 
-    With ``saved``, each finished run is saved as it completes, by the process that ran it, and a
-    run already saved is loaded instead of run again: an interrupted reproduction resumes with the
-    same results. ``progress``: a bar over the runs (with an ETA) whose total is what
-    :meth:`expect` announced; loaded runs leave it.
+    With ``saved``, each finished job is saved as it completes, by the process that ran it, and a
+    job already saved is loaded instead of run again: an interrupted reproduction or bench
+    resumes with the same results. ``progress``: a bar over the jobs (with an ETA) whose total is
+    what :meth:`expect` announced; loaded jobs leave it.
     """
 
     def __init__(self, workers: int, make_problem: Callable[..., Problem] | None = None, *args: Any,
@@ -197,23 +239,26 @@ class Pool:
 
     def submit(self, problem: Problem, algorithm: Any, settings: dict[str, Any], seeds: Sequence[int],
                key: Any = None) -> list[Future]:
-        """One run per seed (queued in the workers, or run now); their futures give the histories."""
-        futures = []
-        for seed in seeds:
-            path = None if self.saved is None else self.saved.path(problem, key, algorithm, settings, seed)
-            self._paths.append(path)
-            if path is not None and path.exists():
-                futures.append(_finished(checkpoint.load(path)))
-                self._loaded += 1
-                self.bar.total = max(self.bar.n, self.bar.total - 1)
-                self.bar.set_postfix_str(f"{self._loaded} loaded from {self.saved.folder}")
-            elif self._executor is not None:
-                futures.append(self._executor.submit(_worker_run, (key, algorithm, settings, seed, path)))
-                futures[-1].add_done_callback(lambda future: self.bar.update())
-            else:
-                futures.append(_finished(_run_and_save(problem, algorithm, settings, seed, path)))
-                self.bar.update()
-        return futures
+        """One training run per seed (:class:`Training`); their futures give the histories."""
+        return [self.start(Training(algorithm, settings, seed), problem, key) for seed in seeds]
+
+    def start(self, job: Job, problem: Any, key: Any = None) -> Future:
+        """``job`` on ``problem`` (named ``key`` in the workers): loaded if saved, else queued in
+        the workers or run now; the future gives its result."""
+        path = None if self.saved is None else self.saved.path(job, problem, key)
+        self._paths.append(path)
+        if path is not None and path.exists():
+            self._loaded += 1
+            self.bar.total = max(self.bar.n, self.bar.total - 1)
+            self.bar.set_postfix_str(f"{self._loaded} loaded from {self.saved.folder}")
+            return _finished(checkpoint.load(path))
+        if self._executor is not None:
+            future = self._executor.submit(_worker_run, (key, job, path))
+            future.add_done_callback(lambda _: self.bar.update())
+            return future
+        result = _finished(_run_and_save(job, problem, path))
+        self.bar.update()
+        return result
 
     def saved_runs(self) -> tuple[int, int]:
         """(runs saved in the folder, runs submitted so far)."""
@@ -251,20 +296,39 @@ def _unwind(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
-def _worker_run(job: tuple[Any, Any, dict[str, Any], int, Path | None]) -> History:
-    key, algorithm, settings, seed, path = job
+def _worker_run(queued: tuple[Any, Job, Path | None]) -> Any:
+    key, job, path = queued
     problems = _WORKER["problems"]
-    if key not in problems:  # kept: the driver queues the runs of every problem at once
+    if key not in problems:  # kept: the driver queues the jobs of every problem at once
         problems[key] = _WORKER["make"](*_WORKER["args"], key)
-    return _run_and_save(problems[key], algorithm, settings, seed, path)
+    return _run_and_save(job, problems[key], path)
 
 
-def _run_and_save(problem: Problem, algorithm: Any, settings: dict[str, Any], seed: int,
-                  path: Path | None) -> History:
-    history = problem.run(algorithm, seed, settings)
+def _run_and_save(job: Job, problem: Any, path: Path | None) -> Any:
+    result = job.run(problem)
     if path is not None:
-        checkpoint.save(path, history)
-    return history
+        checkpoint.save(path, result)
+    return result
+
+
+@contextlib.contextmanager
+def running(pool: Pool) -> Iterator[Pool]:
+    """``pool`` while its jobs are queued and gathered, then closed. Interrupted (KeyboardInterrupt), it stops the workers and raises KeyboardInterrupt
+    saying how many jobs are saved and how to resume; on any other error it stops them too (the
+    finished jobs are saved)."""
+    try:
+        yield pool
+    except KeyboardInterrupt:
+        pool.close(abort=True)
+        saved, submitted = pool.saved_runs()
+        where = pool.saved.folder if pool.saved is not None else "no folder"
+        raise KeyboardInterrupt(f"{saved} of the {submitted} runs started are saved in {where}; run the same "
+                                "command again to resume (saved runs are loaded, not run again); no "
+                                "report was written") from None
+    except BaseException:
+        pool.close(abort=True)
+        raise
+    pool.close()
 
 
 def grid_points(grid: dict[str, Sequence[Any]]) -> list[Params]:

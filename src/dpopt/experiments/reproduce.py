@@ -15,7 +15,6 @@ A preset is an :class:`~dpopt.experiments.preset.Experiment` (its fields are doc
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -24,8 +23,8 @@ import numpy as np
 from tqdm import tqdm
 
 from .. import _validate, outputs, report
-from ._runner import (Method, Pool, Problem, Saved, mean_curve, metrics, one_sided_p, source_digest,
-                      start_seeds, tune)
+from ._runner import (Method, Pool, Problem, Saved, mean_curve, metrics, one_sided_p, running, source_digest,
+                      start_seeds, tune, writable)
 from .preset import Experiment
 
 
@@ -59,36 +58,13 @@ def reproduce(name: str, *, seeds: int | None = None, quick: bool = False, out: 
     n_seeds = _validate.positive_int("seeds", seeds if seeds is not None else
                                      (2 if quick else exp.SEEDS))
     workers = _validate.positive_int("workers", workers if workers is not None else os.cpu_count() or 1)
-    out_dir = _writable(Path(out) if out else Path("results") / name)
+    out_dir = writable(Path(out) if out else Path("results") / name)
     pool = Pool(workers, _problem_of, name, data_dir, saved=Saved(out_dir / "runs", f"{name} {source_digest()}"),
                 progress=progress)
-    try:
+    with running(pool):
         payload = _run_all(exp, data_dir, n_seeds, quick, retune, progress, pool)
-    except KeyboardInterrupt:
-        pool.close(abort=True)
-        saved, submitted = pool.saved_runs()
-        raise KeyboardInterrupt(f"{saved} of the {submitted} runs started are saved in {out_dir / 'runs'}; run the "
-                                "same command again to resume (saved runs are loaded, not run again); no report "
-                                "was written") from None
-    except BaseException:
-        pool.close(abort=True)  # a failed run: the others are not waited for (the finished ones are saved)
-        raise
-    pool.close()
     _write(out_dir, payload, exp)
     return _classified(payload)
-
-
-def _writable(out_dir: Path) -> Path:
-    """``out_dir``, made if missing, once a file could be created in it; else a DpoptError."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise _validate.DpoptError(f"out={str(out_dir)!r} must be a directory (it is a file)")
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out_dir):
-            pass
-    except OSError as err:
-        raise _validate.DpoptError(f"out={str(out_dir)!r} must be a writable directory ({err.strerror})") from None
-    return out_dir
 
 
 def _problem_of(name: str, data_dir: str | None, key: Any) -> Problem:
