@@ -157,9 +157,9 @@ def test_rows_reused_by_the_sum_equal_the_backward_products():
     weights[[2, 7]] = 0.0
     used = ghost_oracle.per_record(theta, idx)
     used.norms()
-    assert any("rows" in layer.__dict__ for layer in used.chunks[0])  # the direct-form layers kept them
+    assert any("_direct" in layer.__dict__ for layer in used.chunks[0])  # the direct-form layers kept them
     fresh = oracles(single_position_model)["ghost"].per_record(theta, idx)  # another oracle: nothing reused
-    assert not any("rows" in layer.__dict__ for layer in fresh.chunks[0])
+    assert not any("_direct" in layer.__dict__ for layer in fresh.chunks[0])
     assert close(used.weighted_sum(weights), fresh.weighted_sum(weights), 1e-12)
 
 
@@ -242,3 +242,22 @@ def test_conv_zoo_in_float64_agrees_with_the_loop():
     assert close(diffs.norms(), want_diff.norm(dim=1), 1e-9)
     assert close(rows.weighted_sum(weights), weights @ want, 1e-9)
     assert close(diffs.weighted_sum(weights), weights @ want_diff, 1e-9)
+
+
+def test_an_embedding_bound_is_above_its_norm_and_close_with_repeated_indices():
+    """A record's Embedding gradient has one row per distinct index, the sum of its positions' g_t
+    (summed in float64 for the bound): the bound is at least the norm of the exact rows and within
+    1e−5 of it in float32, for records of one repeated index and with padding positions too."""
+    gen = torch.Generator().manual_seed(0)
+    embedding = nn.Embedding(7, 5, padding_idx=0)
+    idx = torch.randint(0, 7, (6, 9), generator=gen)
+    idx[0], idx[1, :4] = 3, 0
+    g = torch.randn(6, 9, 5, generator=gen)
+    layer = ghost._layer(ghost.Stage("embedding", embedding, "e", (("weight", "w"),)), idx, g)
+    exact = torch.zeros(6, 7, 5, dtype=torch.float64)
+    for record in range(6):
+        exact[record].index_add_(0, idx[record], g[record].double())
+    exact[:, 0] = 0  # the padding row gets no gradient
+    want = exact.flatten(1).norm(dim=1)
+    bound = layer.sq_bounds().sqrt()
+    assert (bound >= want).all() and (bound <= want * (1 + 1e-5)).all()

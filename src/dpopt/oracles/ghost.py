@@ -14,7 +14,7 @@ differential privacy", arXiv:2205.10683, §4, the "mixed ghost norm"):
   the Gram form makes: :func:`use_gram`), else ``‖Σ_t g_t a_tᵀ‖²`` with the ``[q, p]`` layer
   gradient of that record built directly (one batched matmul ``g_i [q, T] @ unfold(a_i)
   [T, p]``); for T = 1 it is ``‖a‖²‖g‖²`` (on the patch, per group, for a convolution). Conv2d
-  is the Linear rule on ``unfold(a)`` (im2col, one ``index_select``), per group.
+  is the Linear rule on ``unfold(a)`` (im2col, one ``gather``), per group.
 * the clipped sum ``Σ_i w_i ∇ℓ_i`` is book-keeping (Bu et al. 2023, "Differentially private
   optimization on large model at small cost", arXiv:2210.00038): the weight-gradient products
   of a backward pass, ``Σ_i w_i g_iᵀ a_i`` per layer (``conv2d_weight`` for convolutions),
@@ -56,13 +56,17 @@ the backward product or the rows are formed from ``a`` and ``g`` in the module's
 In float32 the bounds are a few 1e−6 above the norms (3e−6 on the MNIST CNN, 2e−6 for its
 differences of two points); in float64, ≲ 1e−12. A record whose Gram terms cancel (its
 gradient far smaller than ``Σ_t ‖a_t‖‖g_t‖``) gets a bound further above its norm (by
-γ_{T+3}·Σ_t ‖a_t‖‖g_t‖, the rounding its sum may have): conservative, never below.
+γ_{T+3}·Σ_t ‖a_t‖‖g_t‖, the rounding its sum may have): conservative, never below. Each layer
+gives the squared bounds (``sq_bounds``), which are added over the layers, and a record's norm
+is one square root at the end; the final enlargement in :attr:`GhostRows._norms` covers those
+float64 products, sums and that root.
 
 Other layers (the rows are the records' gradients, so norm and sum are those of the same rows):
 
-* Embedding: record i's gradient is ``Σ_t e_{idx_t} g_tᵀ``, so ``‖∇ℓ_i‖² = Σ_{s,t: idx_s = idx_t}
-  ⟨g_s, g_t⟩`` (the Gram form with one-hot inputs, no ``[B, V, D]`` rows) and the sum scatters
-  ``w_i g_t`` into the table's rows (:class:`_Embedding`); the padding index gets no gradient.
+* Embedding: record i's gradient is ``Σ_t e_{idx_t} g_tᵀ``: one row ``Σ_{t: idx_t = v} g_t`` per
+  distinct index v of the record (at most T rows, no ``[B, V, D]`` rows), summed in float64 for
+  the norms, and the sum scatters ``w_i g_t`` into the table's rows (:class:`_Embedding`); the
+  padding index gets no gradient.
 * LayerNorm / GroupNorm: ``y = x̂ ⊙ γ + β`` with x̂ normalised within the record, so the rows
   ``Σ g ⊙ x̂`` and ``Σ g`` (over positions, or spatial dims) are as small as γ: built directly,
   from x̂ recomputed from the input (:func:`_norm_rows`).
@@ -660,7 +664,8 @@ def _gamma(n: int, u: float) -> float:
 
 
 def _sq_rows(rows: Tensor) -> Tensor:
-    """An upper bound, in float64, of ``‖row‖²`` for each row of ``[R, n]``.
+    """An upper bound, in float64, of ``‖row‖²`` for each row of ``[R, n]``: :func:`_sq_of_runs` of
+    :func:`_run_norms`.
 
     float64 rows: one fused reduction (2.5× faster on CPU than ``square().sum(1)``, which
     writes the squares out first), enlarged by its rounding bound. Lower precisions: norms of
@@ -668,16 +673,33 @@ def _sq_rows(rows: Tensor) -> Tensor:
     and added in float64 (a float32 square is exact there), enlarged by both bounds (4e−6 in
     float32): one float32 reduction over the whole row could be n·2⁻²⁴ off (3.6e−4 of a
     10⁷-entry norm, measured), a float64 one over float32 data is 6× slower."""
+    return _sq_of_runs(_run_norms(rows), rows.shape[1], rows.dtype)
+
+
+def _run_norms(rows: Tensor) -> Tensor:
+    """Norms ``[R, runs]`` of the runs of :data:`PARTIAL` entries of each row of ``rows [R, n]`` (and
+    of the shorter last run), in float32 at least; in float64, of the whole row (one run)."""
     R, n = rows.shape
     if rows.dtype == torch.float64:
-        return torch.linalg.vector_norm(rows, dim=1).square() * (1 + 2 * _gamma(n + 4, U64))
+        return torch.linalg.vector_norm(rows, dim=1, keepdim=True)
     acc = torch.promote_types(rows.dtype, torch.float32)
     body = n - n % PARTIAL
-    parts = torch.linalg.vector_norm(rows[:, :body].reshape(R, body // PARTIAL, PARTIAL), dim=2,
-                                     dtype=acc)
-    if body < n:
-        parts = torch.cat([parts, torch.linalg.vector_norm(rows[:, body:], dim=1, keepdim=True, dtype=acc)], dim=1)
-    return parts.double().square().sum(1) * (1 + 2 * _gamma(min(n, PARTIAL) + 3, _unit(acc)) + 2 * _gamma(n + 4, U64))
+    runs = [torch.linalg.vector_norm(rows[:, :body].reshape(R, body // PARTIAL, PARTIAL), dim=2, dtype=acc)
+            ] if body else []
+    if body < n or not body:
+        runs.append(torch.linalg.vector_norm(rows[:, body:], dim=1, keepdim=True, dtype=acc))
+    return runs[0] if len(runs) == 1 else torch.cat(runs, dim=1)
+
+
+def _sq_of_runs(runs: Tensor, n: int, dtype: torch.dtype) -> Tensor:
+    """The bound of :func:`_sq_rows` from the run norms of rows of n entries of ``dtype``: their
+    squares added by one float64 norm, squared (squares of float32 numbers are exact in float64;
+    at most n/32 + 2 roundings, within γ_{n+4}), enlarged by that and by the runs' own rounding."""
+    sq = torch.linalg.vector_norm(runs, dim=1, dtype=torch.float64).square()
+    if dtype == torch.float64:
+        return sq * (1 + 2 * _gamma(n + 4, U64))
+    acc = torch.promote_types(dtype, torch.float32)
+    return sq * (1 + 2 * _gamma(min(n, PARTIAL) + 3, _unit(acc)) + 2 * _gamma(n + 4, U64))
 
 
 def use_gram(T: int, p: int, q: int, itemsize: int = 8) -> bool:
@@ -748,7 +770,7 @@ def _patch_index(shape: tuple[int, int, int], kernel: tuple[int, int], stride: t
     index = (arange(Ho, sh * row).view(-1, 1, 1, 1, 1) + arange(Wo, sw * col).view(1, -1, 1, 1, 1)
              + arange(C, channel).view(1, 1, -1, 1, 1) + arange(kh, dh * row).view(1, 1, 1, -1, 1)
              + arange(kw, dw * col).view(1, 1, 1, 1, -1))
-    return index.reshape(-1).to(device, torch.int32 if C * H * W < 2**31 else torch.int64)
+    return index.reshape(-1).to(device)
 
 
 @dataclass(frozen=True)
@@ -775,17 +797,31 @@ def geometry(conv: nn.Module) -> ConvGeometry:
 
 def unfold(x: Tensor, conv: ConvGeometry) -> Tensor:
     """im2col: ``[B, L, C·kh·kw]`` patches of ``x [B, C, H, W]`` (``F.unfold``'s order, transposed;
-    x in NCHW or channels-last layout), gathered with one ``index_select`` of precomputed
-    positions (2–5× faster on CPU than ``F.unfold`` or a strided copy)."""
+    x in NCHW or channels-last layout), gathered with one ``gather`` of precomputed positions
+    (2–5× faster on CPU than ``F.unfold`` or a strided copy; ``gather`` runs on every thread,
+    ``index_select`` along dim 1 on one: 1.0 ms against 1.5 ms for the MNIST CNN's first layer,
+    batch 260, two threads)."""
+    return _patches(_padded(x, conv), conv)
+
+
+def _padded(x: Tensor, conv: ConvGeometry) -> Tensor:
+    """``x`` with the convolution's zero padding."""
     (ph, pw) = conv.padding
-    if ph or pw:
-        x = F.pad(x, (pw, pw, ph, ph))
+    return F.pad(x, (pw, pw, ph, ph)) if ph or pw else x
+
+
+def _patches(x: Tensor, conv: ConvGeometry) -> Tensor:
+    """:func:`unfold` of an input ``x`` already padded."""
     B, C, H, W = x.shape
     hwc = _hwc(x)  # channels-last: gather from its own memory order, no copy to NCHW first
     index = _patch_index((C, H, W), conv.kernel_size, conv.stride, conv.dilation, hwc, x.device)
     flat = x.permute(0, 2, 3, 1).reshape(B, H * W * C) if hwc else x.reshape(B, C * H * W)
     p = C * conv.kernel_size[0] * conv.kernel_size[1]
-    return flat.index_select(1, index).view(B, index.numel() // p, p)
+    return flat.gather(1, index.expand(B, -1)).view(B, index.numel() // p, p)
+
+
+#: Bytes of im2col patches, or of rows, built at once in the direct form (:attr:`_Layer._direct`).
+CHUNK_BYTES = 2**22
 
 
 @dataclass(frozen=True)
@@ -823,26 +859,42 @@ class _Layer:
             return g.permute(0, 2, 3, 1).reshape(B, T, groups, q).transpose(1, 2).reshape(B * groups, T, q)
         return g.reshape(B, groups, q, T).transpose(2, 3).reshape(B * groups, T, q)
 
-    def per_record(self, kept: Tensor | None = None) -> Tensor:
-        """The records' weight gradients ``[B, q·p]`` (direct form), optionally of ``kept`` only."""
-        a, g = (self.a, self.g) if kept is None else (self.a[kept], self.g[kept])
-        B = a.shape[0]
-        if self.stage.kind == "linear":
-            G, A = g.reshape(B, -1, g.shape[-1]), a.reshape(B, -1, a.shape[-1])
-            return torch.einsum("btq,btp->bqp", G, A).reshape(B, -1)
-        # per (record, conv group): G [q, T] @ A [T, p], A the im2col patches (one batched matmul)
-        groups, T, p, q = self.shape()
-        A = unfold(a, geometry(self.stage.module))
-        if groups > 1:
-            A = A.view(B, T, groups, p).transpose(1, 2).reshape(B * groups, T, p)
-        G = self._positions(g).mT if _hwc(g) else g.reshape(B * groups, q, T)  # [B·groups, q, T], a view
-        return torch.bmm(G, A).reshape(B, -1)
-
     @cached_property
+    def _direct(self) -> tuple[Tensor, Tensor]:
+        """The records' weight gradients ``[B, q·p]`` (direct form) and their run norms
+        (:func:`_run_norms`), built once: the direct form's norms, the difference of two points
+        and the book-keeping sum all use them.
+
+        Per (record, conv group) ``G [q, T] @ A [T, p]`` (A the im2col patches for a convolution),
+        for :data:`CHUNK_BYTES` of patches or rows at a time, whose run norms are taken while they
+        are in cache (not in a second pass over the whole ``[B, q·p]``). For a convolution the
+        patches are T·p numbers per record (12,544 for the MNIST CNN's first layer, 12× its input):
+        gathered for the whole batch they would be a new allocation of several MB each step, whose
+        first writes (page faults) cost more than the gather; a chunk's worth is reused from the heap."""
+        B, (groups, T, p, q) = self.a.shape[0], self.shape()
+        rows, runs = self.a.new_empty(B, groups * q * p), []
+        conv = geometry(self.stage.module) if self.stage.kind == "conv" else None
+        a = self.a.reshape(B, T, p) if conv is None else _padded(self.a, conv)
+        g = self.g.reshape(B, T, q) if conv is None else self.g
+        step = max(1, CHUNK_BYTES // (groups * p * max(T, q) * self.a.element_size()))
+        for start in range(0, B, step):
+            block = rows[start:start + step]
+            n = len(block)
+            if conv is None:
+                A, G = a[start:start + n], g[start:start + n].mT
+            else:
+                A, G = _patches(a[start:start + n], conv), g[start:start + n]
+                if groups > 1:
+                    A = A.view(n, T, groups, p).transpose(1, 2).reshape(n * groups, T, p)
+                G = self._positions(G).mT if _hwc(G) else G.reshape(n * groups, q, T)  # [n·groups, q, T], a view
+            torch.bmm(G, A, out=block.view(n * groups, q, p))
+            runs.append(_run_norms(block))
+        return rows, torch.cat(runs)
+
+    @property
     def rows(self) -> Tensor:
-        """:meth:`per_record` of every record, built once: the direct form's norms, the difference
-        of two points and the book-keeping sum all use it."""
-        return self.per_record()
+        """The records' weight gradients ``[B, q·p]`` (direct form), built once (:attr:`_direct`)."""
+        return self._direct[0]
 
     def row_dict(self) -> dict[str, Tensor]:
         """θ name → the records' gradient rows of each trainable parameter (direct form)."""
@@ -884,36 +936,36 @@ class _Layer:
         return bool(self._trainable("weight")) and not use_gram_difference(T, p, q, self.stage.kind == "conv",
                                                                            self.a.element_size())
 
-    def _weight_bounds(self) -> Tensor:
-        """Upper bounds (float64) of the norms of the records' weight-gradient contributions to
-        :meth:`add_weighted` per unit weight, whichever way the sum is formed: ``w·rows`` (one
+    def _weight_sq_bounds(self) -> Tensor:
+        """Upper bounds (float64) of the squared norms of the records' weight-gradient contributions
+        to :meth:`add_weighted` per unit weight, whichever way the sum is formed: ``w·rows`` (one
         rounding per entry, rows exact or, for T > 1, off by γ_T·Σ_t ‖a_t‖‖g_t‖) or the backward
         product ``fl(Σ_t fl(w·g_t) a_tᵀ)`` (off by γ_{T+1}·Σ_t ‖a_t‖‖g_t‖ per unit weight)."""
         B, (groups, T, p, q) = self.a.shape[0], self.shape()
-        one = (1 + _unit(self.a.dtype)) ** 2  # fl(fl(w·g)·a), or fl(w·rows) with rows = fl(g·a) at T = 1
-        if "rows" in self.__dict__ or not (T == 1 or use_gram(T, p, q, self.a.element_size())):  # the direct form
-            return one * _sq_rows(self.rows).sqrt()
+        one = (1 + _unit(self.a.dtype)) ** 4  # fl(fl(w·g)·a), or fl(w·rows) with rows = fl(g·a) at T = 1, squared
+        if "_direct" in self.__dict__ or not (T == 1 or use_gram(T, p, q, self.a.element_size())):  # direct form
+            return one * _sq_of_runs(self._direct[1], groups * p * q, self.a.dtype)
         if T == 1:  # one position: ‖g aᵀ‖² = ‖a‖²‖g‖² (per conv group, on the patch)
             if self.stage.kind == "linear":
-                return one * (self.input_sq_norms * _sq_rows(self.g.reshape(B, -1))).sqrt()
+                return one * self.input_sq_norms * _sq_rows(self.g.reshape(B, -1))
             A, G = self.matrices()
             sq = _sq_rows(A.reshape(B * groups, p)) * _sq_rows(G.reshape(B * groups, q))
-            return one * sq.view(B, groups).sum(1).sqrt()
-        return _gram_bounds([self.matrices()], B, groups, T, self.a.dtype)
+            return one * sq.view(B, groups).sum(1)
+        return _gram_bounds([self.matrices()], B, groups, T, self.a.dtype).square()
 
-    def _bias_bounds(self) -> Tensor:
-        """Upper bounds of the norms of the bias contributions ``fl(w·Σ_t g_t)`` per unit weight."""
-        return (1 + _unit(self.g.dtype)) ** 2 * _sq_rows(self.bias_g).sqrt()
+    def _bias_sq_bounds(self) -> Tensor:
+        """Upper bounds of the squared norms of the bias contributions ``fl(w·Σ_t g_t)`` per unit weight."""
+        return (1 + _unit(self.g.dtype)) ** 4 * _sq_rows(self.bias_g)
 
-    def bounds(self) -> Tensor:
-        """Upper bounds (float64) of the norms of the records' contributions to :meth:`add_weighted`
-        per unit weight."""
+    def sq_bounds(self) -> Tensor:
+        """Upper bounds (float64) of the squared norms of the records' contributions to
+        :meth:`add_weighted` per unit weight."""
         sq = self.a.new_zeros(self.a.shape[0], dtype=torch.float64)
         if self._trainable("weight"):
-            sq = sq + self._weight_bounds().square()
+            sq = sq + self._weight_sq_bounds()
         if self._trainable("bias"):
-            sq = sq + self._bias_bounds().square()
-        return sq.sqrt()
+            sq = sq + self._bias_sq_bounds()
+        return sq
 
     def add_weighted(self, w: Tensor, kept: Tensor | None, total: Tensor, layout: Layout) -> None:
         """``total += Σ_i w_i ∇ℓ_i`` over the records ``kept`` (None: all). Where the records'
@@ -921,9 +973,8 @@ class _Layer:
         weight-gradient product of a backward pass on ``(a, w·g)``."""
         v = w if kept is None else w[kept]
         if weight := self._trainable("weight"):
-            rows = self.__dict__.get("rows")  # built by the norms (cached_property)
-            if rows is not None:
-                grad = v @ (rows if kept is None else rows[kept])
+            if "_direct" in self.__dict__:  # the rows, built by the norms
+                grad = v @ (self.rows if kept is None else self.rows[kept])
             else:
                 a, g = (self.a, self.g) if kept is None else (self.a[kept], self.g[kept])
                 gw = g * v.view(-1, *[1] * (g.ndim - 1))
@@ -958,10 +1009,9 @@ class _Block:
     stage: Stage
     grads: dict[str, Tensor]
 
-    def bounds(self) -> Tensor:
-        """Upper bounds (float64) of the norms of ``fl(w·row)`` per unit weight."""
-        sq = sum(_sq_rows(g.flatten(1)) * (1 + _unit(g.dtype)) ** 4 for g in self.grads.values())
-        return sq.sqrt()
+    def sq_bounds(self) -> Tensor:
+        """Upper bounds (float64) of the squared norms of ``fl(w·row)`` per unit weight."""
+        return sum(_sq_rows(g.flatten(1)) * (1 + _unit(g.dtype)) ** 4 for g in self.grads.values())
 
     def add_weighted(self, w: Tensor, kept: Tensor | None, total: Tensor, layout: Layout) -> None:
         for name, g in self.grads.items():
@@ -972,26 +1022,34 @@ class _Block:
 @dataclass(frozen=True)
 class _Embedding:
     """An Embedding layer of one chunk: the records' indices ``idx [B, T]`` and output gradients
-    ``g [B, T, D]`` (zero at the padding index). Record i's gradient is ``Σ_t e_{idx_t} g_tᵀ``, so
-    ``‖∇ℓ_i‖² = Σ_{s,t: idx_s = idx_t} ⟨g_s, g_t⟩`` (the Linear rule's Gram form with one-hot inputs,
-    in float64) and the sum scatters ``w_i g_t`` into row idx_t of the table."""
+    ``g [B, T, D]`` (zero at the padding index). Record i's gradient is ``Σ_t e_{idx_t} g_tᵀ``, whose
+    nonzero rows are ``Σ_{t: idx_t = v} g_t`` for the distinct indices v of the record (their norms
+    in float64: :meth:`sq_bounds`), and the sum scatters ``w_i g_t`` into row idx_t of the table."""
 
     stage: Stage
     idx: Tensor
     g: Tensor
 
-    def bounds(self) -> Tensor:
-        """Upper bounds (float64) of the norms of the records' contributions per unit weight: the
-        Gram norm enlarged by its rounding, times ``(1 + u)²`` (``fl(w·g_t)``), plus the rounding
-        of each table row's sum over the record's positions, γ_{T+3}·Σ_t ‖g_t‖."""
+    def sq_bounds(self) -> Tensor:
+        """Upper bounds (float64) of the squared norms of the records' contributions per unit weight.
+
+        Record i's gradient has one row per distinct index v among its positions, ``S_v = Σ_{t:
+        idx_t = v} g_t``: these rows are summed in float64 (B·T·D work, where the Gram form costs
+        B·T²·D), each within γ_T·Σ_{t: idx_t = v} ‖g_t‖ of S_v (at most T terms), so the record's
+        norm is within γ_T·Σ_t ‖g_t‖ of that of the computed rows, whose squared norms are bounded
+        by :func:`_sq_rows` and added per record (at most T terms: ``1 + 2γ_T``). That bound times
+        ``(1 + u)²`` (``fl(w·g_t)``), plus the rounding of each table row's sum over the record's
+        positions, γ_{T+3}·Σ_t ‖g_t‖; squared."""
         if "weight" not in dict(self.stage.names):
             return self.g.new_zeros(len(self.g), dtype=torch.float64)
-        G = self.g.double()
-        (_, T, D), u = G.shape, _unit(self.g.dtype)
-        same = self.idx.unsqueeze(2) == self.idx.unsqueeze(1)
-        size = torch.linalg.vector_norm(G, dim=2).sum(1) * (1 + 2 * _gamma(D + T + 4, U64))
-        sq = ((G @ G.mT) * same).sum((1, 2)).clamp(min=0) + _gamma(D + T * T + 8, U64) * size.square()
-        return (1 + u) ** 2 * sq.sqrt() + _gamma(T + 3, u) * size
+        (B, T, D), u, V = self.g.shape, _unit(self.g.dtype), self.stage.module.num_embeddings
+        G = self.g.double().reshape(B * T, D)
+        records = torch.arange(B, device=self.idx.device).repeat_interleave(T)
+        keys, segment = torch.unique(records * V + self.idx.reshape(-1), return_inverse=True)
+        rows = G.new_zeros(len(keys), D).index_put_((segment,), G, accumulate=True)
+        sq = G.new_zeros(B).index_add_(0, keys // V, _sq_rows(rows)) * (1 + 2 * _gamma(T, U64))
+        size = torch.linalg.vector_norm(G, dim=1).view(B, T).sum(1) * (1 + 2 * _gamma(D + T + 4, U64))
+        return ((1 + u) ** 2 * (sq.sqrt() + _gamma(T, U64) * size) + _gamma(T + 3, u) * size).square()
 
     def add_weighted(self, w: Tensor, kept: Tensor | None, total: Tensor, layout: Layout) -> None:
         if (name := dict(self.stage.names).get("weight")) is None:
@@ -1010,13 +1068,13 @@ class _Stacked:
 
     parts: tuple[_Layer, _Layer]
 
-    def bounds(self) -> Tensor:
+    def sq_bounds(self) -> Tensor:
         first = self.parts[0]
         B, (groups, T, _, _) = first.a.shape[0], first.shape()
         sq = _gram_bounds([part.matrices() for part in self.parts], B, groups, T, first.a.dtype).square()
         if first._trainable("bias"):
-            sq = sq + first._bias_bounds().square()
-        return sq.sqrt()
+            sq = sq + first._bias_sq_bounds()
+        return sq
 
     def add_weighted(self, w: Tensor, kept: Tensor | None, total: Tensor, layout: Layout) -> None:
         for part in self.parts:
@@ -1116,11 +1174,12 @@ class GhostRows:
 
     @cached_property
     def _norms(self) -> Tensor:
-        sq = [sum((layer.bounds().square() for layer in layers), self.like.new_zeros(size, dtype=torch.float64))
+        sq = [sum((layer.sq_bounds() for layer in layers), self.like.new_zeros(size, dtype=torch.float64))
               for layers, size in zip(self.chunks, self.sizes)]
         if not sq:
             return self.like.new_zeros(0, dtype=torch.float64)
-        # the float64 sums, square roots and the clip weight C / norm round too; so does a sum
+        # the float64 products and sums of the squared bounds, the square root and the clip weight
+        # C / norm round too (a few roundings per layer, then one per layer summed); so does a sum
         # returned in a coarser dtype than it was computed in
         coarser = torch.finfo(self.dtype).eps > torch.finfo(self.like.dtype).eps
         enlarge = (1 + 2 * _gamma(2 * max(map(len, self.chunks)) + 8, U64)) * (1 + coarser * _unit(self.dtype))

@@ -181,8 +181,7 @@ def run_block(stage: Stage, views: dict[str, Tensor], x: Tensor, taps: bool) -> 
     if not (taps and stage.inner):
         out, _ = _per_record(stage, every, x, shared)
         return out, (stage, expanded, (), (), ())
-    probes = tuple(torch.zeros((len(x), *shape), dtype=dtype, device=x.device, requires_grad=True)
-                   for _, shape, dtype in calls)
+    probes = tuple(_probe((len(x), *shape), dtype, x.device) for _, shape, dtype in calls)
     tap = _Tap(stage, calls, probes)
     with tap.hooked():
         out, inputs = _per_record(stage, every, x, shared, tap)
@@ -191,6 +190,14 @@ def run_block(stage: Stage, views: dict[str, Tensor], x: Tensor, taps: bool) -> 
                                    "records it was first traced with: its forward branches on the data; use "
                                    "engine='vmap'")
     return out, (stage, expanded, calls, inputs, probes)
+
+
+def _probe(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A zero probe of ``shape``: one zero expanded (no memory written), so adding it costs a read
+    of the output only. The loss's gradient with respect to it is still the full ``[B, *output
+    per record]`` gradient of the call's output (autograd returns the gradient arriving at the
+    expanded tensor, not the one summed into the scalar)."""
+    return torch.zeros((), dtype=dtype, device=device, requires_grad=True).expand(shape)
 
 
 def _parameters(stage: Stage, views: dict[str, Tensor], x: Tensor
