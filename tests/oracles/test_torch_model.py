@@ -154,30 +154,6 @@ def test_recent_per_record_results_are_reused_only_for_the_same_point_and_record
     assert fresh is not first and torch.equal(fresh.norms(), first.norms())
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_the_result_a_call_drops_is_freed_before_its_forward(engine):
-    """The oldest kept result is dropped by the next call on another point anyway; it is released
-    before that call's forward and backward (whose memory it can then hold), not after them."""
-    import gc
-    import weakref
-
-    oldest, freed = [], []  # a weak reference to the first result; whether it was gone at each loss
-
-    def watching(out, y):
-        freed.extend(ref() is None for ref in oldest)
-        return cross_entropy(out, y)
-
-    X, y = data()
-    o = TorchModel(tiny_cnn(), watching, X, y, engine=engine)
-    theta, records = o.flat_params(), torch.arange(10)
-    oldest.append(weakref.ref(o.per_record(theta, records)))
-    o.per_record(theta + 0.01, records)
-    gc.collect()
-    freed.clear()
-    o.per_record(theta + 0.02, records)  # keeps the last two: the first one goes
-    assert freed and all(freed)
-
-
 def test_a_difference_of_a_first_layer_on_the_same_records_is_one_layer_and_exact():
     """The first layer's input is the data, the same tensor at both points: its difference is the
     one layer (a, g − g′); it matches the per-record autograd loop at both points."""

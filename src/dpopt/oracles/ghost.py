@@ -694,8 +694,11 @@ def _run_norms(rows: Tensor) -> Tensor:
 def _sq_of_runs(runs: Tensor, n: int, dtype: torch.dtype) -> Tensor:
     """The bound of :func:`_sq_rows` from the run norms of rows of n entries of ``dtype``: their
     squares added by one float64 norm, squared (squares of float32 numbers are exact in float64;
-    at most n/32 + 2 roundings, within γ_{n+4}), enlarged by that and by the runs' own rounding."""
-    sq = torch.linalg.vector_norm(runs, dim=1, dtype=torch.float64).square()
+    at most n/32 + 2 roundings, within γ_{n+4}), enlarged by that and by the runs' own rounding.
+    One run (a float64 row's norm, or a short row) is squared alone: the same value, one operation
+    fewer (DIFF2's rounds make several such calls on their full batch)."""
+    sq = (runs[:, 0].double().square() if runs.shape[1] == 1
+          else torch.linalg.vector_norm(runs, dim=1, dtype=torch.float64).square())
     if dtype == torch.float64:
         return sq * (1 + 2 * _gamma(n + 4, U64))
     acc = torch.promote_types(dtype, torch.float32)

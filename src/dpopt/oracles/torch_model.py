@@ -258,15 +258,13 @@ class TorchModel:
         a Linear layer's input for the book-keeping product)."""
         point = self._theta(theta)
         indices = torch.as_tensor(indices)
-        kept = next((rows for old_point, old_indices, rows in self._recent
-                     if torch.equal(old_indices, indices) and torch.equal(old_point, point)), None)
-        if kept is not None:
-            return kept
-        del self._recent[RECENT - 1:]  # dropped by this call anyway: freed before its work, not after
+        for old_point, old_indices, rows in self._recent:
+            if torch.equal(old_indices, indices) and torch.equal(old_point, point):
+                return rows
         rows = self._per_record(point, indices, theta)
         if self._recent and isinstance(rows, ghost.GhostRows) and torch.equal(self._recent[0][1], indices):
             ghost.reuse_inputs(rows, self._recent[0][2])
-        self._recent = [(point.clone(), indices.clone(), rows), *self._recent]
+        self._recent = [(point.clone(), indices.clone(), rows), *self._recent[: RECENT - 1]]
         return rows
 
     def _per_record(self, point: Tensor, indices: Tensor, theta: Tensor) -> Dense | ghost.GhostRows:
