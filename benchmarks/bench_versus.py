@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import versus
+from _timing import data_dir
 
 #: The last commit of the previous round (its CI run: 777 passed).
 BASE = "78d3a0d"
@@ -26,6 +27,7 @@ LIMIT = 1.05
 def run(quick: bool = False) -> dict[str, Any]:
     """Measure, and return ``{"title", "markdown", "checks"}`` (see ``benchmarks/run.py``)."""
     base = os.environ.get("DPOPT_BENCH_BASE", BASE)
+    os.environ["DPOPT_DATA"] = str(data_dir())  # the workers' data, wherever the old worktree lies
     rounds = 8 if quick else 16
     rows, checks = [], []
     with tempfile.TemporaryDirectory(prefix="dpopt-versus-") as folder:
