@@ -358,6 +358,7 @@ class TwoParameters:
 #: name → (layer, shape of a record's input): every form of the rules, on float32 inputs.
 FORMS = {
     "linear-one-position": (nn.Linear(2 ** 16, 3), (2 ** 16,)),
+    "linear-one-output": (nn.Linear(2 ** 16, 1), (2 ** 16,)),  # one position: outer-product rows
     "linear-gram": (nn.Linear(2 ** 18, 2), (2, 2 ** 18)),  # float32 Gram matrices: 9e−7 over the clip
     "linear-direct": (nn.Linear(4, 3), (16, 4)),
     "conv-one-position": (nn.Conv2d(64, 4, 3), (64, 3, 3)),

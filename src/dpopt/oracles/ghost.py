@@ -32,7 +32,8 @@ differential privacy", arXiv:2205.10683, §4, the "mixed ghost norm"):
   ``Σ_t g_t a_tᵀ − g′_t a′_tᵀ = Σ_t (g_t − g′_t) a_tᵀ + g′_t (a_t − a′_t)ᵀ``: the Linear rule on
   the 2T stacked positions ``[a; a − a′]`` and ``[g − g′; g′]`` (Gram form, chosen by 2·(2T)² <
   p·q, and for a convolution only if its rows at both points, 2·p·q, outweigh the patches the
-  stacked form holds, 3·T·p: :func:`use_gram_difference`), whose weighted sum is the
+  stacked form holds, 3·T·p, for a Linear layer at one position only if they outweigh its
+  3·(p + q) inputs and output gradients: :func:`use_gram_difference`), whose weighted sum is the
   book-keeping product of the same two stacked pieces (:class:`_Stacked`); or the two records'
   layer gradients built and subtracted (direct form; rows built once per point and shared with
   the norms and the book-keeping sums at that point), whose weighted sum is ``w @ (rows −
@@ -726,7 +727,16 @@ def use_gram_difference(T: int, p: int, q: int, conv: bool, itemsize: int = 8) -
     the stacked Gram form holds (both points' and their difference, 3·T·p), i.e. iff 2q > 3T.
     Otherwise the direct form: it needs no more memory, and its rows also give the norms at
     each point and the three book-keeping sums of a DP-SRM step without a backward product (the
-    MNIST CNN's second convolution, T = 25, q = 32: its share of a DP-SRM step about halves)."""
+    MNIST CNN's second convolution, T = 25, q = 32: its share of a DP-SRM step about halves).
+
+    A Linear layer at one position (T = 1) is held to the same comparison: its rows at both
+    points (2·p·q) against the stacked form's inputs and output gradients (both points' and
+    their difference, 3·(p + q)), so the direct form iff 2pq ≤ 3(p + q), e.g. a layer with one
+    output. Its rows are outer products, one broadcast product per point; the stacked form costs
+    six batched dot products and two backward products (DIFF2's MLP, second layer 10 → 1, full
+    batch of 16,512: 0.3 ms of a round against 1 ms)."""
+    if T == 1 and not conv:
+        return use_gram(2, p, q, itemsize) and 2 * p * q > 3 * (p + q)
     return use_gram(2 * T, p, q, itemsize) and not (conv and 2 * q <= 3 * T)
 
 
@@ -863,18 +873,24 @@ class _Layer:
         return g.reshape(B, groups, q, T).transpose(2, 3).reshape(B * groups, T, q)
 
     @cached_property
-    def _direct(self) -> tuple[Tensor, Tensor]:
-        """The records' weight gradients ``[B, q·p]`` (direct form) and their run norms
-        (:func:`_run_norms`), built once: the direct form's norms, the difference of two points
-        and the book-keeping sum all use them.
+    def _direct(self) -> tuple[Tensor, Tensor | None]:
+        """The records' weight gradients ``[B, q·p]`` (direct form) and, where they were taken while
+        the rows were built, their run norms (:func:`_run_norms`): built once, the direct form's
+        norms, the difference of two points and the book-keeping sum all use them.
 
         Per (record, conv group) ``G [q, T] @ A [T, p]`` (A the im2col patches for a convolution),
         for :data:`CHUNK_BYTES` of patches or rows at a time, whose run norms are taken while they
         are in cache (not in a second pass over the whole ``[B, q·p]``). For a convolution the
         patches are T·p numbers per record (12,544 for the MNIST CNN's first layer, 12× its input):
         gathered for the whole batch they would be a new allocation of several MB each step, whose
-        first writes (page faults) cost more than the gather; a chunk's worth is reused from the heap."""
+        first writes (page faults) cost more than the gather; a chunk's worth is reused from the heap.
+        A Linear layer at one position has rows ``g aᵀ``, outer products (each entry one rounded
+        product, as in the matrix product): one broadcast product for the whole batch (a batched
+        product of 1-deep matrices is 14× slower on CPU), and the run norms left to :attr:`_runs`,
+        taken only if this point's own norms are asked for (a difference needs the difference's)."""
         B, (groups, T, p, q) = self.a.shape[0], self.shape()
+        if self.stage.kind == "linear" and T == 1:
+            return (self.g.reshape(B, q, 1) * self.a.reshape(B, 1, p)).view(B, q * p), None
         rows, runs = self.a.new_empty(B, groups * q * p), []
         conv = geometry(self.stage.module) if self.stage.kind == "conv" else None
         a = self.a.reshape(B, T, p) if conv is None else _padded(self.a, conv)
@@ -898,6 +914,12 @@ class _Layer:
     def rows(self) -> Tensor:
         """The records' weight gradients ``[B, q·p]`` (direct form), built once (:attr:`_direct`)."""
         return self._direct[0]
+
+    @cached_property
+    def _runs(self) -> Tensor:
+        """The run norms (:func:`_run_norms`) of :attr:`rows`."""
+        runs = self._direct[1]
+        return _run_norms(self.rows) if runs is None else runs
 
     def row_dict(self) -> dict[str, Tensor]:
         """θ name → the records' gradient rows of each trainable parameter (direct form)."""
@@ -947,7 +969,7 @@ class _Layer:
         B, (groups, T, p, q) = self.a.shape[0], self.shape()
         one = (1 + _unit(self.a.dtype)) ** 4  # fl(fl(w·g)·a), or fl(w·rows) with rows = fl(g·a) at T = 1, squared
         if "_direct" in self.__dict__ or not (T == 1 or use_gram(T, p, q, self.a.element_size())):  # direct form
-            return one * _sq_of_runs(self._direct[1], groups * p * q, self.a.dtype)
+            return one * _sq_of_runs(self._runs, groups * p * q, self.a.dtype)
         if T == 1:  # one position: ‖g aᵀ‖² = ‖a‖²‖g‖² (per conv group, on the patch)
             if self.stage.kind == "linear":
                 return one * self.input_sq_norms * _sq_rows(self.g.reshape(B, -1))
