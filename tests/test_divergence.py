@@ -120,9 +120,12 @@ def test_a_diverged_cli_run_exits_3_with_strict_json_and_its_files(
     ([1.0, math.inf, -math.inf], False),  # ∞ − ∞: a NaN sum
     ([-math.inf], False),
 ])
-def test_the_divergence_check_is_exact_even_where_the_sum_overflows(entries: list[float], finite: bool) -> None:
+@pytest.mark.parametrize("padding", [0, train.SMALL_THETA])  # a small θ (summed as a list) and a larger one
+def test_the_divergence_check_is_exact_even_where_the_sum_overflows(entries: list[float], finite: bool,
+                                                                    padding: int) -> None:
     """``all_finite`` answers from one sum where it can; an overflowing sum of finite entries must
     not be read as divergence (the mutant ``isfinite(sum)`` alone fails the second case)."""
-    theta = torch.tensor(entries, dtype=torch.float64)
+    theta = torch.tensor(entries + [0.0] * padding, dtype=torch.float64)
+    assert (theta.numel() <= train.SMALL_THETA) == (padding == 0)
     assert train.all_finite(theta) is finite
     assert finite == bool(torch.isfinite(theta).all())
