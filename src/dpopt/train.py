@@ -145,6 +145,9 @@ class StepClock:
 
     def __init__(self, cpu: float = 0.0, wall: float = 0.0) -> None:
         self.cpu, self.wall = cpu, wall
+        self._start()
+
+    def _start(self) -> None:
         self._since = (time.process_time(), time.perf_counter())
 
     def stop(self) -> None:
@@ -160,7 +163,7 @@ class StepClock:
         try:
             yield
         finally:
-            self._since = (time.process_time(), time.perf_counter())
+            self._start()
 
 
 @dataclasses.dataclass

@@ -886,8 +886,8 @@ class _Layer:
         first writes (page faults) cost more than the gather; a chunk's worth is reused from the heap.
         A Linear layer at one position has rows ``g aᵀ``, outer products (each entry one rounded
         product, as in the matrix product): one broadcast product for the whole batch (a batched
-        product of 1-deep matrices is 14× slower on CPU), and the run norms left to :attr:`_runs`,
-        taken only if this point's own norms are asked for (a difference needs the difference's)."""
+        product of 1-deep matrices is 14× slower on CPU), and no run norms: its norms are
+        ``‖a‖‖g‖`` (:meth:`_weight_sq_bounds`), and a difference takes the norms of its own rows."""
         B, (groups, T, p, q) = self.a.shape[0], self.shape()
         if self.stage.kind == "linear" and T == 1:
             return (self.g.reshape(B, q, 1) * self.a.reshape(B, 1, p)).view(B, q * p), None
@@ -914,12 +914,6 @@ class _Layer:
     def rows(self) -> Tensor:
         """The records' weight gradients ``[B, q·p]`` (direct form), built once (:attr:`_direct`)."""
         return self._direct[0]
-
-    @cached_property
-    def _runs(self) -> Tensor:
-        """The run norms (:func:`_run_norms`) of :attr:`rows`."""
-        runs = self._direct[1]
-        return _run_norms(self.rows) if runs is None else runs
 
     def row_dict(self) -> dict[str, Tensor]:
         """θ name → the records' gradient rows of each trainable parameter (direct form)."""
@@ -968,11 +962,11 @@ class _Layer:
         product ``fl(Σ_t fl(w·g_t) a_tᵀ)`` (off by γ_{T+1}·Σ_t ‖a_t‖‖g_t‖ per unit weight)."""
         B, (groups, T, p, q) = self.a.shape[0], self.shape()
         one = (1 + _unit(self.a.dtype)) ** 4  # fl(fl(w·g)·a), or fl(w·rows) with rows = fl(g·a) at T = 1, squared
+        if self.stage.kind == "linear" and T == 1:  # ‖g aᵀ‖² = ‖a‖²‖g‖², whether or not the rows were built
+            return one * self.input_sq_norms * _sq_rows(self.g.reshape(B, -1))
         if "_direct" in self.__dict__ or not (T == 1 or use_gram(T, p, q, self.a.element_size())):  # direct form
-            return one * _sq_of_runs(self._runs, groups * p * q, self.a.dtype)
-        if T == 1:  # one position: ‖g aᵀ‖² = ‖a‖²‖g‖² (per conv group, on the patch)
-            if self.stage.kind == "linear":
-                return one * self.input_sq_norms * _sq_rows(self.g.reshape(B, -1))
+            return one * _sq_of_runs(self._direct[1], groups * p * q, self.a.dtype)
+        if T == 1:  # a convolution at one position: ‖g aᵀ‖² = ‖a‖²‖g‖² per group, on the patch
             A, G = self.matrices()
             sq = _sq_rows(A.reshape(B * groups, p)) * _sq_rows(G.reshape(B * groups, q))
             return one * sq.view(B, groups).sum(1)
