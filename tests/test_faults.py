@@ -4,6 +4,7 @@ data-parallel process. Nothing written is ever corrupt, a resumed run is the uni
 
 from __future__ import annotations
 
+import atexit
 import errno
 import os
 import signal
@@ -147,6 +148,29 @@ def test_a_dead_process_stops_the_run_within_a_timeout(victim):
     with pytest.raises(_validate.DpoptError, match=f"rank {victim} died .*signal SIGKILL"):
         distributed.launch(_dying_rank, 2, victim)
     assert time.monotonic() - start < 60
+
+
+def _aborts_at_exit() -> int:
+    """Returns, then aborts during interpreter teardown (as gloo's threads have been seen to)."""
+    atexit.register(os.abort)
+    return distributed.rank()
+
+
+def test_a_rank_that_returned_is_not_lost_to_a_crash_in_interpreter_teardown():
+    """Finding (CI): a rank that had finished died of SIGABRT ("terminate called without an active
+    exception") and the whole launch failed. A rank leaves without the teardown once its outcome
+    is written."""
+    assert distributed.launch(_aborts_at_exit, 2) == [0, 1]
+
+
+def _aborts_in(victim: int) -> None:
+    if distributed.rank() == victim:
+        os.abort()  # what std::terminate does
+
+
+def test_a_rank_killed_by_a_signal_reports_where_its_python_code_was():
+    with pytest.raises(_validate.DpoptError, match=r"(?s)rank 1 died \(signal SIGABRT\).*line \d+ in _aborts_in"):
+        distributed.launch(_aborts_in, 2, 1)
 
 
 def test_data_parallel_runs_refuse_per_process_noise(capsys):

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import faulthandler
 import os
 import pickle
 import shutil
@@ -330,7 +331,8 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, rank_timeout: float =
 
     Failures, each a :class:`~dpopt._validate.DpoptError` raised here after every other rank
     was stopped: the first DpoptError a rank raises, with its message; a rank that dies (a
-    signal, or an exit without an exception), naming the rank and the signal; a rank that shows
+    signal, or an exit without an exception), naming the rank and the signal, with the Python
+    stack of each of its threads for a fatal signal (SIGSEGV, SIGABRT, ...); a rank that shows
     no sign of life (stopped, or hung outside Python) for ``rank_timeout`` seconds, naming the
     rank. A collective that waits more than twice ``rank_timeout`` fails on the waiting rank. Any
     other exception in a rank raises a RuntimeError with that rank's traceback.
@@ -384,7 +386,11 @@ def _failure(rank: int, exitcode: int, folder: Path) -> Exception:
     if trace.exists():
         return RuntimeError(f"rank {rank} failed:\n{trace.read_text()}")
     cause = f"exit code {exitcode}" if exitcode > 0 else f"signal {_signal_name(-exitcode)}"
-    return DpoptError(f"rank {rank} died ({cause}); the other ranks were stopped; completed checkpoints are intact")
+    faults = folder / f"fault-{rank}.txt"  # absent if the rank died before it could open it
+    stacks = faults.read_text().split("\nExtension modules:")[0].strip() if faults.exists() else ""
+    where = f"; its threads' Python stacks when it died:\n{stacks}" if stacks else ""
+    return DpoptError(f"rank {rank} died ({cause}); the other ranks were stopped; completed checkpoints are "
+                      f"intact{where}")
 
 
 def _signal_name(signum: int) -> str:
@@ -443,10 +449,16 @@ def _beat_interval(rank_timeout: float) -> float:
 
 def _worker(rank: int, fn: Callable[..., Any], args: tuple, nproc: int, folder: str, beats: Any,
             rank_timeout: float, launcher: int) -> None:
+    """Rank ``rank`` of :func:`launch`: joins the group, runs ``fn(*args)``, writes its outcome to
+    ``folder`` and leaves with ``os._exit``, without the interpreter's teardown: gloo's threads
+    have been seen to call std::terminate there (SIGABRT) after everything was done. A fatal
+    signal (SIGSEGV, SIGABRT, ...) writes the Python stack of every thread to ``fault-<rank>.txt``."""
     _die_with(launcher)
     os.setpgid(0, 0)  # a terminal's Ctrl-C reaches the launcher alone, which stops the ranks
     for signum in STOPPING:  # unwind (temporary files, atomic writes) and exit quietly
         signal.signal(signum, _raise_stop)
+    faults = open(Path(folder, f"fault-{rank}.txt"), "w")  # open until the process ends
+    faulthandler.enable(faults, all_threads=True)
     threading.Thread(target=_heartbeat, args=(beats, rank, _beat_interval(rank_timeout), launcher),
                      daemon=True).start()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
@@ -455,16 +467,17 @@ def _worker(rank: int, fn: Callable[..., Any], args: tuple, nproc: int, folder: 
     dist.init_process_group("gloo", store=store, rank=rank, world_size=nproc,
                             timeout=timedelta(seconds=2 * rank_timeout))
     try:
-        result = fn(*args)
+        Path(folder, f"result-{rank}.pkl").write_bytes(pickle.dumps(fn(*args)))
+        code = 0
     except DpoptError as err:
         Path(folder, f"error-{rank}.txt").write_text(str(err))
-        sys.exit(1)
+        code = 1
     except Exception:
         Path(folder, f"traceback-{rank}.txt").write_text(traceback.format_exc())
-        sys.exit(1)
-    finally:
-        dist.destroy_process_group()
-    Path(folder, f"result-{rank}.pkl").write_bytes(pickle.dumps(result))
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _die_with(launcher: int) -> None:
