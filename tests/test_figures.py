@@ -157,3 +157,21 @@ def test_a_bench_figure_with_a_diverged_method_has_a_log_axis() -> None:
     fig = tables.problem_figure(problem)
     assert fig.axes[0].get_yscale() == "log" and problems(fig) == []
     assert tables.problem_figure(BENCH["problems"][1]).axes[0].get_yscale() == "linear"
+
+
+def test_a_bench_figure_on_a_log_axis_draws_no_error_bar_below_zero() -> None:
+    """Finding (the California figure): a spread wider than its mean drew the bar to mean − std ≤ 0,
+    which a log axis cannot show (it ran off the bottom of the axes). The lower bar stops at the
+    mean there, and the title says so."""
+    cells = [_cell(e, {"diff2": 1e6 / e, "dp-gd": 0.05}, "test_mse", True) for e in (1.0, 8.0)]
+    cells[0]["methods"]["dp-gd"]["test_mse"]["std"] = 0.2  # mean − std < 0
+    fig = tables.problem_figure(BENCH["problems"][1] | {"cells": cells})
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log"
+    lows = [segment[:, 1].min() for collection in ax.collections if hasattr(collection, "get_segments")
+            for segment in collection.get_segments()]
+    assert lows and min(lows) > 0
+    assert "lower bar omitted where mean − std ≤ 0" in ax.get_title()
+    assert problems(fig) == []
+    linear = tables.problem_figure(BENCH["problems"][1]).axes[0]
+    assert "omitted" not in linear.get_title()

@@ -110,19 +110,24 @@ def figures(out: Path, result: dict[str, Any]) -> None:
 def problem_figure(problem: dict[str, Any]) -> Figure:
     """The problem's metric (mean ± std over seeds) against ε, one line per method side by side at
     each ε (on a log axis if the means span :data:`~dpopt.report.LOG_SPAN` or more, e.g. a method
-    that diverged); the winner of each ε circled, filled if significant."""
+    that diverged; there a lower bar that would reach mean − std ≤ 0 stops at the mean, and the
+    title says so); the winner of each ε circled, filled if significant."""
     plt = report.pyplot()
     cells, name, methods = problem["cells"], metric(problem), _methods(problem)
     fig, ax = plt.subplots(figsize=(6.5, 4), layout="constrained")
     means = [score(entry, name)["mean"] for cell in cells for entry in cell["methods"].values()]
     ax.set_yscale(report.scale(True, [[m for m in means if m > 0]]))  # log where the means span decades
+    log, omitted = ax.get_yscale() == "log", False
     for j, method in enumerate(methods):  # ε on a categorical axis, the methods side by side at each ε
         at = [(i + 0.6 * (j - (len(methods) - 1) / 2) / max(1, len(methods)), cell)
               for i, cell in enumerate(cells) if method in cell["methods"]]
         x = [xi for xi, _ in at]
         values = [score(cell["methods"][method], name) for _, cell in at]
-        ax.errorbar(x, [v["mean"] for v in values], yerr=[v["std"] for v in values], marker="o", capsize=3,
-                    label=method)
+        # a log axis cannot show mean − std ≤ 0: the lower bar stops at the mean there (said in the title)
+        below = [v["std"] if not log or v["mean"] - v["std"] > 0 else 0.0 for v in values]
+        omitted = omitted or any(low != v["std"] for low, v in zip(below, values))
+        ax.errorbar(x, [v["mean"] for v in values], yerr=[below, [v["std"] for v in values]], marker="o",
+                    capsize=3, label=method)
         for xi, (_, cell), value in zip(x, at, values):
             if cell["winner"] == method:
                 ax.scatter([xi], [value["mean"]], s=160, zorder=3, edgecolors="black",
@@ -133,7 +138,8 @@ def problem_figure(problem: dict[str, Any]) -> Figure:
     ax.set_ylabel(f"{name.replace('_', ' ')} (mean ± std, {problem['seeds']} seeds)")
     epsilons = ", ".join(f"{cell['epsilon']:g}" for cell in cells)
     ax.set_title(f"{problem['problem']}: privately tuned at ε ∈ {{{epsilons}}}, δ = {problem['delta']:g}\n"
-                 f"circled: best mean; filled: p < {SIGNIFICANCE:g} against the runner-up", fontsize=10)
+                 f"circled: best mean; filled: p < {SIGNIFICANCE:g} against the runner-up"
+                 + ("\nlower bar omitted where mean − std ≤ 0 (log axis)" if omitted else ""), fontsize=10)
     ax.grid(alpha=0.3)
     fig.legend(loc="outside right upper", fontsize=8)
     return fig
