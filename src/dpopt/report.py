@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from . import checkpoint
 
 if TYPE_CHECKING:  # numpy and matplotlib are imported where used: the command line's parser starts without them
+    import numpy as np
     from matplotlib.figure import Figure
 
 
@@ -127,8 +128,6 @@ def curves_figure(path: Path, panels: dict[str, dict[str, Curve | tuple[Any, Any
     matplotlib's log-axis ticks overflow near 1e300), or ≤ 0 on a log axis) are left out, and a panel
     that lost some says how many under its title; a panel left with nothing to draw is dropped and
     the title says so. Returns the number of points left out."""
-    import numpy as np
-
     plt = pyplot()
     drawable = {name: _drawable(lines, log_x, log_y) for name, lines in panels.items()}
     omitted = sum(n for drawn in drawable.values() for _, n in drawn.values())
@@ -142,9 +141,8 @@ def curves_figure(path: Path, panels: dict[str, dict[str, Curve | tuple[Any, Any
         for label, (curve, _) in drawn.items():
             (line,) = ax.plot(curve.x, curve.y, label=label)
             if curve.spread is not None:  # on a log axis, a band reaching ≤ 0 is drawn from the mean up
-                low = curve.y - curve.spread
-                ax.fill_between(curve.x, np.where((low > 0) | (ax.get_yscale() == "linear"), low, curve.y),
-                                curve.y + curve.spread, color=line.get_color(), alpha=0.2, linewidth=0)
+                ax.fill_between(curve.x, lower_ends(ax, curve.y, curve.spread), curve.y + curve.spread,
+                                color=line.get_color(), alpha=0.2, linewidth=0)
         left_out = sum(n for _, n in drawn.values())
         ax.set_title(name if not left_out else f"{name}\n({left_out} points not shown: not finite, beyond "
                      f"{DRAWABLE:.0e}{' or ≤ 0' if log_x or log_y else ''})", fontsize=10 if not left_out else 9)
@@ -178,6 +176,16 @@ def _drawable(lines: dict[str, Curve | tuple[Any, Any]], log_x: bool, log_y: boo
                 & ((x > 0) | (not log_x)) & ((y > 0) | (not log_y)))
         drawn[label] = (Curve(x[keep], y[keep], None if spread is None else spread[keep]), int((~keep).sum()))
     return drawn
+
+
+def lower_ends(ax: Any, mean: Sequence[float], spread: Sequence[float]) -> np.ndarray:
+    """The lower ends of bands or error bars ``mean ± spread`` that ``ax``'s y axis can draw:
+    ``mean − spread``, or the mean itself where that is ≤ 0 on a log axis."""
+    import numpy as np
+
+    mean = np.asarray(mean, dtype=float)
+    low = mean - np.asarray(spread, dtype=float)
+    return np.where((low > 0) | (ax.get_yscale() == "linear"), low, mean)
 
 
 def scale(log: bool, values: list[Any]) -> str:

@@ -117,17 +117,17 @@ def problem_figure(problem: dict[str, Any]) -> Figure:
     fig, ax = plt.subplots(figsize=(6.5, 4), layout="constrained")
     means = [score(entry, name)["mean"] for cell in cells for entry in cell["methods"].values()]
     ax.set_yscale(report.scale(True, [[m for m in means if m > 0]]))  # log where the means span decades
-    log, omitted = ax.get_yscale() == "log", False
+    omitted = False  # a lower bar stopped at the mean (a log axis cannot show mean − std ≤ 0)
     for j, method in enumerate(methods):  # ε on a categorical axis, the methods side by side at each ε
         at = [(i + 0.6 * (j - (len(methods) - 1) / 2) / max(1, len(methods)), cell)
               for i, cell in enumerate(cells) if method in cell["methods"]]
         x = [xi for xi, _ in at]
         values = [score(cell["methods"][method], name) for _, cell in at]
-        # a log axis cannot show mean − std ≤ 0: the lower bar stops at the mean there (said in the title)
-        below = [v["std"] if not log or v["mean"] - v["std"] > 0 else 0.0 for v in values]
-        omitted = omitted or any(low != v["std"] for low, v in zip(below, values))
-        ax.errorbar(x, [v["mean"] for v in values], yerr=[below, [v["std"] for v in values]], marker="o",
-                    capsize=3, label=method)
+        mean, std = [v["mean"] for v in values], [v["std"] for v in values]
+        low = report.lower_ends(ax, mean, std)
+        omitted = omitted or any(end != m - s for end, m, s in zip(low, mean, std))
+        ax.errorbar(x, mean, yerr=[[m - end for m, end in zip(mean, low)], std], marker="o", capsize=3,
+                    label=method)
         for xi, (_, cell), value in zip(x, at, values):
             if cell["winner"] == method:
                 ax.scatter([xi], [value["mean"]], s=160, zorder=3, edgecolors="black",
