@@ -152,7 +152,7 @@ def measure(quick: bool) -> dict[str, Any]:
         GHOST: Stepper(DPSGD(lr=LR, clip=CLIP, noise_multiplier=NOISE, batch_size=BATCH),
                        TorchModel(_model(), _cross_entropy, X, y), STEPS_PER_ROUND),
         HOOKS: Opacus(X, y, "hooks"), OPACUS_GHOST: Opacus(X, y, "ghost")}
-    repeats, budget = ((3, 3), 0.0) if quick else ((4, 8), 120.0)
+    repeats, budget = ((3, 3), 0.0) if quick else ((8, 24), 120.0)
     start = time.perf_counter()
     results, others = other_processes_share(lambda: interleaved(contenders, repeats, budget))
     return {"results": results, "others": others, "seconds": time.perf_counter() - start,
