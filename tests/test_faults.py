@@ -173,6 +173,31 @@ def test_a_rank_killed_by_a_signal_reports_where_its_python_code_was():
         distributed.launch(_aborts_in, 2, 1)
 
 
+class _Exiting:
+    """A rank process seen by the launcher: running for ``running`` reads of its exit code, then
+    exited with ``code``."""
+
+    def __init__(self, code: int, running: int) -> None:
+        self.code, self.running, self.sentinel = code, running, None
+
+    @property
+    def exitcode(self) -> int | None:
+        self.running -= 1
+        return None if self.running >= 0 else self.code
+
+
+@pytest.mark.parametrize("running", range(6))
+def test_a_rank_that_dies_while_the_others_finish_is_reported(monkeypatch, tmp_path, running):
+    """Finding (CI, one core busy): rank 0 finished, rank 1 died of SIGABRT just after the
+    launcher's failure check and before its loop's exit test, and launch read rank 1's missing
+    result file (FileNotFoundError). Every read of the exit codes must see the death, whenever it
+    happens (``running = 0``: both ranks had exited before the first look)."""
+    monkeypatch.setattr(distributed, "connection", type("Waiting", (), {"wait": staticmethod(lambda *a, **k: [])}))
+    ranks = [_Exiting(0, 0), _Exiting(-signal.SIGABRT, running)]
+    with pytest.raises(_validate.DpoptError, match=r"rank 1 died \(signal SIGABRT\)"):
+        distributed._supervise(ranks, [0, 0], 10.0, tmp_path)
+
+
 def test_data_parallel_runs_refuse_per_process_noise(capsys):
     from dpopt.cli import main
 

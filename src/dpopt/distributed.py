@@ -359,15 +359,20 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, rank_timeout: float =
 
 
 def _supervise(ranks: list[Any], beats: Any, rank_timeout: float, folder: Path) -> None:
-    """Wait until every rank has exited 0; raise the first failure (see :func:`launch`)."""
+    """Wait until every rank has exited 0; raise the first failure (see :func:`launch`). Each
+    round decides from one reading of the exit codes, so a rank that dies between two readings
+    is still seen as failed (not as finished)."""
     seen, alive_at = list(beats), [None] * len(ranks)  # last heartbeat count, and when it changed
-    while any(process.exitcode is None for process in ranks):
-        connection.wait([process.sentinel for process in ranks if process.exitcode is None],
-                        timeout=_beat_interval(rank_timeout))
-        failed = [rank for rank, process in enumerate(ranks) if process.exitcode not in (None, 0)]
+    while True:
+        codes = [process.exitcode for process in ranks]
+        failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
         if failed:  # a rank killed by a signal first: the others' errors are usually its consequence
-            rank = min(failed, key=lambda rank: (ranks[rank].exitcode > 0, rank))
-            raise _failure(rank, ranks[rank].exitcode, folder)
+            rank = min(failed, key=lambda rank: (codes[rank] > 0, rank))
+            raise _failure(rank, codes[rank], folder)
+        if None not in codes:
+            return
+        connection.wait([process.sentinel for process, code in zip(ranks, codes) if code is None],
+                        timeout=_beat_interval(rank_timeout))
         now = time.monotonic()
         for rank, process in enumerate(ranks):
             if beats[rank] != seen[rank]:
