@@ -138,6 +138,49 @@ def test_loss_and_gradient_match_autograd_on_the_mean_loss(engine):
     assert torch.allclose(rows.weighted_sum(torch.full((N,), 1 / N, dtype=F64)), want, rtol=1e-10, atol=1e-14)
 
 
+def test_float32_loss_and_gradient_of_a_cnn_run_in_channels_last_layout_match_the_module():
+    """The ghost engine's loss and gradient take its forward (convolutions and max-pools in
+    channels-last layout) for a Sequential it runs on the whole batch: the module's own loss and
+    gradient within float32 rounding."""
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.Tanh(), nn.MaxPool2d(2), nn.Conv2d(16, 4, 3),
+                           nn.Flatten(), nn.Linear(4, 3))
+    X, y = data(torch.float32)
+    o = TorchModel(module, cross_entropy, X, y)
+    theta = o.flat_params()
+    mean = cross_entropy(module(X), y).mean()
+    want = torch.cat([g.reshape(-1) for g in torch.autograd.grad(mean, list(module.parameters()))])
+    torch.testing.assert_close(o.loss(theta), mean.detach(), rtol=1e-6, atol=0)
+    torch.testing.assert_close(o.gradient(theta), want, rtol=1e-5, atol=1e-7)
+
+
+class Residual(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 1, 3, padding=1)
+
+    def forward(self, x):
+        return x + self.conv(x)
+
+
+@pytest.mark.parametrize(("module", "engine_forward"), [
+    (tiny_cnn(), True),  # every stage on the whole batch
+    (nn.Sequential(Residual(), nn.Flatten(), nn.Linear(36, 3)).double(), False),  # a block, run per record
+])
+def test_loss_gradient_and_error_run_the_engines_forward_where_it_runs_the_whole_batch(monkeypatch, module,
+                                                                                     engine_forward):
+    from dpopt.oracles import ghost
+
+    calls = []
+    forward = ghost.forward
+    monkeypatch.setattr(ghost, "forward", lambda *args, **kwargs: calls.append(kwargs) or forward(*args, **kwargs))
+    o = TorchModel(module, cross_entropy, *data())
+    o.gradient(o.flat_params())
+    o.loss(o.flat_params())
+    o.error(o.flat_params(), *data())
+    assert calls == ([{"taps": False}] * 3 if engine_forward else [])
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_recent_per_record_results_are_reused_only_for_the_same_point_and_records(engine):
     o = oracle(engine, microbatch_size=20)

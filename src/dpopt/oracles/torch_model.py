@@ -30,6 +30,13 @@ Both give the same norms and clipped sums (tests hold them to 1e−9 relative in
 float32, of each other and of a per-record autograd loop). DP-SRM's differences cost one
 forward/backward per point and nothing more: ``per_record(θ, B) - per_record(θ′, B)``.
 
+Computations without per-record gradients (``loss``, ``gradient_sum``, ``error``) run on the
+whole chunk: with the ghost engine by its forward where its plan runs every stage on the whole
+batch (convolutions and max-pools in channels-last layout), else by the module's own forward.
+Records need not be kept apart there (the module's own forward may mix them): what releases such
+a sum bounds it as an aggregate (AClip's ``clipping.clip_aggregate``: sensitivity 2λ whatever
+the batch does).
+
 Every per-record result comes back in θ's dtype (norms of float32 gradients in float64, as
 ``clipping.Dense`` measures them) and on θ's device (``dpopt.run`` passes a float64 θ; a float32
 module then computes in float32); the work is done in the module's dtype
@@ -244,6 +251,24 @@ class TorchModel:
     def _forward_losses(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
         return self._losses(call(self.module, self.layout.views(theta), x), y)
 
+    @functools.cached_property
+    def _plan_runs_whole_batch(self) -> bool:
+        """Whether the ghost engine's plan runs every stage on the whole batch (no stage run per
+        record: an ``nn.Sequential`` of known layers, such as the MNIST CNN)."""
+        return bool(self.stages) and all(stage.kind not in ("block", "isolated") for stage in self.stages)
+
+    def _batch_outputs(self, theta: Tensor, x: Tensor) -> Tensor:
+        """The module's outputs on a chunk whose records need not be kept apart (:meth:`loss`,
+        :meth:`gradient_sum`, :meth:`error`): the ghost engine's forward where its plan runs every
+        stage on the whole batch, the same function with convolutions and max-pools in
+        channels-last layout, PyTorch's faster CPU kernels (:func:`~dpopt.oracles.ghost.forward`;
+        an AClip step of the MNIST CNN, batch 256: 15 ms against 23 ms); else the module's own
+        forward (a stage the engine runs per record under vmap would only be slower here)."""
+        views = self.layout.views(theta)
+        if not self._plan_runs_whole_batch:
+            return call(self.module, views, x)
+        return ghost.forward(self.stages, views, x, taps=False)[0]
+
     # ------------------------------------------------------------------------ the oracle
 
     def per_record(self, theta: Tensor, indices: Tensor) -> Dense | ghost.GhostRows:
@@ -296,18 +321,18 @@ class TorchModel:
         """F(θ) = mean_i ℓ_i(θ) over ``indices`` (default all records); differentiable in θ."""
         point = self._theta(theta)
         chunks = self._chunks(indices)
-        total = sum((self._forward_losses(point, x, y).sum() for x, y in chunks), point.new_zeros(()))
+        total = sum((self._losses(self._batch_outputs(point, x), y).sum() for x, y in chunks), point.new_zeros(()))
         count = sum(len(y) for _, y in chunks)
         return (total / count if count else total * float("nan")).to(theta.device, theta.dtype)
 
     def gradient_sum(self, theta: Tensor, indices: Tensor | None) -> Tensor:
         """Σ_{i ∈ indices} ∇ℓ_i(θ) (all records for None): one ordinary backward per chunk, no
-        per-record gradients."""
+        per-record gradients (the forward of :meth:`_batch_outputs`)."""
         leaf = self._theta(theta).detach().requires_grad_(True)
         total = torch.zeros_like(leaf)
         with torch.enable_grad():
             for x, y in self._chunks(indices):
-                (g,) = torch.autograd.grad(self._forward_losses(leaf, x, y).sum(), leaf, allow_unused=True)
+                (g,) = torch.autograd.grad(self._losses(self._batch_outputs(leaf, x), y).sum(), leaf, allow_unused=True)
                 if g is not None:
                     total += g
         return total.to(theta.device, theta.dtype)
@@ -363,7 +388,7 @@ class TorchModel:
         with torch.no_grad():
             for part in torch.arange(len(X)).split(self.microbatch_size):
                 x = X[part].to(self.device, self.dtype) if X.is_floating_point() else X[part].to(self.device)
-                out = call(self.module, self.layout.views(point), x)
+                out = self._batch_outputs(point, x)
                 labels = y[part].to(self.device)
                 if out.ndim == 1 or out.shape[-1] == 1:
                     wrong += int(((out.reshape(-1) > 0) != (labels.reshape(-1) > 0)).sum())
