@@ -82,6 +82,12 @@ def _model() -> nn.Module:
     return GPT()
 
 
+def _data() -> tuple[torch.Tensor, torch.Tensor]:
+    """N random token sequences and labels (the step's cost does not depend on the values)."""
+    gen = torch.Generator().manual_seed(3)
+    return torch.randint(0, VOCAB, (N, TOKENS), generator=gen), torch.randint(0, CLASSES, (N,), generator=gen)
+
+
 def _cross_entropy(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(out, y, reduction="none")
 
@@ -144,9 +150,7 @@ def measure(quick: bool) -> dict[str, Any]:
     from dpopt.oracles import TorchModel
 
     torch.set_num_threads(THREADS)
-    gen = torch.Generator().manual_seed(3)
-    X = torch.randint(0, VOCAB, (N, TOKENS), generator=gen)
-    y = torch.randint(0, CLASSES, (N,), generator=gen)
+    X, y = _data()
     contenders: dict[str, Callable[[], dict[str, float]]] = {
         PLAIN: Plain(X, y),
         GHOST: Stepper(DPSGD(lr=LR, clip=CLIP, noise_multiplier=NOISE, batch_size=BATCH),

@@ -8,10 +8,10 @@ The contenders are those of ``bench_mnist_cnn.py`` (the plain step in channels-l
 reference of its check) and ``bench_gpt.py``. Each runs a warm-up round, then ``--steps`` steps
 under the profiler. Printed: each contender's op time per step (self CPU time of every aten op,
 summed: Python and dispatch are not in it), then the ops by how much more time dpopt spends in
-them than the plain step, and last the few on which the plain step spends more. Ops the plain step does not run at all (``bmm``, ``gather``, norms,
-``normal_``) are the per-record work of clipping and the noise; the plain step's weight
-gradients sit inside its ``convolution_backward`` / ``mm`` rows, which dpopt does not run for
-its ghost layers. Profiler times are of one process on a possibly busy machine: read the
+them than the plain step, and last the few on which the plain step spends more. Ops the plain
+step does not run at all (``bmm``, ``gather``, norms, ``normal_``) are the per-record work of
+clipping and the noise; the plain step's weight gradients sit inside its
+``convolution_backward`` / ``mm`` rows, which dpopt does not run for its ghost layers. Profiler times are of one process on a possibly busy machine: read the
 differences, not the digits.
 """
 
@@ -40,9 +40,7 @@ def _contenders(model: str) -> dict[str, Callable[..., dict[str, float]]]:
     else:
         import bench_gpt as bench
 
-        gen = torch.Generator().manual_seed(3)
-        X = torch.randint(0, bench.VOCAB, (bench.N, bench.TOKENS), generator=gen)
-        y = torch.randint(0, bench.CLASSES, (bench.N,), generator=gen)
+        X, y = bench._data()
         plain, batch = bench.Plain(X, y), bench.BATCH
     algorithm = DPSGD(lr=bench.LR, clip=bench.CLIP, noise_multiplier=bench.NOISE, batch_size=batch)
     dpopt = Stepper(algorithm, TorchModel(bench._model(), bench._cross_entropy, X, y), 1)
