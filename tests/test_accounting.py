@@ -14,7 +14,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 import dpopt
 from dpopt import accounting
 from dpopt._validate import DpoptError
-from dpopt.accounting import Ledger, calibrate, canonical, epsilon_of, solve_noise
+from dpopt.accounting import Ledger, calibrate, canonical, epsilon_of, fast, solve_noise
 
 ADD_REMOVE = NeighboringRelation.ADD_OR_REMOVE_ONE
 REPLACE_ONE = NeighboringRelation.REPLACE_ONE
@@ -221,7 +221,7 @@ def test_composed_gaussians_are_one_gaussian_exactly(relation):
     events (its pessimistic estimate on a fine grid is an upper bound, within 1 %) and is below RDP.
     z is the noise over the distance between neighbouring outputs under both relations, so the
     replace-one value is the add/remove one (dp_accounting's PLD reads z under replace-one against a
-    distance of 2: see dpopt.gaussian_pld; its RDP reads it as dpopt does)."""
+    distance of 2: see dpopt.accounting.fast; its RDP reads it as dpopt does)."""
     from dp_accounting.pld import pld_privacy_accountant
     from dp_accounting.rdp import rdp_privacy_accountant
 
@@ -243,8 +243,8 @@ def test_each_pld_is_built_once_per_grid(monkeypatch):
     picks the grid, and the picked one): a calibration, which evaluates on the picked grid and then
     checks its answer by the default path, builds no PLD twice (it once built two more per call)."""
     built = []
-    real = accounting._gaussian_pld
-    monkeypatch.setattr(accounting, "_gaussian_pld", lambda runs, relation, grid: built.append((repr(runs), grid))
+    real = fast.sampled_gaussians_pld
+    monkeypatch.setattr(fast, "sampled_gaussians_pld", lambda runs, relation, grid: built.append((repr(runs), grid))
                         or real(runs, relation, grid))
     accounting._EPSILON_CACHE.clear()
     relation = NeighboringRelation.ADD_OR_REMOVE_ONE

@@ -1,14 +1,13 @@
-"""dpopt.gaussian_pld builds exactly dp_accounting's Gaussian PLD (vectorised inverse privacy loss)."""
+"""dpopt.accounting.fast.gaussian_pld builds exactly dp_accounting's Gaussian PLD (vectorised inverse privacy loss)."""
 
 from __future__ import annotations
-
 
 import numpy as np
 import pytest
 from dp_accounting import NeighboringRelation
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
-from dpopt.gaussian_pld import gaussian_pld
+from dpopt.accounting.fast import gaussian_pld
 
 ADD_REMOVE, REPLACE = NeighboringRelation.ADD_OR_REMOVE_ONE, NeighboringRelation.REPLACE_ONE
 CASES = [  # (noise multiplier, sampling rate, relation, grid)
