@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 import dpopt
 from dpopt import clipping, mechanisms, sampling
 from dpopt.accounting import epsilon_of
-from dpopt.algorithms._common import Batch
+from dpopt.base import Batch
 from dpopt.mechanisms import SeededNoise
 from dpopt.algorithms.by_name import NAMES, NON_PRIVATE
 

@@ -77,7 +77,7 @@ from torch import Tensor, nn
 
 from . import _validate, checkpoint
 from .accounting import Ledger, calibrate
-from .algorithms._common import Directed
+from .base import Directed
 from .algorithms.by_name import NON_PRIVATE, build, steps_for_epochs
 from .mechanisms import NoiseSource
 from .oracles import TorchModel, ghost, records

@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from . import _validate, checkpoint, lock, resume
 from .accounting import Ledger, epsilon_of, guarantee
-from .algorithms._common import Batch
+from .base import Batch
 from .mechanisms import Discrete, NoiseSource, SeededNoise
 from .outputs import NOT_PRIVATE
 from .oracles import Oracle

@@ -27,9 +27,9 @@ import dpopt
 from dpopt import accounting, train
 from dpopt._validate import DpoptError
 from dpopt.accounting import Ledger, canonical, epsilon_of
-from dpopt.algorithms._common import Algorithm, Batch
+from dpopt.base import Algorithm, Batch, Sampler
 from dpopt.mechanisms import NoiseSource, SeededNoise
-from dpopt.sampling import FixedSize, FullBatch, Poisson, Sampler
+from dpopt.sampling import FixedSize, FullBatch, Poisson
 from dpopt.oracles import NonconvexLogistic
 from dpopt.oracles import zeroth_order as zo
 

@@ -30,7 +30,7 @@ import torch
 
 from dpopt import accounting, mechanisms, train
 from dpopt.accounting import Ledger, canonical
-from dpopt.algorithms._common import Batch
+from dpopt.base import Batch
 from dpopt.clipping import relation_factor
 
 from tests.contracts.test_algorithms import DIM, NAMES, TABLE, N, oracle

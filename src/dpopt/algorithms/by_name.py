@@ -10,7 +10,7 @@ from typing import Any
 from .. import _validate
 from ..mechanisms import CONTINUOUS, DISCRETE, Noise, NoiseSource, SystemNoise
 from ..names import ALGORITHMS as NAMES
-from ..names import NON_PRIVATE, NOISES
+from ..names import NOISES, NON_PRIVATE
 from ..sampling import Clients, by_name
 from .aclip import AClip
 from .diff2 import DIFF2, LocalSteps
