@@ -14,10 +14,9 @@ _EXPORTS = {
     **dict.fromkeys(("AClip", "RestartedAClip", "Stage"), "aclip"),
     **dict.fromkeys(("DIFF2", "LocalSteps"), "diff2"),
     "DPAGD": "dp_agd",
-    **dict.fromkeys(("DPSGD", "dp_gd"), "dp_sgd"),
+    **dict.fromkeys(("DPSGD", "dp_gd", "rrpsgd"), "dp_sgd"),
     "DPSRM": "dp_srm",
     **dict.fromkeys(("O2NC", "O2NCMulti"), "o2nc"),
-    "rrpsgd": "rrpsgd",
     "Storm": "storm",
 }
 

@@ -119,6 +119,16 @@ def dp_gd(*, lr: float, clip: float, noise_multiplier: float, output_rule: str =
                  noise=noise)
 
 
+def rrpsgd(*, lr: float, clip: float, noise_multiplier: float, batch_size: int,
+           sampling: sampling.BatchSampling = sampling.Poisson, noise: mechanisms.Noise = mechanisms.CONTINUOUS) -> DPSGD:
+    """RRPSGD (Zhang, Zheng, Mou, Wang 2017, "random round private SGD"): DP-SGD whose output is
+    the iterate of a uniformly random round R. R is drawn up front, independently of the data, so
+    the output rule costs no privacy; the noise is calibrated, and the ledger charged, for all T
+    rounds (the most R can be)."""
+    return DPSGD(lr=lr, clip=clip, noise_multiplier=noise_multiplier, batch_size=batch_size, sampling=sampling,
+                 output_rule="uniform", noise=noise)
+
+
 def dp_sgd_from_knobs(knobs: Knobs) -> DPSGD:
     """``dp-sgd`` by name: ``lr``, ``clip``, ``batch_size``, ``sampling``, ``noise``."""
     return DPSGD(lr=knobs.lr, clip=knobs.clip, noise_multiplier=1.0, batch_size=knobs.batch_size,
@@ -128,3 +138,9 @@ def dp_sgd_from_knobs(knobs: Knobs) -> DPSGD:
 def dp_gd_from_knobs(knobs: Knobs) -> DPSGD:
     """``dp-gd`` by name: ``lr``, ``clip``, ``noise``."""
     return dp_gd(lr=knobs.lr, clip=knobs.clip, noise_multiplier=1.0, noise=noise_kind(knobs))
+
+
+def rrpsgd_from_knobs(knobs: Knobs) -> DPSGD:
+    """``rrpsgd`` by name: ``lr``, ``clip``, ``batch_size``, ``sampling``, ``noise``."""
+    return rrpsgd(lr=knobs.lr, clip=knobs.clip, noise_multiplier=1.0, batch_size=knobs.batch_size,
+                  sampling=batch_sampling(knobs), noise=noise_kind(knobs))

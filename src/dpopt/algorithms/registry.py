@@ -108,7 +108,7 @@ ENTRIES = (
     Entry("dp-sgd", "dpopt.algorithms.dp_sgd:dp_sgd_from_knobs", "DP-SGD: Poisson batches, per-record clipping"),
     Entry("dp-gd", "dpopt.algorithms.dp_sgd:dp_gd_from_knobs", "DP-GD: DP-SGD on the full data every step"),
     Entry("dp-srm", "dpopt.algorithms.dp_srm:from_knobs", "DP-SRM: private recursive momentum"),
-    Entry("rrpsgd", "dpopt.algorithms.rrpsgd:from_knobs", "RRPSGD: DP-SGD output at a random round"),
+    Entry("rrpsgd", "dpopt.algorithms.dp_sgd:rrpsgd_from_knobs", "RRPSGD: DP-SGD output at a random round"),
     Entry("dp-agd", "dpopt.algorithms.dp_agd:from_knobs", "DP-AGD: adaptive budget, noisy step-size choice"),
     Entry("aclip", "dpopt.algorithms.aclip:from_knobs", "AClipped-dpSGD: clip the batch mean once"),
     Entry("storm", "dpopt.algorithms.storm:from_knobs", "STORM: non-private recursive momentum (reference)",
