@@ -367,12 +367,12 @@ FORMS = {
 }
 
 
-def layer_of(module: nn.Module, a: torch.Tensor, gen: torch.Generator) -> ghost._Layer:
+def layer_of(module: nn.Module, a: torch.Tensor, gen: torch.Generator) -> ghost.Layer:
     """The layer of ``module`` on input ``a``, with a positive output gradient ``g``."""
-    out = module(a) if isinstance(module, nn.Linear) else module(ghost._channels_last(a))
+    out = module(a) if isinstance(module, nn.Linear) else module(ghost.channels_last(a))
     kind = "linear" if isinstance(module, nn.Linear) else "conv"
     stage = ghost.Stage(kind, module, "0", (("weight", "w"), ("bias", "b")))
-    return ghost._Layer(stage, a if kind == "linear" else ghost._channels_last(a),
+    return ghost.Layer(stage, a if kind == "linear" else ghost.channels_last(a),
                         torch.rand(out.shape, generator=gen).contiguous(memory_format=torch.channels_last
                                                                         if out.ndim == 4 else torch.contiguous_format))
 
@@ -390,9 +390,9 @@ def test_every_form_bounds_its_float32_contribution(name, difference):
     layer = layer_of(module, a, gen)
     if difference is not None:
         moved = layer_of(module, a + 1e-4 * torch.rand(a.shape, generator=gen), gen)
-        other = ghost._Layer(layer.stage, layer.a if difference == "same input" else moved.a, layer.g + 1e-4 * moved.g)
-        kind = "_Layer" if difference == "same input" else "_Block" if layer.direct_difference() else "_Stacked"
-        layer = ghost._difference(layer, other)
+        other = ghost.Layer(layer.stage, layer.a if difference == "same input" else moved.a, layer.g + 1e-4 * moved.g)
+        kind = "Layer" if difference == "same input" else "Block" if layer.direct_difference() else "Stacked"
+        layer = ghost.difference(layer, other)
         assert type(layer).__name__ == kind
     layout = TwoParameters(module.weight.numel(), module.bias.numel())
     rows = ghost.GhostRows(((layer,),), (6,), layout, torch.empty(0), F64, torch.device("cpu"))

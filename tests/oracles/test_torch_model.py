@@ -206,7 +206,7 @@ def test_a_difference_of_a_first_layer_on_the_same_records_is_one_layer_and_exac
     records = torch.arange(0, N, 2)
     difference = ghost.per_record(theta, records) - ghost.per_record(other, records)
     first = difference.chunks[0][0]
-    assert type(first).__name__ == "_Layer" and type(difference.chunks[0][-1]).__name__ == "_Stacked"
+    assert type(first).__name__ == "Layer" and type(difference.chunks[0][-1]).__name__ == "Stacked"
     want = vmap.per_record(theta, records).rows - vmap.per_record(other, records).rows
     assert torch.allclose(difference.norms(), want.norm(dim=1), rtol=1e-10)
     weights = torch.linspace(-1, 1, len(records), dtype=F64)
