@@ -19,6 +19,7 @@ import torch
 import dpopt
 from dpopt import _validate, checkpoint, distributed
 from dpopt.accounting import Ledger
+from dpopt.distributed import launcher
 
 STEPS, EVERY = 30, 3
 
@@ -192,10 +193,10 @@ def test_a_rank_that_dies_while_the_others_finish_is_reported(monkeypatch, tmp_p
     launcher's failure check and before its loop's exit test, and launch read rank 1's missing
     result file (FileNotFoundError). Every read of the exit codes must see the death, whenever it
     happens (``running = 0``: both ranks had exited before the first look)."""
-    monkeypatch.setattr(distributed, "connection", type("Waiting", (), {"wait": staticmethod(lambda *a, **k: [])}))
+    monkeypatch.setattr(launcher, "connection", type("Waiting", (), {"wait": staticmethod(lambda *a, **k: [])}))
     ranks = [_Exiting(0, 0), _Exiting(-signal.SIGABRT, running)]
     with pytest.raises(_validate.DpoptError, match=r"rank 1 died \(signal SIGABRT\)"):
-        distributed._supervise(ranks, [0, 0], 10.0, tmp_path)
+        launcher._supervise(ranks, [0, 0], 10.0, tmp_path)
 
 
 def test_data_parallel_runs_refuse_per_process_noise(capsys):
