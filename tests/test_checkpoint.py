@@ -313,6 +313,16 @@ def test_an_older_copy_of_a_run_checkpoint_is_refused(tmp_path, monkeypatch, mut
     assert torch.equal(resumed(dpsgd(), problem(), path, STEPS).theta, whole.theta)
 
 
+def test_what_the_journal_cannot_stop_a_user_who_deletes_its_entry(tmp_path):
+    """Not protected (SECURITY.md): the journal is the user's own file. With the run's entry
+    deleted, the older copy resumes; with the whole state folder gone, nothing does (new key)."""
+    path, copy = partial_checkpoint(tmp_path), tmp_path / "copy.pt"
+    shutil.copy(path, copy)
+    resumed(dpsgd(), problem(), path, STEPS)
+    (journal.folder() / "runs" / f"{checkpoint.load(copy)['run']}.json").unlink()
+    assert resumed(dpsgd(), problem(), copy, STEPS).steps_done == STEPS
+
+
 def test_the_command_line_refuses_a_checkpoint_of_another_key_in_one_line(tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
     argv = ["run", "--algorithm", "dp-sgd", "--dataset", "adult", "--epsilon", "1", "--steps", "5", "--out", str(out)]
