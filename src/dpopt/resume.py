@@ -5,6 +5,9 @@ any setting changed is refused with a line naming the first that differs. Its le
 what the plan says the steps done so far spend (:func:`check`): a ledger that records less
 would make the resumed run report less ε than it spent. Every refusal advises another
 ``--out``, never deleting the checkpoint: it is the record of the ε already spent on the data.
+Before these checks, the checkpoint's tag is verified under the user's key
+(:func:`dpopt.checkpoint.load`); after them, :func:`dpopt.journal.resume` refuses a checkpoint
+older than its run's latest.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from .accounting import Ledger, PlanMismatch, compose, count_steps, guarantee, i
 
 #: What a checkpoint holds (:func:`dpopt.train.run` writes these keys).
 KEYS = frozenset({"settings", "step", "state", "visited", "expected", "records", "diagnostics", "sample_gen",
-                  "noise_gen", "ledger", "cpu_time_s", "wall_time_s", "diverged_at"})
+                  "noise_gen", "ledger", "cpu_time_s", "wall_time_s", "diverged_at", "run"})
 
 
 def describe(algorithm: Any, oracle: Any, **settings: Any) -> dict[str, str]:
