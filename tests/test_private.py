@@ -384,3 +384,18 @@ def test_a_lazy_dataset_gives_the_tensors_results_in_chunks():
     for _ in b:
         b.step()
     assert torch.allclose(a.output(), b.output(), atol=1e-6)
+
+
+def test_a_checkpoint_resumed_with_another_loss_is_refused(tmp_path):
+    """A seeded checkpoint resumed with another loss (or module) of the same size would replay its
+    noise at other gradients: the same fork as two resumes at different θ. The module's structure
+    and the loss's code are among the settings a checkpoint must match."""
+    private, sgd = started(seed=1)
+    advance(private, sgd, 2)
+    private.save(tmp_path / "run.ckpt")
+    net = model(torch.float64)
+    doubled = dpopt.Private(net, lambda out, y: 2 * loss(out, y), data(), algorithm="dp-gd", epsilon=1.0, delta=DELTA,
+                            steps=6, clip=CLIP, seed=1)
+    message = refusal(lambda: doubled.resume(tmp_path / "run.ckpt"))
+    assert message is not None and "model" in message, message
+    assert refusal(lambda: started(seed=1)[0].resume(tmp_path / "run.ckpt")) is None

@@ -241,6 +241,7 @@ class Private:
     def _described(self) -> dict[str, str]:
         return {"algorithm": repr(self.algorithm), "n": str(self.oracle.n), "dim": str(self.oracle.dim),
                 "steps": str(self.steps), "delta": repr(self.delta), "data": self.oracle.data_digest,
+                "model": self.oracle.model_digest,
                 "seed": "from the operating system" if self.seed is None else repr(self.seed)}
 
     def save(self, path: str | Path) -> None:

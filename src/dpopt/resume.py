@@ -28,8 +28,9 @@ KEYS = frozenset({"settings", "step", "state", "visited", "expected", "records",
 
 def describe(algorithm: Any, oracle: Any, **settings: Any) -> dict[str, str]:
     """Everything that determines a run, setting by setting, in a fixed order: the algorithm
-    (its type and each hyper-parameter its repr shows), the oracle (type, n, dim, regulariser and
-    the digest of its training data, where it has one: ``data_digest``) and ``settings``."""
+    (its type and each hyper-parameter its repr shows), the oracle (type, n, dim, regulariser, the
+    digest of its training data, where it has one: ``data_digest``, and of a module's structure and
+    loss: ``model_digest``) and ``settings``."""
     oracle = getattr(oracle, "oracle", oracle)  # a data-parallel wrapper runs the same problem
     if dataclasses.is_dataclass(algorithm):
         described = {"algorithm": type(algorithm).__qualname__} | {
@@ -39,6 +40,7 @@ def describe(algorithm: Any, oracle: Any, **settings: Any) -> dict[str, str]:
     return described | {
         "oracle": type(oracle).__name__, "n": str(oracle.n), "dim": str(oracle.dim),
         "reg": repr(getattr(oracle, "reg", None)), "data": getattr(oracle, "data_digest", "no digest"),
+        "model": getattr(oracle, "model_digest", "closed form"),
     } | {name: repr(value) for name, value in settings.items()}
 
 

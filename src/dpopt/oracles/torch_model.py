@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -119,6 +120,18 @@ class Layout:
         """Name → view of θ, for every name of each parameter (pass to ``call``)."""
         return {alias: theta[start:start + shape.numel()].view(shape)
                 for shape, start, aliases in zip(self.shapes, self.starts, self.aliases) for alias in aliases}
+
+
+def callable_fingerprint(fn: Callable[..., object]) -> str:
+    """A description of what ``fn`` computes: its qualified name with its code (bytecode, constants
+    and names, recursively for ``functools.partial``), or the repr of a callable object without
+    code (an ``nn.Module`` loss)."""
+    if isinstance(fn, functools.partial):
+        return f"partial({callable_fingerprint(fn.func)}, {fn.args!r}, {sorted(fn.keywords.items())!r})"
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return f"{type(fn).__qualname__}:{fn!r}"
+    return f"{getattr(fn, '__qualname__', '')}:{code.co_code.hex()}:{code.co_consts!r}:{code.co_names!r}"
 
 
 def call(module: nn.Module, params: dict[str, Tensor], x: Tensor) -> Tensor:
@@ -293,6 +306,18 @@ class TorchModel:
     def data_digest(self) -> str:
         """sha256 of the training data (X and y), computed once: checkpoints of other data differ."""
         return self.records.digest()
+
+    @functools.cached_property
+    def model_digest(self) -> str:
+        """sha256 of what the gradients are taken of besides θ and the data: the module's structure
+        (its repr, parameter and buffer names, shapes and dtypes) and the loss function (its code
+        where it has some, else its repr). A checkpoint resumed with another module or loss of the
+        same size would replay the run's noise at other gradients: its settings differ."""
+        parts = [type(self.module).__qualname__, repr(self.module), self.engine]
+        parts += [f"{name}:{tuple(t.shape)}:{t.dtype}" for name, t in
+                  (*self.module.named_parameters(), *self.module.named_buffers())]
+        parts.append(callable_fingerprint(self.loss_fn))
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
     def flat_params(self) -> Tensor:
         """θ0: the module's current trainable parameters, flattened (a copy)."""
