@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -163,10 +165,10 @@ def test_a_separable_world_is_independent_runs():
 
 @pytest.mark.parametrize(("name", "least"), [("dp-gd", 1.4), ("dp-sgd", 1.0)])
 def test_cli_releases_audit_is_tight_at_the_defaults(capsys, name, least):
-    """`dpopt audit --algo NAME --epsilon 2 --threat-model releases --json` at its defaults:
+    """`dpopt audit --algorithm NAME --epsilon 2 --threat-model releases --json` at its defaults:
     a lower bound ≥ 0.7 (DP-GD) or 0.5 (DP-SGD) of the claim and ≤ the claim, of a stated kind,
     with the audit's power ≤ 1.5 × the claim."""
-    assert main(["audit", "--algo", name, "--epsilon", "2", "--threat-model", "releases", "--json"]) == 0
+    assert main(["audit", "--algorithm", name, "--epsilon", "2", "--threat-model", "releases", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["bound"] == "gaussian-dp" and set(result["bounds"]) == {"gaussian-dp", "clopper-pearson"}
     assert least <= result["epsilon_lower_bound"] <= result["claimed_epsilon"] <= 2.0
@@ -175,10 +177,44 @@ def test_cli_releases_audit_is_tight_at_the_defaults(capsys, name, least):
 
 
 def test_cli_audit_bad_input_is_one_line(capsys):
-    assert main(["audit", "--algo", "dp-sgd", "--epsilon", "-1"]) == 2
+    assert main(["audit", "--algorithm", "dp-sgd", "--epsilon", "-1"]) == 2
     assert capsys.readouterr().err == "dpopt: error: epsilon=-1.0 must be > 0 and finite\n"
-    assert main(["audit", "--algo", "dp-sgd", "--epsilon", "1", "--threat-model", "everything"]) == 2
+    assert main(["audit", "--algorithm", "dp-sgd", "--epsilon", "1", "--threat-model", "everything"]) == 2
     assert "threat_model='everything' must be one of" in capsys.readouterr().err
+    assert main(["audit", "--algorithm", "dp-xyz", "--epsilon", "1"]) == 2
+    assert capsys.readouterr().err.startswith("dpopt: error: algorithm='dp-xyz' must be one of")
+    with pytest.raises(SystemExit) as exited:
+        main(["audit", "--epsilon", "1"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == "dpopt: error: one of the arguments --algorithm is required\n"
+
+
+def test_cli_audit_says_algorithm_like_every_command_and_keeps_algo_hidden(capsys):
+    """Finding: `audit` said `--algo` where every other command says `--algorithm`."""
+    with pytest.raises(SystemExit):
+        main(["audit", "--help"])
+    shown = capsys.readouterr().out
+    assert "--algorithm ALGORITHM" in shown and "--algo " not in shown
+    quick = ["--epsilon", "2", "--runs", "200", "--steps", "2", "--json"]
+    assert main(["audit", "--algo", "dp-gd", *quick]) == 0
+    assert json.loads(capsys.readouterr().out)["algorithm"] == "dp-gd"
+
+
+def test_cli_audit_ends_with_a_verdict_and_shows_progress_on_a_terminal(capsys, monkeypatch):
+    """Finding: a long audit printed nothing until it ended and gave no verdict line. On a terminal
+    a progress bar of the training steps runs on stderr; the human output ends with one line."""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    quick = ["audit", "--algorithm", "dp-srm", "--epsilon", "2", "--runs", "40", "--steps", "3", "--delta", "0.05",
+             "--bound", "clopper-pearson"]
+    assert main(quick) == 0
+    out, err = capsys.readouterr()
+    assert "audit dp-srm:   0%| " in err and "0/240 " in err  # 2 worlds × 40 runs × 3 steps
+    verdict = out.rstrip("\n").splitlines()[-1]
+    assert re.fullmatch(r"claim ε = 2 not refuted: lower bound \d\S* at 95 % \(power: refutes ε ≥ \S+\)",
+                        verdict), verdict
+    assert main([*quick, "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and json.loads(out)["verdict"] == verdict
 
 
 def test_the_verdict_says_refuted_with_the_numbers():
