@@ -300,11 +300,9 @@ MUTANTS: dict[str, Callable[[pytest.MonkeyPatch], audit.AuditResult]] = {
     "tuning with a public seed": lambda monkeypatch: tuning_audit(public_seed=0),
 }
 
-FIXED_GHOST = pytest.mark.xfail(strict=True, reason="the ghost engine still calls loss_fn on the whole batch; "
-                                "remove this mark when its per-record loss is merged")
 TWINS = [
     pytest.param(lambda: coupling_audit("vmap"), id="coupling loss, vmap engine"),
-    pytest.param(lambda: coupling_audit("ghost"), id="coupling loss, ghost engine", marks=FIXED_GHOST),
+    pytest.param(lambda: coupling_audit("ghost"), id="coupling loss, ghost engine"),
     pytest.param(lambda: fork_audit(replay=False), id="fork with fresh noise"),
     pytest.param(lambda: preparation_audit(by_public_bound), id="targets clipped to a public bound"),
     pytest.param(lambda: tuning_audit(public_seed=None), id="tuning with a secret seed"),

@@ -223,9 +223,7 @@ def clipped_sum_moved(engine: str) -> tuple[float, float]:
     return float((sums[1].value - sums[0].value).norm()), sums[0].sensitivity
 
 
-@pytest.mark.parametrize("engine", ["vmap", pytest.param("ghost", marks=pytest.mark.xfail(
-    strict=True, reason="the ghost engine still calls loss_fn on the whole batch; remove this mark when its "
-    "per-record loss is merged"))])
+@pytest.mark.parametrize("engine", ["vmap", "ghost"])
 def test_a_loss_that_couples_records_moves_the_clipped_sum_by_at_most_its_sensitivity(engine):
     moved, sensitivity = clipped_sum_moved(engine)
     assert sensitivity == 2.0 and moved <= sensitivity * (1 + 1e-9)
