@@ -17,7 +17,7 @@ Contenders (interleaved: one warm-up round each, then rounds in a rotated order)
 * ``non-private SGD (PyTorch, channels_last)``: the same after ``model.to(memory_format=
   torch.channels_last)``, PyTorch's own advice for CNNs on CPU: a reference row only. dpopt's
   ghost engine runs convolutions and max-pools in that layout (``dpopt.oracles.ghost.
-  _channels_last``); the default-layout step pays PyTorch's slow NCHW max-pool kernel, as
+  channels_last``); the default-layout step pays PyTorch's slow NCHW max-pool kernel, as
   Opacus does, so this row shows how much of dpopt's margin is the layout.
 * ``dpopt DP-SGD (ghost)``: ``train.step`` (Poisson sampling at q = 256/n, the step, the
   ledger) of ``DPSGD`` on ``TorchModel(model, loss, X, y)`` with the defaults (engine "ghost",
@@ -282,7 +282,7 @@ def report(data: dict[str, Any], how: str) -> dict[str, Any]:
         f"- Against the channels-last plain step ({plain_cl:.4f} s; default layout / channels-last = "
         f"{plain / plain_cl:.2f}×): DP-SGD {med[GHOST] / plain_cl:.2f}×, DP-SRM {med[SRM] / plain_cl:.2f}×, Opacus "
         f"{med[OPACUS] / plain_cl:.2f}×. dpopt's ghost engine runs convolutions and max-pools in channels-last "
-        "layout (`dpopt.oracles.ghost._channels_last`); the default-layout plain step pays PyTorch's slow NCHW "
+        "layout (`dpopt.oracles.ghost.channels_last`); the default-layout plain step pays PyTorch's slow NCHW "
         "max-pool kernel, as Opacus does.",
         "",
         "Notes: every step includes drawing its batch (dpopt and Opacus: Poisson, expected 256, so the realised batch varies; the non-private "

@@ -1,6 +1,7 @@
 """Shared pytest fixtures."""
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,17 @@ def shared_data_dir() -> Path:
     if not path.is_dir():
         pytest.fail(f"real data not found at {path}: set DPOPT_TEST_DATA to the shared data folder")
     return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The checkpoint key and the journal of runs (``dpopt.journal``) in a temporary folder for the
+    whole session, inherited by every child process: tests write nothing into the user's own
+    configuration folder."""
+    with pytest.MonkeyPatch.context() as patch:
+        folder = tmp_path_factory.mktemp("state")
+        patch.setenv("DPOPT_STATE", str(folder))
+        yield folder
 
 
 @pytest.fixture(scope="session", autouse=True)

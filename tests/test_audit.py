@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -124,8 +126,24 @@ def test_canaries_sit_where_the_run_uses_records():
     X, y = sgd.records(present=True)
     assert sgd.slots == 100 and torch.equal(X, torch.eye(100, dtype=torch.float64))
     assert torch.all(y == -worlds.CANARY_PULL)
-    X, y = sgd.records(present=False)  # add/remove-one: neutral records
+    X, y = sgd.records(present=False)  # add/remove-one, many slots: neutral records
     assert torch.all(X == 0) and torch.all(y == 0)
+
+
+def test_a_world_of_one_slot_under_add_remove_has_one_record_fewer():
+    """Finding: D and D′ always had the same n, D holding a neutral record where D′ held the canary.
+    Under add/remove-one a world of one slot now drops it: D has n − 1 records; under replace-one
+    both have n, D holding the anti-canary."""
+    srm = worlds.world(build("dp-srm", n=50, batch_size=10), "dp-srm", 50, 5)
+    (X_out, y_out), (X_in, y_in) = srm.records(present=False), srm.records(present=True)
+    assert X_in.shape == (50, 1) and X_out.shape == (49, 1) and y_in[srm.positions[0]] == -worlds.CANARY_PULL
+    assert torch.equal(X_out, torch.cat([X_in[:srm.positions[0]], X_in[srm.positions[0] + 1:]]))
+    aclip = worlds.world(build("aclip", n=50, batch_size=10), "aclip", 50, 5)  # its background is not neutral
+    X_out, y_out = aclip.records(present=False)
+    assert X_out.shape == (49, 1) and torch.all(X_out == 1.0) and torch.all(y_out == 1e6)
+    gd = worlds.world(build("dp-agd", n=50, batch_size=10), "dp-agd", 50, 2)  # replace-one
+    X_out, y_out = gd.records(present=False)
+    assert X_out.shape == (50, 1) and y_out[gd.positions[0]] == worlds.CANARY_PULL
 
 
 def test_a_separable_world_is_independent_runs():
@@ -147,10 +165,10 @@ def test_a_separable_world_is_independent_runs():
 
 @pytest.mark.parametrize(("name", "least"), [("dp-gd", 1.4), ("dp-sgd", 1.0)])
 def test_cli_releases_audit_is_tight_at_the_defaults(capsys, name, least):
-    """`dpopt audit --algo NAME --epsilon 2 --threat-model releases --json` at its defaults:
+    """`dpopt audit --algorithm NAME --epsilon 2 --threat-model releases --json` at its defaults:
     a lower bound ≥ 0.7 (DP-GD) or 0.5 (DP-SGD) of the claim and ≤ the claim, of a stated kind,
     with the audit's power ≤ 1.5 × the claim."""
-    assert main(["audit", "--algo", name, "--epsilon", "2", "--threat-model", "releases", "--json"]) == 0
+    assert main(["audit", "--algorithm", name, "--epsilon", "2", "--threat-model", "releases", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["bound"] == "gaussian-dp" and set(result["bounds"]) == {"gaussian-dp", "clopper-pearson"}
     assert least <= result["epsilon_lower_bound"] <= result["claimed_epsilon"] <= 2.0
@@ -159,10 +177,52 @@ def test_cli_releases_audit_is_tight_at_the_defaults(capsys, name, least):
 
 
 def test_cli_audit_bad_input_is_one_line(capsys):
-    assert main(["audit", "--algo", "dp-sgd", "--epsilon", "-1"]) == 2
+    assert main(["audit", "--algorithm", "dp-sgd", "--epsilon", "-1"]) == 2
     assert capsys.readouterr().err == "dpopt: error: epsilon=-1.0 must be > 0 and finite\n"
-    assert main(["audit", "--algo", "dp-sgd", "--epsilon", "1", "--threat-model", "everything"]) == 2
+    assert main(["audit", "--algorithm", "dp-sgd", "--epsilon", "1", "--threat-model", "everything"]) == 2
     assert "threat_model='everything' must be one of" in capsys.readouterr().err
+    assert main(["audit", "--algorithm", "dp-xyz", "--epsilon", "1"]) == 2
+    assert capsys.readouterr().err.startswith("dpopt: error: algorithm='dp-xyz' must be one of")
+    with pytest.raises(SystemExit) as exited:
+        main(["audit", "--epsilon", "1"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == "dpopt: error: one of the arguments --algorithm is required\n"
+
+
+def test_cli_audit_says_algorithm_like_every_command_and_keeps_algo_hidden(capsys):
+    """Finding: `audit` said `--algo` where every other command says `--algorithm`."""
+    with pytest.raises(SystemExit):
+        main(["audit", "--help"])
+    shown = capsys.readouterr().out
+    assert "--algorithm ALGORITHM" in shown and "--algo " not in shown
+    quick = ["--epsilon", "2", "--runs", "200", "--steps", "2", "--json"]
+    assert main(["audit", "--algo", "dp-gd", *quick]) == 0
+    assert json.loads(capsys.readouterr().out)["algorithm"] == "dp-gd"
+
+
+def test_cli_audit_ends_with_a_verdict_and_shows_progress_on_a_terminal(capsys, monkeypatch):
+    """Finding: a long audit printed nothing until it ended and gave no verdict line. On a terminal
+    a progress bar of the training steps runs on stderr; the human output ends with one line."""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    quick = ["audit", "--algorithm", "dp-srm", "--epsilon", "2", "--runs", "40", "--steps", "3", "--delta", "0.05",
+             "--bound", "clopper-pearson"]
+    assert main(quick) == 0
+    out, err = capsys.readouterr()
+    assert "audit dp-srm:   0%| " in err and "0/240 " in err  # 2 worlds × 40 runs × 3 steps
+    verdict = out.rstrip("\n").splitlines()[-1]
+    assert re.fullmatch(r"claim ε = 2 not refuted: lower bound \d\S* at 95 % \(power: refutes ε ≥ \S+\)",
+                        verdict), verdict
+    assert main([*quick, "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and json.loads(out)["verdict"] == verdict
+
+
+def test_the_verdict_says_refuted_with_the_numbers():
+    result = audit.AuditResult(
+        algorithm="dp-gd", threat_model="releases", engine="glm", claimed_epsilon=2.0, delta=1e-5,
+        epsilon_lower_bound=3.14159, bound="gaussian-dp", bounds={"gaussian-dp": 3.14159}, confidence=0.95, runs=4,
+        slots_per_run=1, evidence={}, smallest_refutable_epsilon=math.inf, seconds=0.0)
+    assert result.verdict == "REFUTED: claim ε = 2 is below the lower bound 3.14 at 95 % (power: refutes ε ≥ ∞)"
 
 
 # --------------------------------------------------------------- the mutants and honest audits
@@ -346,14 +406,14 @@ MUTANTS: dict[str, Case] = {
     "dp-sgd poisson rate of 10n": Case("dp-sgd", accounted_on_ten_times_the_data, steps=20, n=99, batch=50),
     "dp-sgd noise of the mean on the sum": Case("dp-sgd", swapped_in(NoiseOfTheMeanOnTheSum), steps=20, n=99,
                                                 batch=50),
-    "dp-sgd clip after noise": Case("dp-sgd", swapped_in(ClipAfterNoise), steps=1, n=9, batch=10,
+    "dp-sgd clip after noise": Case("dp-sgd", swapped_in(ClipAfterNoise), steps=1, n=10, batch=10,
                                     canary=worlds.Canary(), **SMALL),
-    "aclip sensitivity λ": Case("aclip", noise_divided_by(2), steps=1, n=9, batch=10, **SMALL),
+    "aclip sensitivity λ": Case("aclip", noise_divided_by(2), steps=1, n=10, batch=10, **SMALL),
     "diff2 noise on every client": Case("diff2-gd", noise_on_every_client, steps=1, n=49, batch=10,
                                         twin=last_iterate, **SMALL),
     "o2nc single pass noise/10": Case("o2nc-first", noise_divided_by(10), steps=10, n=99, batch=10,
                                       **SMALL | {"runs": 300}),
-    "ghost batch-mixing layer": Case("dp-sgd", honest, steps=1, n=9, batch=10, runs=1_000, delta=0.05,
+    "ghost batch-mixing layer": Case("dp-sgd", honest, steps=1, n=10, batch=10, runs=1_000, delta=0.05,
                                      bound=bounds.ClopperPearson(), canary=MIXING, engine=CLAIMED_PER_RECORD,
                                      twin_engine=ISOLATED),
 }
@@ -411,19 +471,29 @@ def test_one_run_audit_flags_a_quarter_of_the_noise_and_passes_the_honest_run():
     assert 2.0 < results["honest"].smallest_refutable_epsilon < 10.0
 
 
+def same_n(place: worlds.World, present: bool) -> tuple[Tensor, Tensor]:
+    """D′, or D with the neutral record (x = 0, y = 0) in the canary's slot: both of n records."""
+    X, y = place.records(present=present)
+    if len(y) == place.n:
+        return X, y
+    at = place.positions[0]
+    return torch.cat([X[:at], X.new_zeros(1, X.shape[1]), X[at:]]), torch.cat([y[:at], y.new_zeros(1), y[at:]])
+
+
 @pytest.mark.parametrize("name", list(HONEST))
 def test_what_a_run_writes_besides_theta_does_not_depend_on_the_canary(name):
     """Finding: only the final iterate was scored; the side outputs a run writes were never
     examined. With the same seed, the default history of a run on D and on D′ (the canary world)
     differs in θ alone: every other written field (ε, the planned passes, the step records, the
     randomness) is a public function of the settings. With diagnostics asked for, the labelled
-    diagnostics are what differs."""
+    diagnostics are what differs. n is one of the settings: D holds a neutral record in the
+    canary's slot where the add/remove world drops it."""
     case = HONEST[name]
     algo = calibrated(case, honest)
     place = worlds.world(algo, name, case.n + 1, case.steps)
     written = {}
     for present in (False, True):
-        oracle = worlds.ClosedForm().oracle(*place.records(present=present))
+        oracle = worlds.ClosedForm().oracle(*same_n(place, present))
         history = dpopt.run(algo, oracle, steps=case.steps, seed=3, log_every=1, delta=case.delta)
         written[present] = {k: v for k, v in history.to_dict().items() if k != "theta"}
     assert written[False] == written[True]

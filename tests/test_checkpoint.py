@@ -10,6 +10,8 @@ import json
 import math
 import os
 import pickle
+import shutil
+import stat
 from pathlib import Path
 
 import dp_accounting as dpa
@@ -17,7 +19,7 @@ import pytest
 import torch
 
 import dpopt
-from dpopt import checkpoint, codec
+from dpopt import checkpoint, codec, journal
 from dpopt._validate import DpoptError
 from dpopt.accounting import Ledger
 from dpopt.cli import main
@@ -101,7 +103,7 @@ def test_a_pickle_in_the_checkpoint_runs_no_code(tmp_path, writer):
     buffer = io.BytesIO()
     torch.save({"step": Evil(marker)}, buffer) if writer == "torch.save" else pickle.dump(Evil(marker), buffer)
     path.write_bytes(buffer.getvalue())
-    with pytest.raises(DpoptError, match=r"^checkpoint='.*checkpoint.pt' is not a dpopt checkpoint of format 1 "
+    with pytest.raises(DpoptError, match=r"^checkpoint='.*checkpoint.pt' is not a dpopt checkpoint of format 1 or 2 "
                                          r"\(checkpoints of earlier versions were pickles, which are not loaded"):
         resumed(dpsgd(), problem(), path, STEPS)
     assert not marker.exists()
@@ -189,10 +191,12 @@ def test_a_truncated_checkpoint_is_a_one_line_refusal(tmp_path, keep):
 
 
 def rewritten(path: Path, change) -> None:
-    """``path`` with its content changed by ``change(saved)`` and a valid digest (a forgery)."""
+    """``path`` with its content changed by ``change(saved)``, its digest recomputed and tagged
+    under the user's key: a forgery by someone holding the key, which the content checks behind
+    the tag still refuse."""
     saved = checkpoint.load(path)
     change(saved)
-    checkpoint.save(path, saved)
+    checkpoint.save(path, saved, journal.key())
 
 
 def test_a_ledger_below_the_plan_is_refused_even_with_a_valid_digest(tmp_path):
@@ -240,6 +244,113 @@ def test_a_step_outside_the_run_is_refused(tmp_path):
     path = partial_checkpoint(tmp_path)
     rewritten(path, lambda saved: saved.update(step=STEPS + 1))
     with pytest.raises(DpoptError, match=rf"records step={STEPS + 1}, not a step in \[0, {STEPS}\] of this run"):
+        resumed(dpsgd(), problem(), path, STEPS)
+
+
+# ----------------------------------------- issue 28, finding 8: checkpoints are authenticated and never rewound
+
+
+def rewound(saved: dict) -> None:
+    """Step 12 rewound to step 4 together with its ledger: a checkpoint every check of its
+    contents accepts, of a run whose data then passes through 12 + 26 noised steps, 30 counted."""
+    (event, count), = saved["ledger"]["runs"]
+    saved["step"], saved["ledger"]["runs"] = 4, [(event, 4)]
+
+
+@pytest.mark.parametrize("key, reason", [
+    (None, "it carries no tag"),  # the format before the tag, its digest recomputed
+    (journal.Key(bytes(32), Path("another")), "its tag does not verify under the checkpoint key '.*checkpoint.key', "
+                                              "so it was edited after it was written, or written under another key")])
+def test_a_checkpoint_rewound_with_its_ledger_is_refused(tmp_path, key, reason):
+    """The reproduction: step and ledger rewound together, the digest recomputed."""
+    path = partial_checkpoint(tmp_path)
+    saved = checkpoint.load(path)
+    rewound(saved)
+    checkpoint.save(path, saved, key)
+    with pytest.raises(DpoptError, match=rf"^checkpoint='.*checkpoint.pt' is not authenticated: {reason}"):
+        resumed(dpsgd(), problem(), path, STEPS)
+
+
+def test_a_rewind_by_a_holder_of_the_key_is_refused_by_the_journal(tmp_path):
+    """Behind the tag, the journal: the run already checkpointed step 12."""
+    path = partial_checkpoint(tmp_path)
+    rewritten(path, rewound)
+    with pytest.raises(DpoptError, match=r"holds step 4 of run [0-9a-f]{32}, which already checkpointed or resumed "
+                                         r"step 12: resuming it would rewind the run"):
+        resumed(dpsgd(), problem(), path, STEPS)
+
+
+def test_the_rewind_tests_catch_a_resume_without_tag_and_journal(tmp_path, monkeypatch):
+    """The mutant (the code before): neither the tag nor the journal checked. The rewound
+    checkpoint is resumed, and its run ends with a ledger of 30 steps after 12 + 26 noised ones."""
+    monkeypatch.setattr(journal, "resume", lambda *args, **kwargs: None)
+    path = partial_checkpoint(tmp_path)
+    saved = checkpoint.load(path)
+    rewound(saved)
+    checkpoint.save(path, saved, journal.key())  # as if the tag were not checked
+    assert resumed(dpsgd(), problem(), path, STEPS).steps_done == STEPS
+    assert Ledger.from_state(checkpoint.load(path)["ledger"]).steps == STEPS
+
+
+@pytest.mark.parametrize("mutant", [False, True])
+def test_an_older_copy_of_a_run_checkpoint_is_refused(tmp_path, monkeypatch, mutant):
+    """A copy of step 12's checkpoint, kept while the run went on to step 30, is not resumed (the
+    mutant without the journal check resumes it); the latest checkpoint resumes, to the same run."""
+    if mutant:
+        monkeypatch.setattr(journal, "resume", lambda *args, **kwargs: None)
+    path, copy = partial_checkpoint(tmp_path), tmp_path / "copy.pt"
+    shutil.copy(path, copy)
+    whole = resumed(dpsgd(), problem(), path, STEPS)
+    if mutant:
+        assert resumed(dpsgd(), problem(), copy, STEPS).steps_done == STEPS
+        return
+    with pytest.raises(DpoptError, match=r"^checkpoint='.*copy.pt' holds step 12 of run [0-9a-f]{32}, which already "
+                                         r"checkpointed or resumed step 30: resuming it would rewind the run \(the "
+                                         r"data would pass through more noised steps than its ε counts\); it was "
+                                         r"not used. Resume the run's latest checkpoint, or start a new run in "
+                                         r"another --out$"):
+        resumed(dpsgd(), problem(), copy, STEPS)
+    assert torch.equal(resumed(dpsgd(), problem(), path, STEPS).theta, whole.theta)
+
+
+def test_what_the_journal_cannot_stop_a_user_who_deletes_its_entry(tmp_path):
+    """Not protected (SECURITY.md): the journal is the user's own file. With the run's entry
+    deleted, the older copy resumes; with the whole state folder gone, nothing does (new key)."""
+    path, copy = partial_checkpoint(tmp_path), tmp_path / "copy.pt"
+    shutil.copy(path, copy)
+    resumed(dpsgd(), problem(), path, STEPS)
+    (journal.folder() / "runs" / f"{checkpoint.load(copy)['run']}.json").unlink()
+    assert resumed(dpsgd(), problem(), copy, STEPS).steps_done == STEPS
+
+
+def test_the_command_line_refuses_a_checkpoint_of_another_key_in_one_line(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    argv = ["run", "--algorithm", "dp-sgd", "--dataset", "adult", "--epsilon", "1", "--steps", "5", "--out", str(out)]
+    assert main(argv) == 0
+    monkeypatch.setenv("DPOPT_STATE", str(tmp_path / "another user"))
+    capsys.readouterr()
+    assert main(argv) == 2
+    err, other = capsys.readouterr().err, tmp_path / "another user" / "checkpoint.key"
+    assert err.startswith(f"dpopt: error: checkpoint={str(out / 'checkpoint.pt')!r} is not authenticated: its tag "
+                          f"does not verify under the checkpoint key {str(other)!r}")
+    assert err.count("\n") == 1
+
+
+def test_the_key_is_made_once_private_and_outside_out(tmp_path, monkeypatch):
+    monkeypatch.setenv("DPOPT_STATE", str(tmp_path / "state"))
+    key = journal.key()
+    assert key == journal.key() and len(key.secret) == 32 and key.path == tmp_path / "state" / "checkpoint.key"
+    assert stat.S_IMODE(key.path.stat().st_mode) == 0o600 and stat.S_IMODE(key.path.parent.stat().st_mode) == 0o700
+    assert key.secret.hex() not in repr(key) and "secret" not in repr(key)
+    assert sorted(p.name for p in key.path.parent.iterdir()) == ["checkpoint.key"]  # no temporary file left
+
+
+def test_a_journal_entry_not_written_by_dpopt_refuses_its_run(tmp_path):
+    path = partial_checkpoint(tmp_path)
+    run = checkpoint.load(path)["run"]
+    (journal.folder() / "runs" / f"{run}.json").write_text('{"latest": 0}')
+    with pytest.raises(DpoptError, match=rf"^the journal entry '.*{run}.json' is not one dpopt wrote; without it no "
+                                         r"checkpoint of its run is resumed \(start a new run in another --out\)$"):
         resumed(dpsgd(), problem(), path, STEPS)
 
 

@@ -17,8 +17,9 @@ import pytest
 import torch
 
 import dpopt
-from dpopt import _validate, checkpoint, distributed
+from dpopt import _validate, checkpoint, distributed, journal
 from dpopt.accounting import Ledger
+from dpopt.distributed import launcher
 
 STEPS, EVERY = 30, 3
 
@@ -51,16 +52,19 @@ def assert_same_run(got: dpopt.History, want: dpopt.History) -> None:
 
 # ------------------------------------------------------------- SIGKILL inside checkpoint writes
 
-#: Kill points inside checkpoint.write_bytes: the k-th call of a file-system function. fsync is
-#: called twice per checkpoint (the temporary file, then the directory, after the rename), so odd
-#: k die before a rename (a whole temporary file is left), even k right after one; the fdopen kill
-#: leaves a torn temporary file.
-KILLS = [("fsync", 1), ("fsync", 4), ("fdopen", 3)]
+#: Kill points inside checkpoint.write_bytes: the k-th call of a file-system function. Each
+#: checkpoint is two atomic writes, the checkpoint's and then its journal entry's (dpopt.journal),
+#: each calling fdopen once and fsync twice (the temporary file, then the directory, after the
+#: rename). fsync 1 dies before the first rename (a whole temporary file is left), 6 right after
+#: the second checkpoint's rename, before the journal records it, 8 right after the journal does;
+#: the fdopen kill leaves a torn temporary file of the third checkpoint. (The key exists before.)
+KILLS = [("fsync", 1), ("fsync", 6), ("fsync", 8), ("fdopen", 5)]
 
 
 @pytest.mark.parametrize(("function", "call"), KILLS)
 def test_sigkill_inside_a_checkpoint_write_then_resume(tmp_path, function, call):
     path = tmp_path / "ckpt.pt"
+    journal.key()  # made now, so that the child's file-system calls are those of its checkpoints
     child = PROBLEM + f"""
 import os, signal
 from dpopt import checkpoint
@@ -94,10 +98,11 @@ dpopt.run(algo, oracle, steps={STEPS}, seed=7, log_every=1, checkpoint_path={str
 def test_a_full_disk_is_a_clear_error_and_loses_nothing(tmp_path, monkeypatch):
     path = tmp_path / "ckpt.pt"
     real, calls = os.fsync, []
+    journal.key()  # made now, so that every fsync below is one of a checkpoint's
 
     def full(fd: int) -> None:
         calls.append(1)
-        if len(calls) == 5:  # the third checkpoint's temporary file (calls 1-2, 3-4: two checkpoints)
+        if len(calls) == 9:  # the third checkpoint's temporary file (calls 1-4, 5-8: two checkpoints and journals)
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real(fd)
 
@@ -116,6 +121,7 @@ def test_a_read_only_output_directory_is_a_clear_error(tmp_path, monkeypatch):
     def read_only(*args, **kwargs):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS))
 
+    journal.key()  # made now: the state folder is writable, --out is not
     monkeypatch.setattr(checkpoint.tempfile, "mkstemp", read_only)
     with pytest.raises(_validate.DpoptError, match=r"out='.*' must be a writable directory \(Read-only file system\)"):
         run(tmp_path / "ckpt.pt")
@@ -192,10 +198,10 @@ def test_a_rank_that_dies_while_the_others_finish_is_reported(monkeypatch, tmp_p
     launcher's failure check and before its loop's exit test, and launch read rank 1's missing
     result file (FileNotFoundError). Every read of the exit codes must see the death, whenever it
     happens (``running = 0``: both ranks had exited before the first look)."""
-    monkeypatch.setattr(distributed, "connection", type("Waiting", (), {"wait": staticmethod(lambda *a, **k: [])}))
+    monkeypatch.setattr(launcher, "connection", type("Waiting", (), {"wait": staticmethod(lambda *a, **k: [])}))
     ranks = [_Exiting(0, 0), _Exiting(-signal.SIGABRT, running)]
     with pytest.raises(_validate.DpoptError, match=r"rank 1 died \(signal SIGABRT\)"):
-        distributed._supervise(ranks, [0, 0], 10.0, tmp_path)
+        launcher._supervise(ranks, [0, 0], 10.0, tmp_path)
 
 
 def test_data_parallel_runs_refuse_per_process_noise(capsys):

@@ -22,10 +22,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import dpopt
 from dpopt import _validate, distributed
 from dpopt.cli import main
 
-TESTS, SRC = Path(__file__).resolve().parent, Path(distributed.__file__).resolve().parents[1]
+TESTS, SRC = Path(__file__).resolve().parent, Path(dpopt.__file__).resolve().parents[1]
 
 #: A launcher of ``forever`` on 2 ranks, as its own process; with a second argument "background" it
 #: ignores SIGINT, as a job started with ``&`` from a script does.

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
+import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +14,7 @@ from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
 import dpopt
-from dpopt import accounting
+from dpopt import accounting, checkpoint, journal
 from dpopt._validate import DpoptError
 from dpopt.accounting import canonical
 from dpopt.algorithms.by_name import build, steps_for_epochs
@@ -186,6 +190,135 @@ def test_a_saved_run_resumes_exactly(tmp_path):
         other.resume(tmp_path / "run.ckpt")
 
 
+# ----------------------------------------------- a checkpoint's noise is never released twice (issue 28, finding 2)
+
+CLIP = 1.0
+
+
+def started(seed: int | None = None) -> tuple[dpopt.Private, torch.optim.Optimizer]:
+    """A DP-GD run of 6 steps (full batches: a release's only randomness is its noise) and its optimizer."""
+    net = model(torch.float64)
+    private = dpopt.Private(net, loss, data(), algorithm="dp-gd", epsilon=1.0, delta=DELTA, steps=6, clip=CLIP,
+                            seed=seed)
+    return private, torch.optim.SGD(net.parameters(), lr=0.2)
+
+
+def advance(private: dpopt.Private, optimizer: torch.optim.Optimizer, steps: int) -> None:
+    for _ in range(steps):
+        private.backward()
+        optimizer.step()
+
+
+def release(private: dpopt.Private) -> torch.Tensor:
+    """The next release g̃_t, flat, taken at the module's parameters."""
+    private.backward()
+    return torch.cat([p.grad.reshape(-1) for p in private.module.parameters()])
+
+
+def saved_and_continued(path: Path) -> torch.Tensor:
+    """An unseeded run saved to ``path`` after 3 steps; the release its own continuation makes next."""
+    original, sgd = started()
+    advance(original, sgd, 3)
+    original.save(path)
+    return release(original)
+
+
+def refusal(resume) -> str | None:
+    """The message of the DpoptError ``resume()`` raises; None if it resumes."""
+    try:
+        resume()
+    except DpoptError as err:
+        return str(err)
+    return None
+
+
+def fork(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[float, float, str | None]:
+    """The reproduction: an unseeded run saved after 3 steps and continued; its checkpoint resumed
+    (at the saved θ, where the continuation stands) and then resumed again. Returns ‖g̃ − g̃'‖ of
+    the two next releases, the norm below which that difference of independent noises falls with
+    probability < 1e-10, and the second resume's refusal. The operating system's bytes come from
+    a fixed stream: the test is deterministic."""
+    monkeypatch.setattr(os, "urandom", random.Random(0).randbytes)
+    path = tmp_path / "run.ckpt"
+    continued = saved_and_continued(path)
+    resumed, _ = started()
+    resumed.resume(path)
+    again = release(resumed)
+    # Same θ, same (full) batch: g̃ − g̃' = (ξ − ξ')/n, ξ, ξ' ~ N(0, (z·2C)² I_d) (replace-one: Δ = 2C);
+    # ‖·‖² / (2 (z·2C/n)²) ~ χ²_d, below d/4 with probability ≤ (e^{3/4}/4)^{d/2} < 1e-10 (d = 74, Chernoff)
+    std, d = resumed.algorithm.noise_multiplier * 2 * CLIP / N, again.numel()
+    return float((again - continued).norm()), math.sqrt(2 * d / 4) * std, refusal(lambda: started()[0].resume(path))
+
+
+def test_a_checkpoint_resumes_once_and_an_unseeded_resume_draws_fresh_noise(tmp_path, monkeypatch):
+    """Finding 2: two resumes of one checkpoint released the saved run's noise again, at θ the
+    user's optimizer chose (their releases differed by exactly the unnoised difference of the
+    clipped sums). Now the resumed release's noise is new, and a second resume is refused."""
+    difference, below, second = fork(tmp_path, monkeypatch)
+    assert difference > below > 0
+    assert second.startswith(f"checkpoint={str(tmp_path / 'run.ckpt')!r} holds step 3 of run ")
+    assert second.endswith(", which was already resumed once: resuming it again would fork the run (two "
+                           "continuations of one state, each counting only its own ε); it was not used. Continue "
+                           "from the resumed run's latest checkpoint, or start a new run")
+
+
+def test_the_fork_test_catches_the_resume_that_replays_the_saved_noise(tmp_path, monkeypatch):
+    """The mutant: the resume before the fix (the saved generators restored, any number of
+    times). The resumed release repeats the continuation's bit for bit, and so would release the
+    unnoised difference at another θ: the test above fails on it."""
+    monkeypatch.setattr(journal, "resume", lambda *args, **kwargs: None)
+
+    def replayed(self: dpopt.Private) -> None:
+        saved = checkpoint.load(tmp_path / "run.ckpt")
+        self.stepper.sample_gen.set_state(saved["sample_gen"])
+        self.stepper.source.generator.set_state(saved["noise_gen"])
+
+    monkeypatch.setattr(dpopt.Private, "_redraw", replayed)
+    difference, below, second = fork(tmp_path, monkeypatch)
+    assert difference == 0.0 and second is None
+
+
+@pytest.mark.parametrize("mutant", [False, True])
+def test_an_older_checkpoint_of_a_private_run_is_refused(tmp_path, monkeypatch, mutant):
+    """A checkpoint older than one its run already wrote is a rewind: refused, naming its step;
+    the latest resumes (a seeded run: with the saved generators). The mutant without the journal
+    check resumes the older one."""
+    if mutant:
+        monkeypatch.setattr(journal, "resume", lambda *args, **kwargs: None)
+    private, sgd = started(seed=1)
+    for t in (2, 4):
+        advance(private, sgd, 2)
+        private.save(tmp_path / f"step{t}.ckpt")
+    older = refusal(lambda: started(seed=1)[0].resume(tmp_path / "step2.ckpt"))
+    if mutant:
+        assert older is None
+        return
+    assert older.startswith(f"checkpoint={str(tmp_path / 'step2.ckpt')!r} holds step 2 of run ")
+    assert older.endswith(", which already checkpointed or resumed step 4: resuming it would rewind the run (the data "
+                          "would pass through more noised steps than its ε counts); it was not used. Resume the run's "
+                          "latest checkpoint, or start a new run in another --out")
+    latest = started(seed=1)[0]
+    latest.resume(tmp_path / "step4.ckpt")
+    assert latest.t == 4 and torch.equal(release(latest), release(private))  # seeded: the saved generators
+
+
+def test_an_edited_private_checkpoint_is_refused(tmp_path):
+    """Finding 8 for dpopt.Private: a checkpoint whose step and ledger were rewound together, its
+    digest recomputed, is refused: its tag (HMAC under the user's key) no longer verifies."""
+    private, sgd = started(seed=1)
+    advance(private, sgd, 4)
+    path = tmp_path / "run.ckpt"
+    private.save(path)
+    saved = checkpoint.load(path)
+    (event, count), = saved["ledger"]["runs"]
+    saved["step"], saved["ledger"]["runs"] = 1, [(event, 1)]
+    for key, reason in [(None, "it carries no tag"), (journal.Key(bytes(32), Path("elsewhere")), "its tag does not "
+                                                                                               "verify under")]:
+        checkpoint.save(path, saved, key)
+        with pytest.raises(DpoptError, match=f"^checkpoint='.*run.ckpt' is not authenticated: {reason}"):
+            started(seed=1)[0].resume(path)
+
+
 def test_bad_arguments_are_named():
     X, y = data()
     with pytest.raises(DpoptError, match="give exactly one of them"):
@@ -251,3 +384,18 @@ def test_a_lazy_dataset_gives_the_tensors_results_in_chunks():
     for _ in b:
         b.step()
     assert torch.allclose(a.output(), b.output(), atol=1e-6)
+
+
+def test_a_checkpoint_resumed_with_another_loss_is_refused(tmp_path):
+    """A seeded checkpoint resumed with another loss (or module) of the same size would replay its
+    noise at other gradients: the same fork as two resumes at different θ. The module's structure
+    and the loss's code are among the settings a checkpoint must match."""
+    private, sgd = started(seed=1)
+    advance(private, sgd, 2)
+    private.save(tmp_path / "run.ckpt")
+    net = model(torch.float64)
+    doubled = dpopt.Private(net, lambda out, y: 2 * loss(out, y), data(), algorithm="dp-gd", epsilon=1.0, delta=DELTA,
+                            steps=6, clip=CLIP, seed=1)
+    message = refusal(lambda: doubled.resume(tmp_path / "run.ckpt"))
+    assert message is not None and "model" in message, message
+    assert refusal(lambda: started(seed=1)[0].resume(tmp_path / "run.ckpt")) is None

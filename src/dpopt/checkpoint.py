@@ -4,17 +4,20 @@ Atomic: write to a temporary file in the same directory, flush and fsync it, ``o
 it over the target (atomic on POSIX), then fsync the directory so the rename survives a crash.
 A reader sees the old file or the new one, never half of one.
 
-Checkpoint format (version 1), one file::
+Checkpoint format, one file, in two versions::
 
-    b"dpopt-checkpoint 1\n"
-    sha256 of the payload, 64 hex digits, b"\n"
+    b"dpopt-checkpoint 1\n"  sha256 of the body, 64 hex digits, b"\n"  body = payload
+    b"dpopt-checkpoint 2\n"  sha256 of the body, 64 hex digits, b"\n"  body = tag + b"\n" + payload
     payload = JSON length (8 bytes, little-endian) + JSON (UTF-8) + safetensors
 
 The JSON is the checkpointed value encoded by :mod:`dpopt.codec`, referring to the tensors of
 the safetensors part by name. :func:`load` checks the digest before parsing anything, so a
 flipped bit or a truncated file is refused with one line, and parsing never runs code (no
 pickle). The digest detects corruption, not forgery: whoever can write the file can recompute
-it (resuming checks the contents against the run's plan, see :mod:`dpopt.train`).
+it. Version 2, every training checkpoint's, adds the tag: HMAC-SHA256 of the payload under the
+user's secret key (:mod:`dpopt.journal`, kept outside ``--out``), which only a holder of the key
+can compute; :func:`load` given the key refuses a file whose tag does not verify, or that has
+none. Version 1 holds saved results (``dpopt reproduce``'s runs), read without a key.
 
 The atomic writers need no torch (``dpopt calibrate --json`` starts without it); :func:`save`
 and :func:`load` import the tensor codec when called.
@@ -23,15 +26,20 @@ and :func:`load` import the tensor codec when called.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _validate
 
-MAGIC = b"dpopt-checkpoint 1\n"
+if TYPE_CHECKING:
+    from .journal import Key
+
+MAGIC = b"dpopt-checkpoint 1\n"  #: digest only
+TAGGED = b"dpopt-checkpoint 2\n"  #: digest and tag
 
 
 def write_bytes(path: Path, data: bytes) -> None:
@@ -65,8 +73,9 @@ def write_text(path: Path, text: str) -> None:
     write_bytes(path, text.encode())
 
 
-def save(path: Path, obj: Any) -> None:
-    """Atomically write ``obj`` (a value :mod:`dpopt.codec` can encode) to ``path`` as a checkpoint."""
+def save(path: Path, obj: Any, key: Key | None = None) -> None:
+    """Atomically write ``obj`` (a value :mod:`dpopt.codec` can encode) to ``path`` as a checkpoint,
+    tagged under ``key`` if given (version 2), else with its digest only (version 1)."""
     import safetensors.torch
 
     from . import codec
@@ -74,12 +83,15 @@ def save(path: Path, obj: Any) -> None:
     data, tensors = codec.encode(obj)
     text = json.dumps(data, allow_nan=False, separators=(",", ":")).encode()
     payload = len(text).to_bytes(8, "little") + text + safetensors.torch.save(tensors)
-    write_bytes(path, MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
+    body = payload if key is None else key.tag(payload) + b"\n" + payload
+    write_bytes(path, (MAGIC if key is None else TAGGED) + hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
 
 
-def load(path: Path) -> Any:
+def load(path: Path, key: Key | None = None) -> Any:
     """The value :func:`save` wrote to ``path``; a one-line :class:`~dpopt._validate.DpoptError` if
-    the file is not such a checkpoint, is corrupt or truncated, or cannot be read."""
+    the file is not such a checkpoint, is corrupt or truncated, or cannot be read, and with ``key``
+    if it does not carry a tag that verifies under ``key`` (without, a tag is not checked: reading
+    a checkpoint to look into it)."""
     import safetensors
     import safetensors.torch
 
@@ -90,13 +102,23 @@ def load(path: Path) -> Any:
         data = Path(path).read_bytes()
     except OSError as err:
         raise _validate.DpoptError(f"{name} cannot be read ({err.strerror})") from None
-    if not data.startswith(MAGIC):
-        raise _validate.DpoptError(f"{name} is not a dpopt checkpoint of format 1 (checkpoints of earlier "
+    magic = data[:len(MAGIC)]
+    if magic not in (MAGIC, TAGGED):
+        raise _validate.DpoptError(f"{name} is not a dpopt checkpoint of format 1 or 2 (checkpoints of earlier "
                                    "versions were pickles, which are not loaded: loading one can run code)")
-    digest, payload = data[len(MAGIC):len(MAGIC) + 64], data[len(MAGIC) + 65:]
-    if data[len(MAGIC) + 64:len(MAGIC) + 65] != b"\n" or hashlib.sha256(payload).hexdigest().encode() != digest:
+    digest, body = data[len(MAGIC):len(MAGIC) + 64], data[len(MAGIC) + 65:]
+    if data[len(MAGIC) + 64:len(MAGIC) + 65] != b"\n" or hashlib.sha256(body).hexdigest().encode() != digest:
         raise _validate.DpoptError(f"{name} is corrupt or truncated (its sha256 does not match its contents); "
                                    "it was not used")
+    tag, payload = (None, body) if magic == MAGIC else (body[:64], body[65:])
+    if key is not None and tag is None:
+        raise _validate.DpoptError(f"{name} is not authenticated: it carries no tag (format 1: saved results, or a "
+                                   "file rewritten without the checkpoint key), and a run resumes only a checkpoint "
+                                   "tagged under the user's key; it was not used")
+    if key is not None and not hmac.compare_digest(key.tag(payload), tag):
+        raise _validate.DpoptError(f"{name} is not authenticated: its tag does not verify under the checkpoint key "
+                                   f"{str(key.path)!r}, so it was edited after it was written, or written under "
+                                   "another key (another user, machine or DPOPT_STATE); it was not used")
     size = int.from_bytes(payload[:8], "little")
     try:
         tensors = safetensors.torch.load(payload[8 + size:])

@@ -309,28 +309,41 @@ def _summary(algorithm: str, dataset: str, history: Any) -> str:
 
 
 def _audit(args: argparse.Namespace) -> dict[str, Any]:
-    """Calibrate ``--algo`` to (--epsilon, --delta) on the canary world's n + 1 records, then audit it."""
+    """Calibrate ``--algorithm`` to (--epsilon, --delta) on the canary world's n + 1 records, then audit it
+    (a progress bar on a terminal). It is built for the records of D, so that its batch sizes fit
+    both worlds: under add/remove-one D has the n background records alone."""
+    from dp_accounting import NeighboringRelation
+
     from . import audit
     from .accounting import calibrate
     from .algorithms.by_name import build as build_algorithm
 
-    _validate.one_of("algo", args.algo, ALGORITHMS)
+    _validate.one_of("algorithm", args.algorithm, ALGORITHMS)
     epsilon = _validate.positive("epsilon", args.epsilon)
     n = _validate.positive_int("dataset_size", args.dataset_size)
-    algorithm = build_algorithm(args.algo, n=n + 1, batch_size=args.batch_size, lr=args.lr, clip=args.clip,
-                                sampling=args.sampling, noise=args.noise)
-    if args.algo not in NON_PRIVATE:
+
+    def built(records: int) -> Any:
+        return build_algorithm(args.algorithm, n=records, batch_size=args.batch_size, lr=args.lr, clip=args.clip,
+                               sampling=args.sampling, noise=args.noise)
+
+    algorithm = built(n + 1)
+    if algorithm.relation() == NeighboringRelation.ADD_OR_REMOVE_ONE:
+        algorithm = built(n)
+    if args.algorithm not in NON_PRIVATE:
         algorithm = calibrate(algorithm, epsilon=epsilon, delta=_validate.open_unit("delta", args.delta), n=n + 1,
                               steps=_validate.positive_int("steps", args.steps))
     engine = audit.ENGINES[_validate.one_of("engine", args.engine, audit.ENGINES)]
+    progress = not args.json and sys.stderr.isatty()
     if args.one_run:
-        return audit.audit_one_run(algorithm, name=args.algo, steps=args.steps, dataset_size=n, delta=args.delta,
-                                   confidence=args.confidence, engine=engine, seed=args.seed).to_dict()
-    result = audit.audit(algorithm, name=args.algo, steps=args.steps, dataset_size=n, runs=args.runs,
+        return audit.audit_one_run(algorithm, name=args.algorithm, steps=args.steps, dataset_size=n, delta=args.delta,
+                                   confidence=args.confidence, engine=engine, seed=args.seed,
+                                   progress=progress).to_dict()
+    result = audit.audit(algorithm, name=args.algorithm, steps=args.steps, dataset_size=n, runs=args.runs,
                          delta=args.delta, confidence=args.confidence, seed=args.seed,
                          threat_model=audit.THREAT_MODELS[_validate.one_of("threat_model", args.threat_model,
                                                                            audit.THREAT_MODELS)],
-                         bound=audit.KINDS[_validate.one_of("bound", args.bound, audit.KINDS)], engine=engine)
+                         bound=audit.KINDS[_validate.one_of("bound", args.bound, audit.KINDS)], engine=engine,
+                         progress=progress)
     return result.to_dict()
 
 
@@ -445,7 +458,9 @@ def _parser() -> argparse.ArgumentParser:
     common(sub)
 
     sub = commands.add_parser("audit", help="empirical ε lower bound by the canary method (see dpopt.audit)")
-    sub.add_argument("--algo", required=True, help=f"one of: {', '.join(ALGORITHMS)}")
+    named = sub.add_mutually_exclusive_group(required=True)
+    named.add_argument("--algorithm", help=f"one of: {', '.join(ALGORITHMS)}")
+    named.add_argument("--algo", dest="algorithm", help=argparse.SUPPRESS)  # the former name, kept working
     sub.add_argument("--epsilon", type=float, required=True, help="the claimed ε the algorithm is calibrated to")
     sub.add_argument("--delta", type=float, default=1e-5)
     sub.add_argument("--steps", type=int, default=20)
@@ -598,6 +613,9 @@ def _human(command: str, result: Any) -> str:
         return result["markdown"]
     if command == "reproduce":
         return f"wrote results for {result['experiment']} ({result['seeds']} seeds)"
+    if command == "audit":
+        details = {key: value for key, value in result.items() if key != "verdict"}
+        return f"{report.to_json(details, indent=2)}\n{result['verdict']}"
     return report.to_json(result, indent=2)
 
 

@@ -62,8 +62,15 @@ anything else the loop computes from the training data (a training loss printed 
 non-private backward added to the private gradient).
 
 Checkpoints (:meth:`save`, :meth:`Private.resume`) hold the algorithm's state, both generators,
-the step and the ledger in dpopt's checkpoint format (no pickle); they are secret, like the
-seed. The optimizer's state is the user's to save (``optimizer.state_dict()``).
+the step, the ledger and the run's id in dpopt's checkpoint format (no pickle), tagged under the
+user's checkpoint key (:mod:`dpopt.journal`); they are secret, like the seed. The optimizer is
+the user's (its state too: ``optimizer.state_dict()``), so a resumed run may take its next
+gradient at another θ than the saved run would have: were its noise the saved run's, the two
+releases would differ by exactly the unnoised difference of their clipped sums. So a checkpoint
+is resumed once, only if it is its run's latest (:func:`dpopt.journal.resume`), and a run
+without a seed resumes with generators drawn afresh from the operating system: its noise is
+never a draw released before. A seeded run restores the saved generators (reproducible; two runs
+or resumes with one seed are the user's to keep apart).
 """
 
 from __future__ import annotations
@@ -75,16 +82,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from . import _validate, checkpoint
+from . import _validate, checkpoint, journal
 from .accounting import Ledger, calibrate
 from .base import Directed
 from .algorithms.by_name import NON_PRIVATE, build, steps_for_epochs
 from .mechanisms import NoiseSource
 from .oracles import TorchModel, ghost, records
-from .train import Stepper
+from .train import Stepper, randomness
 
 #: The keys of a :meth:`Private.save` checkpoint.
-KEYS = frozenset({"private", "step", "state", "sample_gen", "noise_gen", "ledger"})
+KEYS = frozenset({"private", "step", "state", "sample_gen", "noise_gen", "ledger", "run"})
 
 
 class Private:
@@ -98,8 +105,9 @@ class Private:
     matters only to ``step()``) or an algorithm object. ``epsilon``: calibrate the noise to
     (ε, ``delta``) for the planned steps (``epochs`` or ``steps``); None keeps an algorithm
     object's noise multipliers. ``seed``: None draws the sampling and the noise from a seed
-    from the operating system (secret); with a seed the run is reproducible and the guarantee
-    rests on the seed staying secret. ``engine``, ``microbatch_size``, ``known_layers``: per-record
+    from the operating system (secret), and again on :meth:`resume`; with a seed the run is
+    reproducible (:meth:`resume` restores the saved generators) and the guarantee rests on the
+    seed staying secret. ``engine``, ``microbatch_size``, ``known_layers``: per-record
     gradients (:class:`~dpopt.oracles.TorchModel`; ``known_layers`` extends the ghost engine's
     registry with your own per-record layers).
     """
@@ -134,7 +142,8 @@ class Private:
         if epsilon is not None:
             _validate.positive("epsilon", epsilon)
             algorithm = calibrate(algorithm, epsilon=epsilon, delta=delta, n=n, steps=self.steps, accountant=accountant)
-        self.algorithm, self.delta = algorithm, delta
+        self.algorithm, self.delta, self.seed = algorithm, delta, seed
+        self.run_id = journal.new_run()
         self.theta0 = self.oracle.flat_params().to(torch.float64)
         self.stepper = Stepper.start(algorithm, self.oracle, steps=self.steps, theta0=self.theta0, seed=seed,
                                      noise_source=noise_source, accountant=accountant)
@@ -231,32 +240,49 @@ class Private:
 
     def _described(self) -> dict[str, str]:
         return {"algorithm": repr(self.algorithm), "n": str(self.oracle.n), "dim": str(self.oracle.dim),
-                "steps": str(self.steps), "delta": repr(self.delta), "data": self.oracle.data_digest}
+                "steps": str(self.steps), "delta": repr(self.delta), "data": self.oracle.data_digest,
+                "model": self.oracle.model_digest,
+                "seed": "from the operating system" if self.seed is None else repr(self.seed)}
 
     def save(self, path: str | Path) -> None:
-        """Write the run's state (secret: it holds the generators) to ``path``, atomically."""
+        """Write the run's state (secret: it holds the generators) to ``path``, atomically, tagged
+        under the user's checkpoint key; the journal records it as the run's latest checkpoint."""
         state = self.stepper.state
         if self._own_update is False:
             state = self.algorithm.moved(state, self._theta())
         checkpoint.save(Path(path), {
             "private": self._described(), "step": self.stepper.t, "state": state,
             "sample_gen": self.stepper.sample_gen.get_state(), "noise_gen": self.stepper.source.generator.get_state(),
-            "ledger": self.stepper.ledger.state()})
+            "ledger": self.stepper.ledger.state(), "run": self.run_id}, journal.key())
+        journal.written(self.run_id, self.stepper.t)
 
     def resume(self, path: str | Path) -> None:
-        """Continue from a :meth:`save` of the same run (same algorithm, data, steps and δ),
-        whose ledger records exactly what the plan spends in its steps; the module gets the
-        saved θ."""
+        """Continue from a :meth:`save` of the same run (same algorithm, data, steps, δ and seed),
+        whose tag verifies under the user's key and whose ledger records exactly what the plan
+        spends in its steps; the module gets the saved θ. Refused if that checkpoint was resumed
+        before or its run has a later one (:func:`dpopt.journal.resume`). The generators: the
+        saved ones with a seed, else new ones from the operating system."""
         from . import resume as resuming
 
-        saved = checkpoint.load(Path(path))
+        saved = checkpoint.load(Path(path), journal.key())
         name = f"checkpoint={str(path)!r}"
         if not (isinstance(saved, dict) and set(saved) == KEYS):
             raise _validate.DpoptError(f"{name} is not a checkpoint of dpopt.Private; it was not used")
         resuming.check_settings(name, saved["private"], self._described())
         ledger = resuming.checked_ledger(name, saved["ledger"], saved["step"], self.algorithm, n=self.oracle.n,
                                          steps=self.steps, stop_at=self.steps)
+        journal.resume(saved["run"], saved["step"], name, once=True)
         self.stepper.state, self.stepper.t, self.stepper.ledger = saved["state"], saved["step"], ledger
-        self.stepper.sample_gen.set_state(saved["sample_gen"])
-        self.stepper.source.generator.set_state(saved["noise_gen"])
+        self.run_id = saved["run"]
+        if self.seed is None:
+            self._redraw()
+        else:
+            self.stepper.sample_gen.set_state(saved["sample_gen"])
+            self.stepper.source.generator.set_state(saved["noise_gen"])
         self.oracle.load(self.stepper.state.theta)
+
+    def _redraw(self) -> None:
+        """New secret states of both generators, from the operating system."""
+        sample_gen, source, _ = randomness(None)
+        self.stepper.sample_gen.set_state(sample_gen.get_state())
+        self.stepper.source.generator.set_state(source.generator.get_state())

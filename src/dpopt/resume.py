@@ -5,6 +5,9 @@ any setting changed is refused with a line naming the first that differs. Its le
 what the plan says the steps done so far spend (:func:`check`): a ledger that records less
 would make the resumed run report less ε than it spent. Every refusal advises another
 ``--out``, never deleting the checkpoint: it is the record of the ε already spent on the data.
+Before these checks, the checkpoint's tag is verified under the user's key
+(:func:`dpopt.checkpoint.load`); after them, :func:`dpopt.journal.resume` refuses a checkpoint
+older than its run's latest.
 """
 
 from __future__ import annotations
@@ -20,13 +23,14 @@ from .accounting import Ledger, PlanMismatch, compose, count_steps, guarantee, i
 
 #: What a checkpoint holds (:func:`dpopt.train.run` writes these keys).
 KEYS = frozenset({"settings", "step", "state", "visited", "expected", "records", "diagnostics", "sample_gen",
-                  "noise_gen", "ledger", "cpu_time_s", "wall_time_s", "diverged_at"})
+                  "noise_gen", "ledger", "cpu_time_s", "wall_time_s", "diverged_at", "run"})
 
 
 def describe(algorithm: Any, oracle: Any, **settings: Any) -> dict[str, str]:
     """Everything that determines a run, setting by setting, in a fixed order: the algorithm
-    (its type and each hyper-parameter its repr shows), the oracle (type, n, dim, regulariser and
-    the digest of its training data, where it has one: ``data_digest``) and ``settings``."""
+    (its type and each hyper-parameter its repr shows), the oracle (type, n, dim, regulariser, the
+    digest of its training data, where it has one: ``data_digest``, and of a module's structure and
+    loss: ``model_digest``) and ``settings``."""
     oracle = getattr(oracle, "oracle", oracle)  # a data-parallel wrapper runs the same problem
     if dataclasses.is_dataclass(algorithm):
         described = {"algorithm": type(algorithm).__qualname__} | {
@@ -36,6 +40,7 @@ def describe(algorithm: Any, oracle: Any, **settings: Any) -> dict[str, str]:
     return described | {
         "oracle": type(oracle).__name__, "n": str(oracle.n), "dim": str(oracle.dim),
         "reg": repr(getattr(oracle, "reg", None)), "data": getattr(oracle, "data_digest", "no digest"),
+        "model": getattr(oracle, "model_digest", "closed form"),
     } | {name: repr(value) for name, value in settings.items()}
 
 

@@ -3,10 +3,11 @@
 Each step t asks the algorithm for its sampler, draws the batch from the run's sampling
 generator, calls ``algorithm.step`` and records the event it returns in the :class:`Ledger`
 (double entry: after the run the ledger equals ``algorithm.planned_event(n, steps)``).
-A checkpoint holds θ and the algorithm state, both generators, the step, the ledger and the
-history so far, written atomically (:mod:`dpopt.checkpoint`) under the lock of the checkpoint
-(:mod:`dpopt.lock`); resuming refuses a checkpoint of another run or whose ledger is not the
-plan's (:mod:`dpopt.resume`).
+A checkpoint holds θ and the algorithm state, both generators, the step, the ledger, the
+history so far and the run's id, written atomically (:mod:`dpopt.checkpoint`) under the lock of
+the checkpoint (:mod:`dpopt.lock`) and tagged under the user's checkpoint key
+(:mod:`dpopt.journal`); resuming refuses a checkpoint whose tag does not verify, of another run,
+whose ledger is not the plan's (:mod:`dpopt.resume`), or older than its run's latest (a rewind).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from . import _validate, checkpoint, lock, resume
+from . import _validate, checkpoint, journal, lock, resume
 from .accounting import Ledger, epsilon_of, guarantee
 from .base import Batch
 from .mechanisms import Discrete, NoiseSource, SeededNoise
@@ -316,11 +317,16 @@ def _train(stepper: Stepper, *, stop_at: int, delta: float, test_error: Callable
     records: list[dict[str, float]] = []
     logged: list[dict[str, float]] = []
     visited, expected, spent, diverged_at = 0, 0.0, (0.0, 0.0), None
+    run_id, key = journal.new_run(), None
     if path is not None:
         checkpoint.remove_stale(path)  # under the lock: no live writer of path
+        key = journal.key()
     if path is not None and path.exists():
-        saved = checkpoint.load(path)
+        saved = checkpoint.load(path, key)
         stepper.ledger = resume.check(path, saved, described, algorithm, n=n, steps=steps, stop_at=stop_at)
+        # resumed exactly (same generators): a replayed step releases what it released before
+        run_id = saved["run"]
+        journal.resume(run_id, saved["step"], f"checkpoint={str(path)!r}", once=False)
         stepper.state, stepper.t, visited, records = saved["state"], saved["step"], saved["visited"], saved["records"]
         expected, logged = saved["expected"], saved["diagnostics"]
         stepper.sample_gen.set_state(saved["sample_gen"])
@@ -352,7 +358,8 @@ def _train(stepper: Stepper, *, stop_at: int, delta: float, test_error: Callable
             "settings": described, "step": t, "state": stepper.state, "visited": visited, "expected": expected,
             "records": records, "diagnostics": logged, "sample_gen": stepper.sample_gen.get_state(),
             "noise_gen": stepper.source.generator.get_state(), "ledger": stepper.ledger.state(),
-            "cpu_time_s": clock.cpu, "wall_time_s": clock.wall, "diverged_at": diverged_at})
+            "cpu_time_s": clock.cpu, "wall_time_s": clock.wall, "diverged_at": diverged_at, "run": run_id}, key)
+        journal.written(run_id, t)
 
     bar = tqdm(total=stop_at, initial=start, disable=not progress, desc=type(algorithm).__name__, leave=False)
     clock = StepClock(*spent)

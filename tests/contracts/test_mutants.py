@@ -14,6 +14,11 @@ stays the same). Two independent checks must catch every mutant, and pass on the
   (:func:`expected_sensitivity`, the second entry of every sensitivity: 2C per clipped sum under
   replace-one, C under add/remove-one, 2λ for AClip's clipped mean, 2C·‖θ − θ′‖ for a clipped
   difference at two points, the tree's 2·max(C1/B1, C2/B2), C_obj for DP-AGD's scores).
+
+Below them, the same sensitivity claim checked on the per-record engines rather than on the
+algorithms: with a loss that couples records (batch-centred targets), replacing one record must
+move the clipped sum by at most the 2C it claims. The mutant is the ghost engine before its fix,
+which called ``loss_fn`` on the whole batch (``tests/test_audit_module.py`` audits the same bug).
 """
 
 from __future__ import annotations
@@ -28,12 +33,15 @@ import dp_accounting as dpa
 import pytest
 import torch
 
-from dpopt import accounting, mechanisms, train
+from dpopt import accounting, clipping, mechanisms, train
 from dpopt.accounting import Ledger, canonical
+from dpopt.audit import worlds
 from dpopt.base import Batch
 from dpopt.clipping import relation_factor
+from dpopt.oracles import TorchModel
 
 from tests.contracts.test_algorithms import DIM, NAMES, TABLE, N, oracle
+from tests.test_audit_module import centred, linear, records, whole_batch_per_record
 
 PRIVATE = [name for name in NAMES if TABLE[name].private]
 
@@ -196,3 +204,35 @@ def test_the_honest_code_passes_both_checks(name, monkeypatch):
 def test_every_single_release_mutant_is_caught(name, kind, index, what, monkeypatch):
     found = violations(name, (kind, index, what), monkeypatch)
     assert found, f"{what} mutant of {kind} release {index} of {name} passed every check"
+
+
+# ---------------------------------------------- a loss that couples records, on each engine
+
+
+def clipped_sum_moved(engine: str) -> tuple[float, float]:
+    """‖S(D′) − S(D)‖ and the sensitivity S claims, for S the clipped sum (C = 1, replace-one) of
+    the batch-centred loss's per-record gradients over all 32 records, D′ = D with record 0
+    replaced by the default canary (target −1e6)."""
+    X, y = records()
+    place = worlds.Neighbours(X, y, worlds.default_canary(X, y), dpa.NeighboringRelation.REPLACE_ONE)
+    sums = []
+    for present in (False, True):
+        oracle = TorchModel(linear(), centred, *place.records(present=present), engine=engine)
+        rows = oracle.per_record(oracle.flat_params().double(), torch.arange(len(X)))
+        sums.append(clipping.clip_sum([clipping.Term(1.0, rows, 1.0)], place.relation)[0])
+    return float((sums[1].value - sums[0].value).norm()), sums[0].sensitivity
+
+
+@pytest.mark.parametrize("engine", ["vmap", "ghost"])
+def test_a_loss_that_couples_records_moves_the_clipped_sum_by_at_most_its_sensitivity(engine):
+    moved, sensitivity = clipped_sum_moved(engine)
+    assert sensitivity == 2.0 and moved <= sensitivity * (1 + 1e-9)
+
+
+def test_the_whole_batch_loss_mutant_is_caught(monkeypatch):
+    """The ghost engine before its fix (``loss_fn`` on the whole batch): the canary's target
+    reaches every record's gradient through the batch mean, and the clipped sum moves by more
+    than 10 times the 2C it claims."""
+    monkeypatch.setattr(TorchModel, "_per_record", whole_batch_per_record)
+    moved, sensitivity = clipped_sum_moved("ghost")
+    assert moved > 10 * sensitivity

@@ -365,7 +365,7 @@ def test_where_the_gram_terms_cancel_the_norm_keeps_its_digits():
     sq, _ = ghost.gram_sq_norms([(a, g)])
     assert sq.dtype == F64 and torch.allclose(sq.sqrt(), want, rtol=1e-9)
     stage = ghost.Stage("linear", layer, "0", (("weight", "w"),))
-    bounds = ghost._Layer(stage, a, g).sq_bounds().sqrt()
+    bounds = ghost.Layer(stage, a, g).sq_bounds().sqrt()
     assert (bounds >= want).all() and (bounds <= want * (1 + 1e-3)).all()
 
 

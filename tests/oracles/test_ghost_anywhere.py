@@ -21,7 +21,7 @@ from torch import nn
 from torch.func import functional_call
 
 from dpopt._validate import DpoptError
-from dpopt.oracles import ghost_blocks
+from dpopt.oracles.ghost import blocks
 from dpopt.oracles.torch_model import TorchModel
 from test_ghost import loop_reference  # the per-record autograd reference of the engine tests
 from test_ghost_guarantees import contributions, neighbour_distance
@@ -149,7 +149,7 @@ def centring(**kwargs) -> TorchModel:
 
 
 def whole_batch(stage, params, x, shared=None, tap=None):
-    """The mutant of ``ghost_blocks._per_record``: the block called on the whole batch, with the same
+    """The mutant of ``ghost.blocks.per_record``: the block called on the whole batch, with the same
     hooks (what an engine that trusts a custom forward does)."""
     every = {**(shared or {}), **{name: p[0] for name, p in params.items()}}
     if tap is None:
@@ -170,7 +170,7 @@ def test_a_custom_forward_that_mixes_records_cannot_move_other_records():
 def test_the_measurement_catches_a_block_run_on_the_whole_batch(monkeypatch):
     """The mutant: the same hooks with the model called on the whole batch, so one record moves
     every other record's gradient; the neighbour distance is then several times the clip."""
-    monkeypatch.setattr(ghost_blocks, "_per_record", whole_batch)
+    monkeypatch.setattr(blocks, "per_record", whole_batch)
     distance, sensitivity = neighbour_distance(centring(), clip=0.02)
     assert distance > 3 * sensitivity
 

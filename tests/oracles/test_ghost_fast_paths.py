@@ -59,7 +59,7 @@ def test_channels_last_pool_equals_the_module(kwargs, dtype):
     pool = nn.MaxPool2d(**kwargs)
     a = x.clone().requires_grad_(True)
     b = x.clone().requires_grad_(True)
-    want, got = pool(a), ghost._plain(pool, b)
+    want, got = pool(a), ghost.run_plain(pool, b)
     assert got.is_contiguous() and torch.equal(got.isnan(), want.isnan())
     assert torch.equal(got.nan_to_num(), want.nan_to_num())
     weights = torch.randn(want.shape, generator=gen, dtype=dtype)
@@ -72,11 +72,11 @@ def test_pool_falls_back_to_the_module_when_it_must():
     calls = []
     hooked = nn.MaxPool2d(2)
     hooked.register_forward_hook(lambda module, args, out: calls.append(out.shape))
-    assert torch.equal(ghost._plain(hooked, x), F.max_pool2d(x, 2)) and calls == [(2, 16, 3, 3)]
+    assert torch.equal(ghost.run_plain(hooked, x), F.max_pool2d(x, 2)) and calls == [(2, 16, 3, 3)]
     few = torch.randn(2, 3, 6, 6)
-    assert torch.equal(ghost._plain(nn.MaxPool2d(2), few), F.max_pool2d(few, 2))
+    assert torch.equal(ghost.run_plain(nn.MaxPool2d(2), few), F.max_pool2d(few, 2))
     with_indices = nn.MaxPool2d(2, return_indices=True)
-    out, indices = ghost._plain(with_indices, x)
+    out, indices = ghost.run_plain(with_indices, x)
     assert torch.equal(indices, F.max_pool2d(x, 2, return_indices=True)[1])
 
 
@@ -210,7 +210,7 @@ def test_float32_convolutions_agree_with_a_float64_loop(build, shape):
     double = oracles(build, shape=shape)["ghost"]
     rows = single.per_record(single.flat_params(), torch.arange(12))
     conv = [layer for layer in rows.chunks[0] if getattr(layer, "a", None) is not None and layer.a.ndim == 4]
-    assert any(ghost._hwc(layer.g) for layer in conv)
+    assert any(ghost.hwc(layer.g) for layer in conv)
     theta = double.flat_params()
     theta2 = theta + 1e-2 * torch.randn(theta.shape, generator=torch.Generator().manual_seed(3), dtype=F64)
     idx = torch.arange(12)
@@ -232,7 +232,7 @@ def test_conv_zoo_in_float64_agrees_with_the_loop():
     idx = torch.arange(12)
     rows = ghost_oracle.per_record(theta, idx)
     forms = {(layer.shape()[1], ghost.use_gram(*layer.shape()[1:]), layer.direct_difference())
-             for layer in rows.chunks[0] if isinstance(layer, ghost._Layer) and layer.stage.kind == "conv"}
+             for layer in rows.chunks[0] if isinstance(layer, ghost.Layer) and layer.stage.kind == "conv"}
     assert forms == {(100, False, True), (9, False, True), (4, True, False), (1, True, False)}
     want = loop_reference(ghost_oracle, theta, idx)
     want_diff = want - loop_reference(ghost_oracle, theta2, idx)
@@ -253,7 +253,7 @@ def test_an_embedding_bound_is_above_its_norm_and_close_with_repeated_indices():
     idx = torch.randint(0, 7, (6, 9), generator=gen)
     idx[0], idx[1, :4] = 3, 0
     g = torch.randn(6, 9, 5, generator=gen)
-    layer = ghost._layer(ghost.Stage("embedding", embedding, "e", (("weight", "w"),)), idx, g)
+    layer = ghost.layer_from(ghost.Stage("embedding", embedding, "e", (("weight", "w"),)), idx, g)
     exact = torch.zeros(6, 7, 5, dtype=torch.float64)
     for record in range(6):
         exact[record].index_add_(0, idx[record], g[record].double())

@@ -163,6 +163,131 @@ def loop_losses(oracle: TorchModel, theta: torch.Tensor) -> torch.Tensor:
         return torch.cat([cross_entropy(module(oracle.X[i:i + 1]), oracle.y[i:i + 1]) for i in range(oracle.n)])
 
 
+# -------------------------------------------------------- the loss is per record by construction
+
+
+def coupled(out, y):
+    """Squared error of batch-centred outputs: each record's loss reads the batch mean (the
+    coupling of an in-batch contrastive loss, in its simplest form)."""
+    return (out.reshape(len(y)) - out.mean() - y).square()
+
+
+def half_coupled(out, y):
+    """Coupled like :func:`coupled`, with a non-zero gradient on a batch of one record."""
+    return (out.reshape(len(y)) - 0.5 * out.mean() - y).square()
+
+
+def scaled_by_batch_max(out, y):
+    """Reads the batch's largest target as a Python float: vmap cannot run it."""
+    return (out.reshape(len(y)) - y).square() / float(y.abs().max())
+
+
+def replaced_pair(engine: str, loss=coupled) -> tuple[TorchModel, TorchModel]:
+    """Oracles of a small regression MLP on two data sets of 20 records that differ in record 0
+    (an ordinary record, and an outlier with a large target in its place)."""
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 1)).double()
+    gen = torch.Generator().manual_seed(1)
+    X, y = torch.randn(20, 5, generator=gen, dtype=F64), torch.randn(20, generator=gen, dtype=F64)
+    X_replaced, y_replaced = X.clone(), y.clone()
+    X_replaced[0], y_replaced[0] = 300 * X[0], 1000.0
+    return (TorchModel(module, loss, X, y, engine=engine),
+            TorchModel(module, loss, X_replaced, y_replaced, engine=engine))
+
+
+def replace_distance(pair: tuple[TorchModel, TorchModel], clip: float) -> tuple[float, float]:
+    """``‖S(D) − S(D′)‖`` for the clipped sums S of all records at the module's parameters, and
+    the sensitivity clip_sum claims for S under replace-one (2C)."""
+    theta, every = pair[0].flat_params(), torch.arange(20)
+    sums = [clip_sum([Term(1.0, o.per_record(theta, every), clip)], NeighboringRelation.REPLACE_ONE)[0] for o in pair]
+    return float((sums[0].value - sums[1].value).norm()), sums[0].sensitivity
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_loss_that_couples_records_cannot_move_the_clipped_sum_beyond_2c(engine):
+    """The loss runs on each record alone (a batch of one), so replacing one record moves the
+    clipped sum by at most 2C. Before, the ghost engine called the loss on the whole batch: 13.4
+    here against 2C = 2 (31.9 in the issue's reproduction through dpopt.Private)."""
+    distance, sensitivity = replace_distance(replaced_pair(engine), clip=1.0)
+    assert sensitivity == 2.0
+    assert distance <= sensitivity * (1 + 1e-9)
+
+
+def test_the_measurement_catches_the_loss_called_on_the_whole_batch(monkeypatch):
+    """The mutant the test above guards against (the ghost engine before the fix): the loss of
+    the whole batch moves the clipped sum by more than 3 × 2C."""
+    monkeypatch.setattr(TorchModel, "_each_loss", TorchModel._losses)
+    distance, sensitivity = replace_distance(replaced_pair("ghost"), clip=1.0)
+    assert distance > 3 * sensitivity
+
+
+def test_the_engines_agree_with_the_loop_on_a_coupled_loss():
+    """Each record's loss is loss_fn on a batch of that record alone, under both engines and in
+    the per-record autograd loop: same norms and clipped sums."""
+    oracles = [replaced_pair(engine, half_coupled)[1] for engine in ENGINES]
+    theta, every = oracles[0].flat_params() + 0.1, torch.arange(20)
+    want = loop_reference(oracles[0], theta, every)
+    weights = torch.linspace(-1, 1, 20, dtype=F64)
+    for oracle in oracles:
+        rows = oracle.per_record(theta, every)
+        assert torch.allclose(rows.norms(), want.norm(dim=1), rtol=1e-9)
+        assert torch.allclose(rows.weighted_sum(weights), weights @ want, rtol=1e-9, atol=1e-14)
+    assert float(want.norm(dim=1).min()) > 0  # the loss of one record alone is not constant
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_every_per_record_quantity_of_a_coupled_loss_reads_its_record_alone(engine):
+    """Replacing record 0 leaves every other record's gradient norm and clipped contribution
+    (DP-SGD, DP-GD, DP-SRM), loss (DP-AGD's clipped scores) and losses and gradients at its own
+    points (O2NC) as they were. Before, the ghost engine's gradients and losses moved."""
+    pair = replaced_pair(engine)
+    theta, every = pair[0].flat_params(), torch.arange(20)
+    points = theta + 0.01 * torch.randn(20, 2, len(theta), generator=torch.Generator().manual_seed(2), dtype=F64)
+    others = torch.ones(20, dtype=F64)
+    others[0] = 0.0
+
+    def measured(o: TorchModel) -> list[torch.Tensor]:
+        rows = o.per_record(theta, every)
+        return [rows.norms()[1:], rows.weighted_sum(others), o.per_record_loss(points[0], every)[1:],
+                o.losses_at(points, every)[1:], o.gradients_at(points, every)[1:]]
+
+    for got, want in zip(*map(measured, pair)):
+        assert torch.allclose(got, want, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_loss_vmap_cannot_run_is_refused_by_name_with_torchs_message(engine):
+    oracle = replaced_pair(engine, scaled_by_batch_max)[0]
+    theta, every = oracle.flat_params(), torch.arange(20)
+    for call in (lambda: oracle.per_record(theta, every), lambda: oracle.per_record_loss(theta[None], every)):
+        with pytest.raises(DpoptError) as error:
+            call()
+        message = str(error.value)
+        assert ("loss_fn='scaled_by_batch_max' is run on each record alone under torch.func.vmap so that a record's "
+                "loss cannot read other records") in message
+        assert "it failed there: " in message and ".item()" in message and "Write it with vmap-compatible" in message
+        assert isinstance(error.value.__cause__, RuntimeError)
+
+
+@pytest.mark.filterwarnings("ignore:Converting a tensor with requires_grad=True")
+def test_a_module_vmap_cannot_run_is_refused_by_name_under_the_vmap_engine():
+    """Every computation of the vmap engine that runs the module on each record alone turns
+    torch's error into a DpoptError naming the module, with torch's message (before: a raw
+    RuntimeError)."""
+    module = nn.Sequential(nn.Linear(3, 4), Scale(), nn.Linear(4, 2)).double()
+    oracle = TorchModel(module, cross_entropy, torch.randn(5, 3, dtype=F64), torch.randint(0, 2, (5,)), engine="vmap")
+    theta, every = oracle.flat_params(), torch.arange(5)
+    points = theta.expand(5, 2, -1)
+    for call in (lambda: oracle.per_record(theta, every), lambda: oracle.per_record_loss(theta[None], every),
+                 lambda: oracle.losses_at(points, every), lambda: oracle.gradients_at(points, every)):
+        with pytest.raises(DpoptError) as error:
+            call()
+        message = str(error.value)
+        assert ("module='Sequential' is run on each record alone under torch.func.vmap so that no record can reach "
+                "another's gradient or loss, and it failed there: ") in message
+        assert ".item()" in message and isinstance(error.value.__cause__, RuntimeError)
+
+
 @pytest.mark.parametrize(("module", "kind"), [
     (nn.Linear(2, 2), "linear"), (nn.Conv2d(1, 2, 3, padding=1), "conv"), (nn.Conv2d(1, 2, 3, padding="same"), None),
     (nn.Conv2d(1, 2, 3, padding=1, padding_mode="reflect"), None), (nn.ReLU(), "plain"), (nn.GELU(), "plain"),
@@ -367,12 +492,12 @@ FORMS = {
 }
 
 
-def layer_of(module: nn.Module, a: torch.Tensor, gen: torch.Generator) -> ghost._Layer:
+def layer_of(module: nn.Module, a: torch.Tensor, gen: torch.Generator) -> ghost.Layer:
     """The layer of ``module`` on input ``a``, with a positive output gradient ``g``."""
-    out = module(a) if isinstance(module, nn.Linear) else module(ghost._channels_last(a))
+    out = module(a) if isinstance(module, nn.Linear) else module(ghost.channels_last(a))
     kind = "linear" if isinstance(module, nn.Linear) else "conv"
     stage = ghost.Stage(kind, module, "0", (("weight", "w"), ("bias", "b")))
-    return ghost._Layer(stage, a if kind == "linear" else ghost._channels_last(a),
+    return ghost.Layer(stage, a if kind == "linear" else ghost.channels_last(a),
                         torch.rand(out.shape, generator=gen).contiguous(memory_format=torch.channels_last
                                                                         if out.ndim == 4 else torch.contiguous_format))
 
@@ -390,9 +515,9 @@ def test_every_form_bounds_its_float32_contribution(name, difference):
     layer = layer_of(module, a, gen)
     if difference is not None:
         moved = layer_of(module, a + 1e-4 * torch.rand(a.shape, generator=gen), gen)
-        other = ghost._Layer(layer.stage, layer.a if difference == "same input" else moved.a, layer.g + 1e-4 * moved.g)
-        kind = "_Layer" if difference == "same input" else "_Block" if layer.direct_difference() else "_Stacked"
-        layer = ghost._difference(layer, other)
+        other = ghost.Layer(layer.stage, layer.a if difference == "same input" else moved.a, layer.g + 1e-4 * moved.g)
+        kind = "Layer" if difference == "same input" else "Block" if layer.direct_difference() else "Stacked"
+        layer = ghost.difference(layer, other)
         assert type(layer).__name__ == kind
     layout = TwoParameters(module.weight.numel(), module.bias.numel())
     rows = ghost.GhostRows(((layer,),), (6,), layout, torch.empty(0), F64, torch.device("cpu"))

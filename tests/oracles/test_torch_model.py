@@ -55,17 +55,152 @@ def module_at(o: TorchModel, theta: torch.Tensor) -> nn.Module:
 # ---------------------------------------------------------------------------- construction
 
 
-@pytest.mark.parametrize("norm", [nn.BatchNorm1d(4), nn.BatchNorm2d(4), nn.SyncBatchNorm(4)])
-def test_batch_norm_is_refused_with_the_reason_and_the_fix(norm):
+def refusal(norm: nn.Module) -> str:
+    """The message of each engine's refusal of a module with ``norm`` inside (the same for both)."""
     module = nn.Sequential(nn.Linear(3, 4), nn.Sequential(nn.Identity(), norm), nn.Linear(4, 2))
+    messages = set()
     for engine in ENGINES:
         with pytest.raises(DpoptError) as error:
             TorchModel(module, cross_entropy, torch.randn(5, 3), torch.zeros(5, dtype=torch.long), engine=engine)
+        messages.add(str(error.value))
+    (message,) = messages
+    return message
+
+
+@pytest.mark.parametrize("norm", [nn.BatchNorm1d(4), nn.BatchNorm2d(4), nn.SyncBatchNorm(4)])
+def test_batch_norm_is_refused_with_the_reason_and_the_fix(norm):
+    message = refusal(norm)
+    assert f"module='1.1' is {type(norm).__name__}" in message
+    assert "one record's gradient depends on the other records" in message
+    assert "no longer bounds its influence (the sensitivity)" in message
+    assert "nn.GroupNorm" in message
+
+
+@pytest.mark.parametrize("norm", [nn.InstanceNorm1d(4, track_running_stats=True),
+                                  nn.InstanceNorm2d(4, affine=True, track_running_stats=True),
+                                  nn.LazyInstanceNorm3d(track_running_stats=True)])
+def test_running_statistics_are_refused_with_the_reason_and_the_fix(norm):
+    """Before, AClip's whole-batch forward left an un-noised running mean of the training inputs
+    in the module's buffers, and the vmap engine failed with a raw RuntimeError."""
+    message = refusal(norm)
+    assert f"module='1.1' is {type(norm).__name__} with track_running_stats=True" in message
+    assert "writes a running mean and variance of the training inputs into the module's buffers" in message
+    assert "Use track_running_stats=False" in message and "nn.GroupNorm" in message
+
+
+class RunningMean(nn.Module):
+    """Keeps a running mean of its inputs in a buffer, as a layer with running statistics does."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(width))
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.mean.mul_(0.9).add_(0.1 * x.mean(0))
+        return x
+
+
+class Calls(nn.Module):
+    """Counts its calls in a buffer: nothing of the records' values, but the count follows the batches."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x):
+        self.calls += 1
+        return x
+
+
+class Constant(nn.Module):
+    """Scales by a buffer it only reads (and holds one it never uses, with a NaN)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.register_buffer("scale", torch.linspace(0.5, 1.5, width))
+        self.register_buffer("unused", torch.tensor([1.0, math.nan]))
+
+    def forward(self, x):
+        return x * self.scale
+
+
+def buffered(layer: type[nn.Module]) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), layer(8), nn.Tanh(), nn.Linear(8, 2))
+
+
+def two_classes(n: int = 60) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    X = torch.randn(n, 6, generator=gen)
+    return X, (X[:, 0] > 0).long()
+
+
+@pytest.mark.parametrize("layer", [RunningMean, Calls])
+@pytest.mark.parametrize("algorithm", ["dp-sgd", "aclip", "dp-agd"])
+@pytest.mark.parametrize("engine", ENGINES)
+def test_training_leaves_no_buffer_changed(engine, algorithm, layer):
+    """A forward that writes a buffer is refused at the first computation that runs it (under
+    vmap: in-place writes into buffers fail there; else the buffers are compared with a copy
+    taken before), and the buffers are as they were. Before, AClip and DP-AGD left the running
+    mean of the training inputs in the module, and every engine the count of calls."""
+    net = buffered(layer)
+    before = {name: b.clone() for name, b in net.named_buffers()}
+    private = dpopt.Private(net, cross_entropy, two_classes(), algorithm=algorithm, epsilon=1.0, delta=1e-5, steps=3,
+                            batch_size=20, seed=0, engine=engine)
+    with pytest.raises(DpoptError, match=r"changed its buffer '1\.(mean|calls)'|no in-place writes to (buffers|tensors)"):
+        for _ in private:
+            private.step()
+    assert before.keys() == dict(net.named_buffers()).keys()
+    assert all(torch.equal(b, before[name]) for name, b in net.named_buffers())
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_every_computation_that_runs_the_module_refuses_a_buffer_change(engine):
+    """Each leaves the count of calls at 0: the whole-batch ones by the comparison of the buffers,
+    the per-record ones by it or by torch.func's refusal of an in-place write under grad."""
+    o = TorchModel(buffered(Calls), cross_entropy, *two_classes(), engine=engine)
+    theta, every = o.flat_params(), torch.arange(60)
+    X, y = two_classes()
+    whole_batch = {"loss": lambda: o.loss(theta), "gradient_sum": lambda: o.gradient_sum(theta, every),
+                   "error": lambda: o.error(theta, X, y)}
+    per_record = {"per_record": lambda: o.per_record(theta, every),
+                  "per_record_loss": lambda: o.per_record_loss(theta[None], every),
+                  "losses_at": lambda: o.losses_at(theta.expand(60, 2, -1), every),
+                  "gradients_at": lambda: o.gradients_at(theta.expand(60, 2, -1), every)}
+    for name, computation in {**whole_batch, **per_record}.items():
+        with pytest.raises(DpoptError) as error:
+            computation()
         message = str(error.value)
-        assert f"module='1.1' is {type(norm).__name__}" in message
-        assert "one record's gradient depends on the other records" in message
-        assert "no longer bounds its influence (the sensitivity)" in message
-        assert "nn.GroupNorm" in message
+        refused = message.startswith("module='1' (Calls) changed its buffer '1.calls' in a forward pass on the training "
+                                     "data") and "no ε accounts for. The buffers were restored" in message
+        assert refused or (name in per_record and "no in-place writes to buffers" in message), name
+        assert int(o.module[1].calls) == 0, name
+
+
+def test_a_buffer_replaced_or_added_in_forward_is_put_back():
+    class Replaces(Constant):
+        def forward(self, x):
+            self.scale = self.scale * 2
+            self.register_buffer("seen", x.detach().clone())
+            return x
+
+    net = buffered(Replaces)
+    scale = net[1].scale
+    o = TorchModel(net, cross_entropy, *two_classes())
+    with pytest.raises(DpoptError, match=r"changed its buffer '1\.scale'"):
+        o.loss(o.flat_params())
+    assert net[1].scale is scale and torch.equal(scale, torch.linspace(0.5, 1.5, 8))
+    assert dict(net.named_buffers()).keys() == {"1.scale", "1.unused"}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_module_that_only_reads_its_buffers_trains(engine):
+    """Buffers read in forward (a fixed scale; an unused one holding a NaN) are not a change."""
+    o = TorchModel(buffered(Constant), cross_entropy, *two_classes(), engine=engine)
+    theta, every = o.flat_params(), torch.arange(60)
+    assert torch.isfinite(o.per_record(theta, every).norms()).all() and math.isfinite(float(o.loss(theta)))
+
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
@@ -206,7 +341,7 @@ def test_a_difference_of_a_first_layer_on_the_same_records_is_one_layer_and_exac
     records = torch.arange(0, N, 2)
     difference = ghost.per_record(theta, records) - ghost.per_record(other, records)
     first = difference.chunks[0][0]
-    assert type(first).__name__ == "_Layer" and type(difference.chunks[0][-1]).__name__ == "_Stacked"
+    assert type(first).__name__ == "Layer" and type(difference.chunks[0][-1]).__name__ == "Stacked"
     want = vmap.per_record(theta, records).rows - vmap.per_record(other, records).rows
     assert torch.allclose(difference.norms(), want.norm(dim=1), rtol=1e-10)
     weights = torch.linspace(-1, 1, len(records), dtype=F64)

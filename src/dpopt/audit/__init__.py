@@ -8,10 +8,13 @@ with probability ≥ ``confidence`` (:mod:`dpopt.audit.bounds`). A bound above t
 the claim: the code's privacy arithmetic does not match what the code does.
 
 The runs are :func:`dpopt.train.step`, the code :func:`dpopt.run` runs, on the engine chosen
-(the GLM closed form, or :class:`~dpopt.oracles.TorchModel` with the ghost or vmap engine). The
-claimed ε is the accountant's ε(δ) of the algorithm's ``planned_event``, the description that
-calibrates it and that the ledger records. ``smallest_refutable_epsilon`` states the audit's
-power: the smallest true ε this configuration would refute.
+(the GLM closed form, or :class:`~dpopt.oracles.TorchModel` with the ghost or vmap engine).
+:func:`audit` trains on the audit's own linear world, whose canaries it controls exactly;
+:func:`audit_module` on a user's own module, loss and records, with the engine they train with
+(and any preparation of the data they run first). The claimed ε is the accountant's ε(δ) of the
+algorithm's ``planned_event``, the description that calibrates it and that the ledger records.
+``smallest_refutable_epsilon`` states the audit's power: the smallest true ε this configuration
+would refute; ``verdict`` says it all in one line.
 """
 
 from __future__ import annotations
@@ -19,22 +22,29 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor, nn
+from tqdm import tqdm
 
 from .. import _validate, train
-from ..accounting import Ledger, epsilon_of
+from ..accounting import Ledger, calibrate, epsilon_of
+from ..oracles import ghost, records
 from . import bounds, one_run
 from .bounds import KINDS, BoundKind, ClopperPearson, GaussianDP, clopper_pearson_upper
 from .statistics import THREAT_MODELS, Final, Releases, ThreatModel, observe
 from . import worlds
-from .worlds import CANARIES, ENGINES, Canary, ClosedForm, Engine, Module, World, world
+from .worlds import CANARIES, ENGINES, Canary, ClosedForm, Engine, Module, Pair, Prepared, UserModule, world
 
-__all__ = ["audit", "audit_one_run", "AuditResult", "Canary", "CANARIES", "ENGINES", "THREAT_MODELS", "KINDS", "Final", "Releases",
-           "ClosedForm", "Module", "ClopperPearson", "GaussianDP", "clopper_pearson_upper", "observations"]
+__all__ = ["audit", "audit_module", "audit_one_run", "AuditResult", "Canary", "CANARIES", "ENGINES", "THREAT_MODELS",
+           "KINDS", "Final", "Releases", "ClosedForm", "Module", "UserModule", "Prepared", "ClopperPearson",
+           "GaussianDP", "clopper_pearson_upper", "observations"]
+
+#: The most floats the observations of one world may take (8 bytes each: 800 MB).
+MAX_OBSERVED = 100_000_000
 
 
 @dataclass(frozen=True)
@@ -63,32 +73,54 @@ class AuditResult:
     seconds: float
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return dict(self.__dict__) | {"verdict": self.verdict}
 
     @property
     def flagged(self) -> bool:
         """The lower bound exceeds the claim: with probability ≥ ``confidence`` the claim is false."""
         return self.epsilon_lower_bound > self.claimed_epsilon
 
+    @property
+    def verdict(self) -> str:
+        """One line: refuted or not, the bound at its confidence, and the audit's power."""
+        level = f"at {100 * self.confidence:g} % (power: refutes ε ≥ {_number(self.smallest_refutable_epsilon)})"
+        claim, found = _number(self.claimed_epsilon), _number(self.epsilon_lower_bound)
+        if self.flagged:
+            return f"REFUTED: claim ε = {claim} is below the lower bound {found} {level}"
+        return f"claim ε = {claim} not refuted: lower bound {found} {level}"
 
-def observations(algorithm: Any, place: World, engine: Engine, threat: ThreatModel, *,
-                 present: bool | Sequence[bool], steps: int, runs: int, seed: int) -> np.ndarray:
+
+def _number(value: float) -> str:
+    return "∞" if math.isinf(value) else f"{value:.3g}"
+
+
+def observations(algorithm: Any, place: Pair, engine: Engine, threat: ThreatModel, *,
+                 present: bool | Sequence[bool], steps: int, runs: int, seed: int,
+                 bar: tqdm | None = None) -> np.ndarray:
     """What the adversary sees of ``runs`` canary slots of D′ (``present``) or D: trajectories
-    [runs, steps + 1] or outputs [runs], from ⌈runs / slots⌉ training runs seeded seed, seed+1, …"""
+    [runs, steps + 1, k] or outputs [runs, k] of the k watched coordinates, from ⌈runs / slots⌉
+    training runs seeded seed, seed+1, …, each step counted on ``bar``."""
     oracle = engine.oracle(*place.records(present=present))
-    theta0 = torch.zeros(oracle.dim, dtype=torch.float64)
+    theta0 = engine.start(oracle)
     seen = []
     for r in range(math.ceil(runs / place.slots)):
         sample_gen, source, _ = train.randomness(seed + r)
         state = algorithm.init(theta0, steps, sample_gen)
         ledger = Ledger(algorithm.relation())
-        path = [observe(threat, algorithm, state, place.slots)] if threat.observes_steps() else []
+        path = [place.seen(observe(threat, algorithm, state))] if threat.observes_steps() else []
         for t in range(steps):
             state, _ = train.step(algorithm, oracle, state, t, ledger, sample_gen, source)
             if threat.observes_steps():
-                path.append(observe(threat, algorithm, state, place.slots))
-        seen.append(torch.stack(path, 1) if path else observe(threat, algorithm, state, place.slots))
+                path.append(place.seen(observe(threat, algorithm, state)))
+            if bar is not None:
+                bar.update()
+        seen.append(torch.stack(path, 1) if path else place.seen(observe(threat, algorithm, state)))
     return torch.cat(seen).double().numpy()[:runs]
+
+
+def _bar(name: str, steps: int, progress: bool) -> tqdm:
+    """A progress bar of an audit's ``steps`` training steps on stderr (none unless ``progress``)."""
+    return tqdm(total=steps, desc=f"audit {name}", unit="step", leave=False, disable=not progress, dynamic_ncols=True)
 
 
 def _inclusion_rate(algorithm: Any, n: int) -> float:
@@ -98,25 +130,107 @@ def _inclusion_rate(algorithm: Any, n: int) -> float:
 
 def audit(algorithm: Any, *, name: str, steps: int, dataset_size: int, runs: int = 10_000, delta: float = 1e-5,
           confidence: float = 0.95, threat_model: ThreatModel = Releases(), bound: BoundKind = GaussianDP(),
-          engine: Engine = ClosedForm(), canary: Canary | None = None, seed: int = 0) -> AuditResult:
-    """Audit ``algorithm`` (already calibrated, built for ``dataset_size`` + 1 records): ``runs``
-    canary slots on each of D and D′ (:func:`observations`), scored under ``threat_model`` and
-    turned into an ε lower bound at δ of the kind ``bound``, beside the claimed ε(δ) of its
-    ``planned_event`` and the smallest ε this configuration refutes."""
+          engine: Engine = ClosedForm(), canary: Canary | None = None, seed: int = 0,
+          progress: bool = False) -> AuditResult:
+    """Audit ``algorithm`` (already calibrated, built for ``dataset_size`` + 1 records) on the
+    audit's own linear world (:func:`dpopt.audit.worlds.world`): ``runs`` canary slots on each of
+    D and D′ (:func:`observations`), scored under ``threat_model`` and turned into an ε lower
+    bound at δ of the kind ``bound``, beside the claimed ε(δ) of its ``planned_event`` and the
+    smallest ε this configuration refutes. ``progress``: a bar of the training steps on stderr."""
     n = _validate.positive_int("dataset_size", dataset_size) + 1
+    steps = _checked(steps, runs, delta, confidence)
+    place = world(algorithm, name, n, steps, canary)
+    return _audit(algorithm, place, engine, name=name, steps=steps, runs=runs, delta=delta, confidence=confidence,
+                  threat_model=threat_model, bound=bound, seed=seed, progress=progress)
+
+
+def audit_module(module: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], data: Any, *,
+                 algorithm: str | Any = "dp-sgd", epsilon: float | None, steps: int, delta: float = 1e-5,
+                 batch_size: int = 256, clip: float = 1.0, lr: float = 0.1, engine: str = "ghost",
+                 microbatch_size: int = 512, known_layers: ghost.Registry = ghost.KNOWN_LAYERS,
+                 canary: tuple[Tensor, Tensor] | None = None,
+                 prepare: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None, runs: int = 1_000,
+                 confidence: float = 0.95, threat_model: ThreatModel = Releases(), bound: BoundKind = GaussianDP(),
+                 seed: int = 0, progress: bool = False, **options: Any) -> AuditResult:
+    """Audit training ``module`` on ``loss_fn`` (one loss per record) as :class:`dpopt.Private`
+    would, with the same arguments (``algorithm`` by name, built with ``batch_size``, ``clip``,
+    ``lr`` and ``options``, or an algorithm object; ``epsilon``: calibrate to (ε, ``delta``) for
+    ``steps`` steps, None keeps an object's noise; ``engine``, ``microbatch_size``,
+    ``known_layers``).
+
+    ``data``: the records, a pair of tensors ``(X, y)`` or a ``TensorDataset``: D. D′ is D with
+    ``canary`` (a record ``(x, y)``; default :func:`dpopt.audit.worlds.default_canary`) added
+    (add/remove-one: n + 1 records) or in place of the first record a run uses (replace-one),
+    as the algorithm's relation says. The algorithm is built for D's n, calibrated and claimed
+    for D′'s (the run on D′ is then exactly what the claim describes). ``prepare(X, y) -> (X, y)``,
+    if given, runs on D and on D′ before training (the preparation of your pipeline that reads the
+    whole data set). The adversary sees every coordinate of θ (``threat_model``); ``runs``
+    training runs on each of D and D′ start at the module's parameters. Keep the data and the
+    module small: each run is a full training run of ``steps`` steps. ``progress``: a bar of the
+    training steps on stderr."""
+    X, y = _tensors(data)
+    if isinstance(algorithm, str) and epsilon is None:
+        raise _validate.DpoptError(f"epsilon=None keeps the noise multipliers of an algorithm object; "
+                                   f"algorithm={algorithm!r} by name needs an epsilon to calibrate to")
+    built = _built(algorithm, len(X), batch_size=batch_size, lr=lr, clip=clip, options=options)
+    steps = _checked(steps, runs, delta, confidence)
+    place = worlds.neighbours(built, X, y, steps, canary)
+    if epsilon is not None:
+        built = calibrate(built, epsilon=_validate.positive("epsilon", epsilon), delta=delta, n=place.n, steps=steps)
+    parameters = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    observed = runs * (steps + 1 if threat_model.observes_steps() else 1) * parameters
+    if observed > MAX_OBSERVED:
+        raise _validate.DpoptError(f"runs={runs} × steps={steps} × {parameters} parameters = {observed:,} observed "
+                                   f"numbers per world exceed {MAX_OBSERVED:,}: audit a smaller module, fewer runs "
+                                   "or steps, or with threat_model=Final()")
+    user: Engine = UserModule(module, loss_fn, engine, microbatch_size, known_layers)
+    return _audit(built, place, user if prepare is None else Prepared(user, prepare),
+                  name=algorithm if isinstance(algorithm, str) else type(algorithm).__name__, steps=steps, runs=runs,
+                  delta=delta, confidence=confidence, threat_model=threat_model, bound=bound, seed=seed,
+                  progress=progress)
+
+
+def _tensors(data: Any) -> tuple[Tensor, Tensor]:
+    """The records of ``data`` as two tensors (the audit adds the canary to them)."""
+    held = records.of(data)
+    if not isinstance(held, records.Tensors):
+        raise _validate.DpoptError(f"data={type(data).__name__} is read lazily; the audit needs the records in memory: "
+                                   "pass (X, y) tensors or a TensorDataset")
+    return held.X, held.y
+
+
+def _built(algorithm: str | Any, n: int, *, batch_size: int, lr: float, clip: float, options: dict[str, Any]) -> Any:
+    """The algorithm object: by name, built for D's n records (as :class:`dpopt.Private` builds it
+    for the user's data), else as given."""
+    if not isinstance(algorithm, str):
+        if options:
+            raise _validate.DpoptError(f"options {sorted(options)} build an algorithm by name; algorithm="
+                                       f"{type(algorithm).__name__} is already built")
+        return algorithm
+    from ..algorithms.by_name import build
+
+    return build(algorithm, n=n, batch_size=batch_size, lr=lr, clip=clip, **options)
+
+
+def _checked(steps: int, runs: int, delta: float, confidence: float) -> int:
     steps = _validate.positive_int("steps", steps)
-    runs = _validate.positive_int("runs", runs)
-    if runs < 4:
+    if _validate.positive_int("runs", runs) < 4:
         raise _validate.DpoptError(f"runs={runs} must be >= 4 (half of them choose the test)")
     _validate.open_unit("delta", delta)
     _validate.open_unit("confidence", confidence)
+    return steps
+
+
+def _audit(algorithm: Any, place: Pair, engine: Engine, *, name: str, steps: int, runs: int, delta: float,
+           confidence: float, threat_model: ThreatModel, bound: BoundKind, seed: int, progress: bool) -> AuditResult:
+    """The audit of ``algorithm`` on the pair ``place`` (see :func:`audit`)."""
     relation = algorithm.relation()
-    claimed = epsilon_of(algorithm.planned_event(n, steps), delta, relation)
+    claimed = epsilon_of(algorithm.planned_event(place.n, steps), delta, relation)
     start = time.perf_counter()
-    place = world(algorithm, name, n, steps, canary)
-    out, inside = (observations(algorithm, place, engine, threat_model, present=present, steps=steps, runs=runs,
-                                seed=seed + offset) for present, offset in ((False, 0), (True, runs)))
-    q = _inclusion_rate(algorithm, n)
+    with _bar(name, 2 * math.ceil(runs / place.slots) * steps, progress) as bar:
+        out, inside = (observations(algorithm, place, engine, threat_model, present=present, steps=steps, runs=runs,
+                                    seed=seed + offset, bar=bar) for present, offset in ((False, 0), (True, runs)))
+    q = _inclusion_rate(algorithm, place.n)
     found = {kind.name: bounds.lower_bound(kind, out, inside, delta, confidence,
                                           lambda o, i: threat_model.scores(o, i, q)) for kind in KINDS.values()}
     chosen = found[bound.name]
@@ -132,14 +246,16 @@ def audit(algorithm: Any, *, name: str, steps: int, dataset_size: int, runs: int
 
 def audit_one_run(algorithm: Any, *, name: str, steps: int, dataset_size: int, canaries: int | None = None,
                   delta: float = 1e-5,
-                  confidence: float = 0.95, engine: Engine = ClosedForm(), seed: int = 0) -> AuditResult:
+                  confidence: float = 0.95, engine: Engine = ClosedForm(), seed: int = 0,
+                  progress: bool = False) -> AuditResult:
     """One-run audit (Steinke, Nasr, Jagielski 2023; :mod:`dpopt.audit.one_run`): ``canaries``
     slots (default: every record the run uses), each holding the canary with probability ½ (the auditor's coin, from ``seed``), one
     training run, each slot scored by −output_r; the guesses k₊ = k₋ are planned from the claim
     alone (a Gaussian mechanism of the claimed ε's μ), so planning spends no confidence.
 
     For models where many runs cost too much. It is weaker than many runs (ε-randomized-response
-    guesses, no trade-off curve): ``smallest_refutable_epsilon`` says how much."""
+    guesses, no trade-off curve): ``smallest_refutable_epsilon`` says how much. ``progress``: a
+    bar of the run's steps on stderr."""
     n = _validate.positive_int("dataset_size", dataset_size) + 1
     steps = _validate.positive_int("steps", steps)
     _validate.open_unit("delta", delta)
@@ -150,8 +266,9 @@ def audit_one_run(algorithm: Any, *, name: str, steps: int, dataset_size: int, c
         canaries = len(worlds.used_positions(algorithm, n, steps))
     place = world(algorithm, name, n, steps, slots=_validate.positive_int("canaries", canaries))
     included = np.random.default_rng(seed).random(place.slots) < 0.5
-    outputs = observations(algorithm, place, engine, Final(), present=included.tolist(), steps=steps,
-                           runs=place.slots, seed=seed + 1)
+    with _bar(name, steps, progress) as bar:
+        outputs = observations(algorithm, place, engine, Final(), present=included.tolist(), steps=steps,
+                               runs=place.slots, seed=seed + 1, bar=bar)[:, 0]
     separation = bounds.gaussian_mu(claimed, delta) if math.isfinite(claimed) else 10.0
     k, _ = one_run.plan_guesses(place.slots, separation, delta, confidence)
     guessed_in, guessed_out = one_run.guesses(-outputs, k, k)

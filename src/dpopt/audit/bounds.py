@@ -73,7 +73,8 @@ class BoundKind(Protocol):
     """How two error-rate upper bounds become a lower bound on ε at δ: ``strength`` (element-wise,
     increasing in the bound, cheap: tests are compared by it) and ``epsilon`` of a strength."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def strength(self, fpr: np.ndarray, fnr: np.ndarray, delta: float) -> np.ndarray: ...
 

@@ -1,7 +1,12 @@
 """Any ``torch.nn.Module`` as an oracle, on one flat parameter vector θ (DESIGN rule 5).
 
 ``TorchModel(module, loss_fn, X, y)`` measures the per-record loss ``loss_fn(module(x), y)``
-(``reduction="none"``: one value per record) of the records ``(X[i], y[i])``. θ is one flat
+(``reduction="none"``: one value per record) of the records ``(X[i], y[i])``. Wherever a
+per-record quantity feeds a bound (per-record gradients and losses, under both engines), the loss
+of record i is ``loss_fn`` on a batch of that record alone, ``loss_fn(out_i[None], y_i[None])``,
+evaluated for all records at once under ``torch.func.vmap``: a loss that reads other records of
+its batch (one centred on the batch mean, an in-batch contrastive loss) sees none there, so it
+cannot carry one record into another's clipped gradient. θ is one flat
 tensor; the module's trainable parameters (``requires_grad=True``, in ``named_parameters()``
 order) are views into it, passed with ``torch.func.functional_call`` (frozen parameters and
 buffers stay the module's own). The module itself is never modified; :meth:`TorchModel.load`
@@ -31,8 +36,9 @@ float32, of each other and of a per-record autograd loop). DP-SRM's differences 
 forward/backward per point and nothing more: ``per_record(θ, B) - per_record(θ′, B)``.
 
 Computations without per-record gradients (``loss``, ``gradient_sum``, ``error``) run on the
-whole chunk: with the ghost engine by its forward where its plan runs every stage on the whole
-batch (convolutions and max-pools in channels-last layout), else by the module's own forward.
+whole chunk, the loss too: with the ghost engine by its forward where its plan runs every stage
+on the whole batch (convolutions and max-pools in channels-last layout), else by the module's
+own forward.
 Records need not be kept apart there (the module's own forward may mix them): what releases such
 a sum bounds it as an aggregate (AClip's ``clipping.clip_aggregate``: sensitivity 2λ whatever
 the batch does).
@@ -48,7 +54,13 @@ Modules with BatchNorm are refused: it mixes the records of a batch, so per-reco
 would not bound a record's influence. So are torch's recurrent layers (``nn.RNN``, ``nn.LSTM``,
 ``nn.GRU`` and their cells): their fused kernels have no complete ``vmap`` rule, so neither
 engine can keep records apart in them; a recurrence written with ``nn.Linear`` layers in a
-module of one's own works under both. Stochastic layers (dropout) draw from torch's global
+module of one's own works under both. So are layers with ``track_running_stats=True``
+(InstanceNorm's option): their forward writes running statistics of the training inputs into the
+module's buffers, without noise. Beyond those, every computation that runs the module compares
+its buffers before and after: a change (a running statistic of one's own, even a count of calls)
+is refused, the buffers restored, so nothing of the training data stays in the module. torch's
+errors in code run on each record alone under vmap come back as ``DpoptError``s that name the
+module or the loss and keep torch's message. Stochastic layers (dropout) draw from torch's global
 generator, not the run's (DESIGN rule 4 covers the privacy noise, not the model's own
 randomness); in both engines one forward feeds both the norms and the sums, so each record's
 clipped contribution is exactly bounded even so.
@@ -56,8 +68,10 @@ clipped contribution is exactly bounded even so.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+import hashlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -71,6 +85,10 @@ from . import ghost
 from . import records
 
 ENGINES = ("vmap", "ghost")
+#: Why the module and the loss run on each record alone (the messages of TorchModel._torch_errors).
+_MODULE_APART = "no record can reach another's gradient or loss"
+_LOSS_APART = ("a record's loss cannot read other records (a loss that couples the records of a batch would let one "
+               "record move the others' clipped gradients)")
 RECENT = 2  #: per-record results kept for reuse (the two points of a gradient difference)
 
 
@@ -102,6 +120,18 @@ class Layout:
         """Name → view of θ, for every name of each parameter (pass to ``call``)."""
         return {alias: theta[start:start + shape.numel()].view(shape)
                 for shape, start, aliases in zip(self.shapes, self.starts, self.aliases) for alias in aliases}
+
+
+def callable_fingerprint(fn: Callable[..., object]) -> str:
+    """A description of what ``fn`` computes: its qualified name with its code (bytecode, constants
+    and names, recursively for ``functools.partial``), or the repr of a callable object without
+    code (an ``nn.Module`` loss)."""
+    if isinstance(fn, functools.partial):
+        return f"partial({callable_fingerprint(fn.func)}, {fn.args!r}, {sorted(fn.keywords.items())!r})"
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return f"{type(fn).__qualname__}:{fn!r}"
+    return f"{getattr(fn, '__qualname__', '')}:{code.co_code.hex()}:{code.co_consts!r}:{code.co_names!r}"
 
 
 def call(module: nn.Module, params: dict[str, Tensor], x: Tensor) -> Tensor:
@@ -136,12 +166,95 @@ def reject_recurrent(module: nn.Module) -> None:
                 "likewise): it runs under both engines")
 
 
+def reject_running_stats(module: nn.Module) -> None:
+    """Raise :class:`DpoptError` if a layer of ``module`` tracks running statistics
+    (``track_running_stats=True``: InstanceNorm's option, or a layer of one's own that follows
+    torch's convention), saying why and what to use."""
+    for name, m in module.named_modules():
+        if getattr(m, "track_running_stats", False) is True:
+            raise _validate.DpoptError(
+                f"module={name or type(module).__name__!r} is {type(m).__name__} with track_running_stats=True, which "
+                "cannot be trained with differential privacy: in training mode its forward writes a running mean and "
+                "variance of the training inputs into the module's buffers, without noise (eval mode then normalises "
+                "with them), so the trained module would carry statistics of the training data that no ε accounts "
+                "for. Use track_running_stats=False (InstanceNorm's default: each record is normalised by its own "
+                "statistics, in training and in evaluation), or nn.GroupNorm / nn.LayerNorm")
+
+
+@contextlib.contextmanager
+def unchanged_buffers(modules: tuple[tuple[str, nn.Module], ...]) -> Iterator[None]:
+    """Run the block, then refuse (:class:`DpoptError`) a change of the buffers of ``modules``
+    (``(path, module)`` pairs: a module's ``named_modules()``, walked once by the caller), after
+    restoring them: a buffer that a forward pass on the training data writes (a running
+    statistic, a count of calls) would keep un-noised information about the records in the
+    module. A buffer changes if its values, shape or dtype change, or it is replaced, added or
+    removed. Costs a copy and a comparison of the buffers per block (nothing without buffers)."""
+    before = [(path, m, dict(m._buffers), {name: b.detach().clone() for name, b in m._buffers.items() if b is not None})
+              for path, m in modules]
+    try:
+        yield
+    finally:
+        changed = [(path, m, name) for path, m, buffers, copies in before for name in _changed(m, buffers, copies)]
+        if changed:
+            _restore(before)
+            path, m, name = changed[0]
+            raise _validate.DpoptError(
+                f"module={path or type(m).__name__!r} ({type(m).__name__}) changed its buffer "
+                f"{f'{path}.{name}' if path else name!r} in a forward pass on the training data: a buffer written from "
+                "the records (a running statistic, even a count of calls) would stay in the trained module without "
+                "noise, which no ε accounts for. The buffers were restored; keep them constant in forward (a statistic "
+                "the model needs: compute it from public data before training)")
+
+
+def _changed(m: nn.Module, buffers: dict[str, Tensor | None], copies: dict[str, Tensor]) -> list[str]:
+    """The names of ``m``'s own buffers that are not ``buffers`` (the same tensors) with the values
+    of ``copies``: replaced, changed, added or removed."""
+    names = [*buffers, *(name for name in m._buffers if name not in buffers)]
+    return [name for name in names if m._buffers.get(name) is not buffers.get(name)
+            or (name in copies and not _same(buffers[name], copies[name]))]
+
+
+def _same(a: Tensor, b: Tensor) -> bool:
+    """Equal shape, dtype and values (NaN where the other has NaN)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a, b) or (a.is_floating_point() and torch.equal(a.isnan(), b.isnan())
+                                 and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0)))
+
+
+def _restore(before: list[tuple[str, nn.Module, dict[str, Tensor | None], dict[str, Tensor]]]) -> None:
+    """Put back each module's buffers: the same tensor objects, with their old values."""
+    with torch.no_grad():
+        for _, m, buffers, copies in before:
+            m._buffers.clear()
+            m._buffers.update(buffers)
+            for name, copy in copies.items():
+                tensor = buffers[name]
+                if tensor.shape == copy.shape and tensor.dtype == copy.dtype:
+                    tensor.copy_(copy)
+                else:
+                    tensor.set_(copy)
+
+
+def _keeps_buffers(method: Callable) -> Callable:
+    """``method`` of :class:`TorchModel` under :func:`unchanged_buffers` of its module."""
+
+    @functools.wraps(method)
+    def guarded(self: TorchModel, *args: object, **kwargs: object) -> object:
+        with unchanged_buffers(self._modules):
+            return method(self, *args, **kwargs)
+
+    return guarded
+
+
 class TorchModel:
     """Per-record gradients of ``loss_fn(module(x), y)`` over the records of ``(X, y)``.
 
-    ``module``: an ``nn.Module`` without BatchNorm or torch's recurrent layers whose records do not
-    interact, except inside modules that ``engine`` runs per record (all of them for "vmap";
-    for "ghost", every module not in ``known_layers``); ``loss_fn(output, target) -> [B]``;
+    ``module``: an ``nn.Module`` without BatchNorm, torch's recurrent layers or running
+    statistics, whose forward changes no buffer and whose records do not interact, except inside
+    modules that ``engine`` runs per record (all of them for "vmap"; for "ghost", every module not
+    in ``known_layers``); ``loss_fn(output, target) -> [B]``, run on each record alone (under
+    vmap) wherever a per-record quantity is computed;
     ``X [n, ...]``, ``y [n, ...]`` tensors, or ``X`` a map-style Dataset of ``(x, y)`` pairs and
     ``y`` None, read lazily by index (:mod:`dpopt.oracles.records`; floating-point X is cast to
     the module's dtype chunk by chunk; they are not to be modified after: the oracle reuses the records and the
@@ -162,6 +275,7 @@ class TorchModel:
             raise _validate.DpoptError(f"module={type(module).__name__} must be a torch.nn.Module")
         reject_batch_norm(module)
         reject_recurrent(module)
+        reject_running_stats(module)
         self.engine = _validate.one_of("engine", engine, ENGINES)
         if not isinstance(known_layers, ghost.Registry):
             raise _validate.DpoptError(f"known_layers={type(known_layers).__name__} must be a "
@@ -177,6 +291,7 @@ class TorchModel:
         if len(kinds) > 1 or not next(iter(kinds))[0].is_floating_point:
             raise _validate.DpoptError(f"module parameters must share one floating dtype and device, got {kinds}")
         self.module, self.loss_fn = module, loss_fn
+        self._modules = tuple(module.named_modules(remove_duplicate=False))  # whose buffers no forward may change
         self.dtype, self.device = next(iter(kinds))
         self.layout = Layout.of(module)
         self.n, self.dim = len(self.records), self.layout.dim
@@ -191,6 +306,18 @@ class TorchModel:
     def data_digest(self) -> str:
         """sha256 of the training data (X and y), computed once: checkpoints of other data differ."""
         return self.records.digest()
+
+    @functools.cached_property
+    def model_digest(self) -> str:
+        """sha256 of what the gradients are taken of besides θ and the data: the module's structure
+        (its repr, parameter and buffer names, shapes and dtypes) and the loss function (its code
+        where it has some, else its repr). A checkpoint resumed with another module or loss of the
+        same size would replay the run's noise at other gradients: its settings differ."""
+        parts = [type(self.module).__qualname__, repr(self.module), self.engine]
+        parts += [f"{name}:{tuple(t.shape)}:{t.dtype}" for name, t in
+                  (*self.module.named_parameters(), *self.module.named_buffers())]
+        parts.append(callable_fingerprint(self.loss_fn))
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
     def flat_params(self) -> Tensor:
         """θ0: the module's current trainable parameters, flattened (a copy)."""
@@ -248,8 +375,54 @@ class TorchModel:
                                        "return one loss per record (reduction='none')")
         return losses
 
-    def _forward_losses(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
-        return self._losses(call(self.module, self.layout.views(theta), x), y)
+    def _each_loss(self, out: Tensor, y: Tensor) -> Tensor:
+        """``[B]``: ℓ_i of each record of a chunk from the outputs ``out``, each record alone
+        (:meth:`_loss_alone` under vmap: one batched call of the loss, not a loop)."""
+        with self._torch_errors(self._loss_name, _LOSS_APART):
+            return vmap(self._loss_alone, randomness="different")(out, y)
+
+    def _loss_alone(self, out_i: Tensor, y_i: Tensor) -> Tensor:
+        """ℓ_i = ``loss_fn`` on a batch of the one record i. A loss that reads the other records
+        of its batch (one centred on the batch mean, an in-batch contrastive loss) sees none
+        here, so it cannot carry one record into another's gradient or loss."""
+        with self._torch_errors(self._loss_name, _LOSS_APART):
+            return self._losses(out_i.unsqueeze(0), y_i.unsqueeze(0)).sum()
+
+    def _record_loss(self, params: dict[str, Tensor], x_i: Tensor, y_i: Tensor) -> Tensor:
+        """ℓ(θ; x_i, y_i) of one record alone (run under vmap): the module on a batch of one
+        (``params``: :meth:`Layout.views` of θ), then :meth:`_loss_alone`."""
+        with self._torch_errors(self._module_name, _MODULE_APART):
+            out = call(self.module, params, x_i.unsqueeze(0))
+        return self._loss_alone(out.squeeze(0), y_i)
+
+    def _one_loss(self, theta: Tensor, x_i: Tensor, y_i: Tensor) -> Tensor:
+        """:meth:`_record_loss` at a flat θ."""
+        return self._record_loss(self.layout.views(theta), x_i, y_i)
+
+    @contextlib.contextmanager
+    def _torch_errors(self, what: str, why: str) -> Iterator[None]:
+        """torch's errors of ``what`` (a name, e.g. ``loss_fn='contrastive'``), run on each record
+        alone under ``torch.func.vmap`` so that ``why``, as :class:`DpoptError` keeping torch's message."""
+        try:
+            yield
+        except RuntimeError as error:
+            raise _validate.DpoptError(
+                f"{what} is run on each record alone under torch.func.vmap so that {why}, and it failed there: "
+                f"{str(error).rstrip('. ')}. Write it with vmap-compatible operations (no .item() or Python branching "
+                "on tensor values, no in-place writes to buffers or other tensors it does not own)") from error
+
+    def _records_alone(self) -> contextlib.AbstractContextManager[None]:
+        """:meth:`_torch_errors` of the module and the loss run together on each record alone."""
+        return self._torch_errors(f"{self._module_name} with {self._loss_name}", _MODULE_APART)
+
+    @property
+    def _module_name(self) -> str:
+        return f"module={type(self.module).__name__!r}"
+
+    @property
+    def _loss_name(self) -> str:
+        """A function's qualified name, else its type's (an ``nn.Module`` loss)."""
+        return f"loss_fn={getattr(self.loss_fn, '__qualname__', type(self.loss_fn).__name__)!r}"
 
     @functools.cached_property
     def _plan_runs_whole_batch(self) -> bool:
@@ -292,6 +465,7 @@ class TorchModel:
         self._recent = [(point.clone(), indices.clone(), rows), *self._recent[: RECENT - 1]]
         return rows
 
+    @_keeps_buffers
     def _per_record(self, point: Tensor, indices: Tensor, theta: Tensor) -> Dense | ghost.GhostRows:
         chunks = self._chunks(indices)
         if self.engine == "vmap":
@@ -303,20 +477,19 @@ class TorchModel:
             views = self.layout.views(point.detach().requires_grad_(True))
             for x, y in chunks:
                 out, taps = ghost.forward(self.stages, views, x)
-                layers.append(ghost.capture(taps, self._losses(out, y).sum()))
+                layers.append(ghost.capture(taps, self._each_loss(out, y).sum()))
         return ghost.GhostRows(tuple(layers), tuple(len(y) for _, y in chunks), self.layout, point.new_empty(0),
                                theta.dtype, theta.device)
 
     def _dense_rows(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
-        def loss_of_one(params: dict[str, Tensor], xi: Tensor, yi: Tensor) -> Tensor:
-            out = call(self.module, params, xi.unsqueeze(0))
-            return self._losses(out, yi.unsqueeze(0)).sum()
-
-        grads = vmap(grad(loss_of_one), in_dims=(None, 0, 0), randomness="different")(self.layout.views(theta), x, y)
+        with self._records_alone():
+            grads = vmap(grad(self._record_loss), in_dims=(None, 0, 0), randomness="different")(
+                self.layout.views(theta), x, y)
         # an aliased parameter's gradient is the sum over its names (each name is one use of it)
         return torch.cat([sum(grads[alias] for alias in aliases).reshape(len(x), -1)
                           for aliases in self.layout.aliases], dim=1)
 
+    @_keeps_buffers
     def loss(self, theta: Tensor, indices: Tensor | None = None) -> Tensor:
         """F(θ) = mean_i ℓ_i(θ) over ``indices`` (default all records); differentiable in θ."""
         point = self._theta(theta)
@@ -325,6 +498,7 @@ class TorchModel:
         count = sum(len(y) for _, y in chunks)
         return (total / count if count else total * float("nan")).to(theta.device, theta.dtype)
 
+    @_keeps_buffers
     def gradient_sum(self, theta: Tensor, indices: Tensor | None) -> Tensor:
         """Σ_{i ∈ indices} ∇ℓ_i(θ) (all records for None): one ordinary backward per chunk, no
         per-record gradients (the forward of :meth:`_batch_outputs`)."""
@@ -341,6 +515,7 @@ class TorchModel:
         """∇F(θ) over all records (one backward per chunk)."""
         return self.gradient_sum(theta, None) / self.n
 
+    @_keeps_buffers
     def per_record_loss(self, thetas: Tensor, indices: Tensor) -> Tensor:
         """``[B, K]``: ℓ_i(θ_k) of the records ``indices`` at the K points ``thetas [K, d]``, each
         record's loss computed as its gradient is (records kept apart: DP-AGD bounds each record's
@@ -354,32 +529,34 @@ class TorchModel:
         """ℓ_i(θ) of each record of a chunk: the ghost engine's forward (modules not known to act
         on each record on their own run per record), or each record alone under vmap."""
         if self.engine == "vmap":
-            return vmap(self._one_loss, in_dims=(None, 0, 0), randomness="different")(theta, x, y)
+            with self._records_alone():
+                return vmap(self._one_loss, in_dims=(None, 0, 0), randomness="different")(theta, x, y)
         out, _ = ghost.forward(self.stages, self.layout.views(theta), x, taps=False)
-        return self._losses(out, y)
+        return self._each_loss(out, y)
 
-    def _one_loss(self, theta: Tensor, xi: Tensor, yi: Tensor) -> Tensor:
-        return self._forward_losses(theta, xi.unsqueeze(0), yi.unsqueeze(0)).sum()
-
+    @_keeps_buffers
     def losses_at(self, points: Tensor, indices: Tensor) -> Tensor:
         """``[B, K]``: ℓ_i(θ_ik) of record i at its own K points ``points [B, K, d]``."""
         at_points = vmap(self._one_loss, in_dims=(0, None, None))
-        with torch.no_grad():
+        with torch.no_grad(), self._records_alone():
             parts = [vmap(at_points)(chunk.to(self.device, self.dtype), x, y)
                      for chunk, (x, y) in zip(points.split(self.microbatch_size), self._chunks(indices))]
         return torch.cat(parts).to(points.device, points.dtype)
 
+    @_keeps_buffers
     def gradients_at(self, points: Tensor, indices: Tensor) -> Tensor:
         """``[B, K, d]``: ∇ℓ_i(θ_ik) of record i at its own K points ``points [B, K, d]``."""
         at_points = vmap(grad(self._one_loss), in_dims=(0, None, None))
-        parts = [vmap(at_points)(chunk.to(self.device, self.dtype), x, y)
-                 for chunk, (x, y) in zip(points.split(self.microbatch_size), self._chunks(indices))]
+        with self._records_alone():
+            parts = [vmap(at_points)(chunk.to(self.device, self.dtype), x, y)
+                     for chunk, (x, y) in zip(points.split(self.microbatch_size), self._chunks(indices))]
         return torch.cat(parts).to(points.device, points.dtype)
 
     def regulariser(self, theta: Tensor) -> Tensor:
         """r(θ) = 0: a module's loss has no separate data-independent term."""
         return torch.zeros((), dtype=theta.dtype, device=theta.device)
 
+    @_keeps_buffers
     def error(self, theta: Tensor, X: Tensor, y: Tensor) -> float:
         """Classification error on ``(X, y)``: argmax of the outputs vs integer labels, or, for one
         output per record, ``output > 0`` vs ``y > 0`` (labels {0, 1} or {−1, +1})."""

@@ -1,5 +1,5 @@
 """A module run on each record alone, with the ghost layers inside it tapped (see
-:mod:`dpopt.oracles.ghost`, "How layers are found").
+:mod:`dpopt.oracles.ghost.stages`, "How layers are found").
 
 :func:`run_block` runs a block (a module with its own forward) under ``torch.func.vmap``, each
 record as a batch of one, so nothing in its forward can mix the records of a batch. Its ghost
@@ -9,6 +9,10 @@ of the vmapped function, to its output; the loss's gradient with respect to a pr
 call's output gradient. :func:`_discover` finds the calls once per record shape and refuses a
 parameter that reaches the output outside its layer's call; every later call is checked against
 them.
+
+A ``block`` or ``isolated`` module that ``vmap`` cannot run (``.item()``, Python control flow
+on tensor values, in-place writes to captured tensors, torch's fused recurrent kernels) raises
+a :class:`~dpopt._validate.DpoptError` naming its path, at the first call.
 """
 
 from __future__ import annotations
@@ -16,49 +20,22 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .. import _validate
-
-if TYPE_CHECKING:
-    from .ghost import Stage
-
-
-class Calls:
-    """The calls a block makes to its ghost layers on records of one shape, found once per shape
-    (:func:`_discover`) and then checked at every call: ``by_shape[(shape, dtype)]`` is a tuple of
-    ``(index into Stage.inner, output shape per record, output dtype)``. Owned by its stage,
-    bounded to :data:`SHAPES` shapes."""
-
-    SHAPES = 8
-
-    def __init__(self) -> None:
-        self.by_shape: dict[tuple, tuple[tuple[int, tuple[int, ...], torch.dtype], ...]] = {}
-
-    def remember(self, key: tuple, calls: tuple) -> tuple:
-        if len(self.by_shape) >= self.SHAPES:
-            self.by_shape.pop(next(iter(self.by_shape)))
-        self.by_shape[key] = calls
-        return calls
-
+from ... import _validate
+from .stages import Calls, Stage, hooked
 
 
 def _one_record(module: nn.Module, params: dict[str, Tensor], x: Tensor) -> Tensor:
     return functional_call(module, params, (x.unsqueeze(0),), tie_weights=False).squeeze(0)
 
 
-def _hooked(module: nn.Module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-                or module._backward_pre_hooks)
-
-
-def _per_record(stage: Stage, params: dict[str, Tensor], x: Tensor, shared: dict[str, Tensor] | None = None,
-                tap: _Tap | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
+def per_record(stage: Stage, params: dict[str, Tensor], x: Tensor, shared: dict[str, Tensor] | None = None,
+               tap: _Tap | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
     """``stage.module`` on each record of ``x`` alone (``vmap``; ``params`` batched along dim 0
     with the records, or empty; ``shared`` the same for every record), so the records cannot
     interact whatever its forward does. With ``tap``, also the inputs of its ghost layers' calls,
@@ -149,7 +126,7 @@ def _discover(stage: Stage, shared: dict[str, Tensor], params: dict[str, Tensor]
     leaves = {name: t.detach().requires_grad_(True) for name, t in shared.items()}
     tap = _Tap(stage, None, ())
     with torch.enable_grad(), tap.hooked():
-        out, inputs = _per_record(stage, {k: v[:1].detach() for k, v in params.items()}, x[:1], leaves, tap)
+        out, inputs = per_record(stage, {k: v[:1].detach() for k, v in params.items()}, x[:1], leaves, tap)
         ends = [t for t in (out, *inputs) if t.requires_grad]
         reached = (torch.autograd.grad(sum(t.sum() for t in ends), list(leaves.values()), allow_unused=True)
                    if ends else [None] * len(leaves))
@@ -170,7 +147,7 @@ def run_block(stage: Stage, views: dict[str, Tensor], x: Tensor, taps: bool) -> 
     calls, inputs, probes)``; the stage run is ``stage`` less the layers :func:`_discover` found
     used outside their calls."""
     for inner in stage.inner if taps else ():
-        if _hooked(inner.module):
+        if hooked(inner.module):
             raise _validate.DpoptError(f"engine='ghost': layer {inner.path!r} has hooks registered after the "
                                        "oracle was made; make the oracle again (a hooked layer runs per record)")
     expanded, every, shared = _parameters(stage, views, x)
@@ -179,12 +156,12 @@ def run_block(stage: Stage, views: dict[str, Tensor], x: Tensor, taps: bool) -> 
         if run is not stage:
             return run_block(run, views, x, taps)
     if not (taps and stage.inner):
-        out, _ = _per_record(stage, every, x, shared)
+        out, _ = per_record(stage, every, x, shared)
         return out, (stage, expanded, (), (), ())
     probes = tuple(_probe((len(x), *shape), dtype, x.device) for _, shape, dtype in calls)
     tap = _Tap(stage, calls, probes)
     with tap.hooked():
-        out, inputs = _per_record(stage, every, x, shared, tap)
+        out, inputs = per_record(stage, every, x, shared, tap)
     if len(inputs) != len(calls):
         raise _validate.DpoptError(f"engine='ghost': module {stage.path!r} called fewer of its layers than on the "
                                    "records it was first traced with: its forward branches on the data; use "

@@ -1,0 +1,162 @@
+"""The curator's own state, kept outside every ``--out``: the key that authenticates checkpoints,
+and the journal of the checkpoints each run wrote and resumed.
+
+The folder is ``$DPOPT_STATE`` if set, else the user's configuration folder
+(``platformdirs.user_config_dir("dpopt")``), made private (mode 0700). It holds:
+
+* ``checkpoint.key``: 32 bytes from ``os.urandom``, mode 0600, made on first use (atomically: of
+  two processes making it at once, both use the one that was linked first). Every training
+  checkpoint carries an HMAC-SHA256 tag under it (:meth:`Key.tag`, :mod:`dpopt.checkpoint`), and a
+  checkpoint whose tag does not verify is refused: an edited checkpoint (its digest recomputed or
+  not) or one written under another key is never resumed.
+* ``runs/<run id>.json``, one per run: ``{"latest": step, "resumed": [steps]}``, the latest step
+  the run checkpointed or resumed and the steps whose checkpoints were resumed. A run's id is 128
+  random bits drawn at its start and stored in its checkpoints. Written atomically, under the
+  lock ``runs.lock``.
+
+:func:`resume` refuses a checkpoint older than its run's latest (a rewind: the data would pass
+through more noised steps than the resumed ledger counts) and, where asked, a second resume of
+one checkpoint (a fork: two continuations of one state, each reporting only its own ε).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import hmac
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import filelock
+import platformdirs
+
+from ._validate import DpoptError
+from .checkpoint import write_text
+
+#: Seconds to wait for another process's journal write (a few milliseconds) before giving up.
+LOCK_TIMEOUT = 60.0
+_RUN_ID = re.compile(r"[0-9a-f]{32}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    """The checkpoint key (``secret``, kept in the file ``path``)."""
+
+    secret: bytes = dataclasses.field(repr=False)
+    path: Path
+
+    def tag(self, payload: bytes) -> bytes:
+        """HMAC-SHA256 of ``payload`` under the key, 64 hex digits."""
+        return hmac.new(self.secret, payload, hashlib.sha256).hexdigest().encode()
+
+
+def folder() -> Path:
+    """The state folder (created, mode 0700): ``$DPOPT_STATE``, else the user's configuration folder."""
+    env = os.environ.get("DPOPT_STATE")
+    path = Path(env).expanduser() if env else Path(platformdirs.user_config_dir("dpopt"))
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as err:
+        raise DpoptError(f"DPOPT_STATE={str(path)!r} must be a writable directory ({err.strerror}): dpopt keeps the "
+                         "checkpoint key and the journal of runs there") from None
+    return path
+
+
+def key() -> Key:
+    """The user's checkpoint key, made on first use."""
+    path = folder() / "checkpoint.key"
+    try:
+        if not path.exists():
+            _make_key(path)
+        secret = path.read_bytes()
+    except OSError as err:
+        raise DpoptError(f"the checkpoint key {str(path)!r} cannot be made or read ({err.strerror})") from None
+    if len(secret) != 32:
+        raise DpoptError(f"{str(path)!r} is not a dpopt checkpoint key (32 bytes); checkpoints are not written or "
+                         "resumed without it")
+    return Key(secret, path)
+
+
+def _make_key(path: Path) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".checkpoint.key.")  # mode 0600
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(os.urandom(32))
+            handle.flush()
+            os.fsync(handle.fileno())
+        with contextlib.suppress(FileExistsError):  # another process made it first: use theirs
+            os.link(tmp, path)
+    finally:
+        os.unlink(tmp)
+
+
+def new_run() -> str:
+    """A new run's id: 128 bits from the operating system, in hex."""
+    return os.urandom(16).hex()
+
+
+def written(run: str, step: int) -> None:
+    """Record that ``run`` wrote a checkpoint of step ``step``."""
+    with _entry(run) as entry:
+        entry["latest"] = max(entry["latest"], step)
+
+
+def resume(run: str, step: int, name: str, *, once: bool) -> None:
+    """Record that checkpoint ``name``, of step ``step`` of ``run``, is resumed; or refuse it, in
+    one line naming the step: if the run already checkpointed or resumed a later step (a rewind),
+    or with ``once``, if this step's checkpoint was resumed before (a fork)."""
+    with _entry(run) as entry:
+        if step < entry["latest"]:
+            raise DpoptError(
+                f"{name} holds step {step} of run {run}, which already checkpointed or resumed step "
+                f"{entry['latest']}: resuming it would rewind the run (the data would pass through more noised steps "
+                "than its ε counts); it was not used. Resume the run's latest checkpoint, or start a new run in "
+                "another --out")
+        if once and step in entry["resumed"]:
+            raise DpoptError(
+                f"{name} holds step {step} of run {run}, which was already resumed once: resuming it again would "
+                "fork the run (two continuations of one state, each counting only its own ε); it was not used. "
+                "Continue from the resumed run's latest checkpoint, or start a new run")
+        entry["latest"] = step
+        entry["resumed"] = sorted({*entry["resumed"], step})
+
+
+@contextlib.contextmanager
+def _entry(run: str) -> Iterator[dict[str, Any]]:
+    """The journal entry of ``run`` (a new run's: nothing yet), written back if the body changed it."""
+    if not _RUN_ID.fullmatch(run):
+        raise DpoptError(f"run={run!r} is not a run id (32 hex digits)")
+    state = folder()
+    (state / "runs").mkdir(mode=0o700, exist_ok=True)
+    path = state / "runs" / f"{run}.json"
+    try:
+        with filelock.FileLock(state / "runs.lock", timeout=LOCK_TIMEOUT):
+            entry = _read(path)
+            before = dict(entry)
+            yield entry
+            if entry != before:
+                write_text(path, json.dumps(entry, separators=(",", ":")))
+    except filelock.Timeout:
+        raise DpoptError(f"the journal lock {str(state / 'runs.lock')!r} stayed held for {LOCK_TIMEOUT:g} s by "
+                         "another process; nothing was resumed or recorded") from None
+
+
+def _read(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {"latest": 0, "resumed": []}
+    try:
+        entry = json.loads(path.read_text())
+        valid = (isinstance(entry, dict) and set(entry) == {"latest", "resumed"} and type(entry["latest"]) is int
+                 and isinstance(entry["resumed"], list) and all(type(s) is int for s in entry["resumed"]))
+    except (OSError, ValueError):
+        valid = False
+    if not valid:
+        raise DpoptError(f"the journal entry {str(path)!r} is not one dpopt wrote; without it no checkpoint of its run "
+                         "is resumed (start a new run in another --out)")
+    return entry
