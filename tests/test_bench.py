@@ -222,3 +222,34 @@ def test_the_tables_name_the_metric_and_give_each_methods_cost_the_wall_time_lab
         del method["expected_passes"]
     assert "expected passes" not in markdown(result, "cmd")
 
+
+
+LARGE_DELTA = """
+[small]
+task = { kind = "heavy-tailed", noise = "student-t", model = "ridge", n = 500, dim = 3, reg = 0.0 }
+delta = 0.01
+validation_fraction = 0.2
+epsilons = [1.0]
+seeds = 1
+trials = { mean = 1.5, shape = 1.0 }
+
+[small.methods.dp-sgd]
+steps = 3
+fixed = { batch_size = 50 }
+grid = { lr = [0.1] }
+"""
+
+
+def test_bench_refuses_a_delta_of_at_least_one_over_n_unless_the_problem_allows_it(capsys, tmp_path):
+    """δ ≥ 1/n is refused before any job runs, naming the problem file's key that accepts it."""
+    file = tmp_path / "problems.toml"
+    file.write_text(LARGE_DELTA)
+    argv = ["bench", "--file", str(file), "--json", "--workers", "1"]
+    assert main([*argv, "--out", str(tmp_path / "refused")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dpopt: error: delta=0.01 must be < 1/n = ") and err.count("\n") == 1
+    assert err.endswith("or allow_large_delta = true in problem 'small' of the problems file to accept this "
+                        "knowingly\n")
+    file.write_text(LARGE_DELTA.replace("delta = 0.01\n", "delta = 0.01\nallow_large_delta = true\n"))
+    assert main([*argv, "--out", str(tmp_path / "allowed")]) == 0
+    assert json.loads(capsys.readouterr().out)["problems"][0]["delta"] == 0.01

@@ -157,8 +157,8 @@ def test_tune_runs_exactly_the_trials_it_drew(monkeypatch):
 def small_tune(seed, **extra):
     data = oracle()
     return tune(lambda c: DPSGD(lr=c["lr"], clip=1.0, noise_multiplier=1.0, batch_size=40), data, space=SPACE,
-                trials=TruncatedNegativeBinomial(2.0), epsilon=2.0, delta=DELTA, steps=5, seed=seed,
-                score=lambda theta: float(data.loss(theta)), **extra)
+                trials=TruncatedNegativeBinomial(2.0), epsilon=2.0, steps=5, seed=seed,
+                score=lambda theta: float(data.loss(theta)), **({"delta": DELTA} | extra))
 
 
 def test_default_randomness_is_secret_and_a_seed_makes_the_tuning_reproducible():
@@ -167,6 +167,13 @@ def test_default_randomness_is_secret_and_a_seed_makes_the_tuning_reproducible()
     c, d = small_tune(9), small_tune(9)
     assert torch.equal(c.theta, d.theta) and c.hyperparameters == d.hyperparameters
     assert "seed staying secret" in c.randomness
+
+
+def test_a_delta_of_at_least_one_over_n_is_refused_unless_allowed():
+    with pytest.raises(DpoptError, match=r"^delta=0.01 must be < 1/n = 0.0025 for n=400 records: .* or "
+                                         r"allow_large_delta=True to accept this knowingly$"):
+        small_tune(1, delta=0.01)
+    assert small_tune(1, delta=0.01, allow_large_delta=True).delta == 0.01
 
 
 def test_a_candidate_that_changes_the_privacy_event_is_refused():

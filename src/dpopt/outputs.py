@@ -72,7 +72,10 @@ PRIVATE_FIELDS = frozenset(PRIVATE_METRICS) | frozenset(EXPERIMENT_PRIVATE) | PU
     "step", "records", "final", "theta", "delta", "accountant", "neighboring_relation", "steps_done", "stopped",
     "randomness", "algorithm", "dataset", "data_source", "out", "epsilon_target", "processes", "diagnostics", "diverged_at",
     "experiment", "rows", "seeds", "quick", "log_points", "facts", "t_tests", "problem", "ours", "baseline",
-    "metrics", "mean", "std",
+    "metrics", "mean", "std", "accountant_note",
+    # which records the guarantee protects, and where the test metrics were measured (own data:
+    # held-out rows of the user's file, labelled NOT PRIVATE there)
+    "protected_records", "test_data",
     # a private tuning's release (dpopt.tuning): the selected run, its score on held-out data, the
     # distribution of the number of trials, one trial's ε alone
     "validation_score", "trial_epsilon", "trials", "validation_fraction",

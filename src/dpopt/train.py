@@ -20,6 +20,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from . import _validate, checkpoint, journal, lock, resume
-from .accounting import Ledger, epsilon_of, guarantee
+from .accounting import Ledger, accountant_note, epsilon_of, guarantee
 from .algorithms._common import Batch
 from .mechanisms import Discrete, NoiseSource, SeededNoise
 from .outputs import NOT_PRIVATE
@@ -47,6 +48,7 @@ class History:
     :data:`~dpopt.outputs.DIAGNOSTIC_METRICS`, ``log_metrics`` and the algorithm's own diagnostics
     (:mod:`dpopt.outputs` classifies every field).
     ``randomness`` says where the noise came from and what the guarantee then rests on.
+    ``accountant_note``: None, or why ``accountant`` is not the one asked for (also warned about).
     """
 
     records: list[dict[str, float]]
@@ -60,6 +62,7 @@ class History:
     stopped: str | None = None
     diagnostics: dict[str, Any] | None = None
     diverged_at: int | None = None  # the step after which θ was not finite
+    accountant_note: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {key: value for key, value in dataclasses.asdict(self).items() if key != "theta"} | {
@@ -219,8 +222,11 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int | None = None, 
         checkpoint_path: str | Path | None = None, checkpoint_every: int | None = None,
         max_epsilon: float | None = None, progress: bool | None = None, diagnostics: bool = False,
         train_metrics: bool = True, diagnostic_sample: int | None = DIAGNOSTIC_SAMPLE,
-        log_metrics: Callable[[Tensor], dict[str, float]] | None = None) -> History:
+        log_metrics: Callable[[Tensor], dict[str, float]] | None = None, allow_large_delta: bool = False) -> History:
     """Train ``algorithm`` on ``oracle`` for ``steps`` steps and return the :class:`History`.
+
+    ``delta`` must be below 1/n (n = ``oracle.n``) unless ``allow_large_delta``
+    (:func:`dpopt._validate.meaningful_delta` says why).
 
     Randomness: without ``seed`` the sampling and the noise are seeded from the operating system
     (secret); with it, from the seed (reproducible: the guarantee then rests on the seed staying
@@ -254,7 +260,8 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int | None = None, 
     (its ledger covers every step taken), and resuming it does not step again.
     """
     _validate.positive_int("steps", steps)
-    _validate.open_unit("delta", delta)
+    _validate.meaningful_delta(delta, oracle.n, allow_large_delta=allow_large_delta,
+                               override="allow_large_delta=True")
     if getattr(oracle, "shares_noise", False) and (
             not isinstance(noise_source, SeededNoise | None) or isinstance(getattr(algorithm, "noise", None), Discrete)):
         raise _validate.DpoptError(
@@ -395,7 +402,11 @@ def _train(stepper: Stepper, *, stop_at: int, delta: float, test_error: Callable
     else:
         stopped = None if stop_at == steps else f"max_epsilon={max_epsilon} reached"
     ledger = stepper.ledger
+    note = None if ledger.accountant == ledger.requested_accountant else accountant_note(
+        ledger.event(), ledger.relation, ledger.requested_accountant)
+    if note is not None:
+        warnings.warn(_validate.DpoptWarning(note), stacklevel=3)
     return History(records=records, final=measure(theta), theta=theta, delta=delta,
                    accountant=ledger.accountant, neighboring_relation=ledger.neighboring_relation,
                    steps_done=done, randomness=stepper.origin, stopped=stopped, diagnostics=report,
-                   diverged_at=diverged_at)
+                   diverged_at=diverged_at, accountant_note=note)

@@ -20,7 +20,7 @@ import sys
 import time
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +51,8 @@ class Method:
 @dataclass(frozen=True)
 class Problem:
     """A declared problem: its ``task`` settings (``kind`` and the kind's keyword arguments,
-    :mod:`dpopt.bench.tasks`), the privacy target, the cells' ε and seeds, and its methods."""
+    :mod:`dpopt.bench.tasks`), the privacy target, the cells' ε and seeds, and its methods.
+    ``allow_large_delta`` (key ``allow_large_delta = true``) accepts a δ ≥ 1/n knowingly."""
 
     name: str
     task: Mapping[str, Any]
@@ -61,6 +62,7 @@ class Problem:
     seeds: int
     trials: Any
     methods: tuple[Method, ...]
+    allow_large_delta: bool = False
 
 
 def problems(variant: str | None = None, path: Path = PROBLEMS) -> dict[str, Problem]:
@@ -88,7 +90,7 @@ def _problem(name: str, spec: dict[str, Any], variant: str | None) -> Problem:
                     for algorithm, m in spec["methods"].items())
     task = spec["task"] | overrides.get("task", {})  # a variant overrides single task settings
     return Problem(name, task, settings["delta"], settings["validation_fraction"], tuple(settings["epsilons"]),
-                   settings["seeds"], trials, methods)
+                   settings["seeds"], trials, methods, settings.get("allow_large_delta", False))
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,7 @@ class Tuning:
     epsilon: float
     delta: float
     seed: int
+    allow_large_delta: bool = field(default=False, repr=False)  # a permission: the result does not depend on it
 
     def run(self, task: Task) -> dict[str, Any]:
         clock = time.perf_counter()
@@ -110,7 +113,7 @@ class Tuning:
         tuned = tune(builder(method.algorithm, task.oracle.n, method.fixed), task.oracle, space=method.space,
                      trials=self.trials, epsilon=self.epsilon, delta=self.delta, steps=method.steps,
                      score=task.validation_error, seed=self.seed, theta0=task.theta0, test_error=task.test_error,
-                     diagnostics=True)
+                     diagnostics=True, allow_large_delta=self.allow_large_delta)
         return {"test_error": tuned.final.get("test_error", math.nan), "epsilon": tuned.final["epsilon"],
                 "expected_passes": tuned.final["expected_passes"], "trials_run": tuned.diagnostics["trials_run"],
                 "wall_time_s": time.perf_counter() - clock}
@@ -145,9 +148,13 @@ def bench(chosen: Sequence[Problem], pool: Pool, *, data_dir: str | None = None,
     for problem in chosen:
         key = task_key(problem)
         task = task_of(data_dir, key)
+        allow = f"allow_large_delta = true in problem {problem.name!r} of the problems file"
+        _validate.meaningful_delta(problem.delta, task.oracle.n, allow_large_delta=problem.allow_large_delta,
+                                   override=allow)
         pool.expect(len(problem.epsilons) * len(problem.methods) * problem.seeds)
-        jobs = {(epsilon, method.algorithm): [pool.start(Tuning(method, problem.trials, epsilon, problem.delta, seed),
-                                                         task, key) for seed in range(problem.seeds)]
+        jobs = {(epsilon, method.algorithm): [pool.start(Tuning(method, problem.trials, epsilon, problem.delta, seed,
+                                                                problem.allow_large_delta), task, key)
+                                              for seed in range(problem.seeds)]
                 for epsilon in problem.epsilons for method in problem.methods}
         queued.append((problem, task.metric, jobs))
     results, diagnostics = [], []

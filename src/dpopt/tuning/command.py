@@ -1,5 +1,5 @@
-"""``dpopt tune``: private tuning of one algorithm on a registered data set (GLM models), scored
-on a held-out validation split of the training file (:mod:`dpopt.tuning.task`)."""
+"""``dpopt tune``: private tuning of one algorithm on a registered data set or a file of one's own
+(GLM models), scored on a held-out validation split of the training file (:mod:`dpopt.tuning.task`)."""
 
 from __future__ import annotations
 
@@ -49,20 +49,30 @@ def space_of(grid: list[str], ranges: list[str]) -> Space:
     return Space(dimensions)
 
 
-def run_tune(args: argparse.Namespace) -> dict[str, Any]:
-    """Tune ``args.algorithm`` privately, write ``tuned.json`` to ``--out``; the printed summary."""
+def run_tune(args: argparse.Namespace, described: Any = None) -> dict[str, Any]:
+    """Tune ``args.algorithm`` privately on the registered ``--dataset`` or on ``described`` (a
+    file of one's own, read and prepared: :class:`dpopt.data.own.Described`), write ``tuned.json``
+    to ``--out``; the printed summary."""
     space = space_of(args.grid, args.range)
     trials = trials_of(args.trials_mean, args.trials_shape)
-    task = glm_task(args.dataset, args.model, reg=args.reg, validation_fraction=args.validation_fraction,
+    dataset = (args.dataset or "adult") if described is None else described.dataset
+    name = dataset if described is None else dataset.name
+    task = glm_task(dataset, args.model, reg=args.reg, validation_fraction=args.validation_fraction,
                     data_dir=args.data_dir)
+    n = task.oracle.n
+    _validate.meaningful_delta(args.delta, n, allow_large_delta=args.allow_large_delta, override="--allow-large-delta")
     fixed = {"batch_size": args.batch_size, "sampling": args.sampling, "lr": args.lr, "clip": args.clip,
              "clip_diff": args.clip_diff, "gamma": args.gamma}
-    tuned = tune(builder(args.algorithm, task.oracle.n, fixed), task.oracle, space=space, trials=trials,
+    tuned = tune(builder(args.algorithm, n, fixed), task.oracle, space=space, trials=trials,
                  epsilon=args.epsilon, delta=args.delta, steps=args.steps, score=task.validation_error,
-                 seed=args.seed, test_error=task.test_error, diagnostics=args.diagnostics)
-    out = Path(args.out or f"results/tune-{args.algorithm}-{args.dataset}")
-    payload = {"dataset": args.dataset, "model": args.model, "epsilon_target": args.epsilon,
-               "validation_fraction": args.validation_fraction, **tuned.to_dict()}
+                 seed=args.seed, test_error=task.test_error, diagnostics=args.diagnostics,
+                 allow_large_delta=args.allow_large_delta)
+    out = Path(args.out or f"results/tune-{args.algorithm}-{name}")
+    stated = {} if described is None else {
+        "protected_records": f"{described.protected}, less the validation rows held out of them: {n} rows",
+        "test_data": described.test_data}
+    payload = {"dataset": name, "model": args.model, "epsilon_target": args.epsilon,
+               "validation_fraction": args.validation_fraction, **stated, **tuned.to_dict()}
     report.write_json(out / "tuned.json", payload)
     return {key: value for key, value in payload.items() if key != "theta"} | {"out": str(out)}
 
@@ -78,6 +88,8 @@ def summary(result: dict[str, Any]) -> str:
     else:
         lines.append(f"selected {result['hyperparameters']}: validation error {final['validation_score']:.4f}, "
                      f"test error {final['test_error']:.4f}")
+    if "test_data" in result:
+        lines += [f"protected: {result['protected_records']}", f"test error on: {result['test_data']}"]
     if result["diagnostics"] is not None:
         lines.append(f"{result['diagnostics']['trials_run']} trials run (NOT PRIVATE: reveals K)")
     return "\n".join(lines + [f"written to {result['out']}/tuned.json"])
