@@ -229,7 +229,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any] | None:
     from .algorithms.by_name import noise_of
     from .models import mlp_oracle
     from .oracles import make as make_oracle
-    from .train import run
+    from .train import OsSeed, run
 
     out = _out(args)
     epsilon = _validate.positive("epsilon", args.epsilon)
@@ -260,7 +260,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any] | None:
     ratios = (_validate.positive("noise_ratio", args.noise_ratio), 1.0) if args.algorithm == "dp-srm" else None
     algorithm = calibrate(algorithm, epsilon=epsilon, delta=delta, n=oracle.n, steps=steps,
                           accountant=args.accountant, ratios=ratios)
-    seed = args.seed if args.seed is not None or processes == 1 else distributed.shared_secret_seed()
+    seed = args.seed if args.seed is not None or processes == 1 else OsSeed(distributed.shared_secret_seed())
     with distributed.resumable(out / "checkpoint.pt") as checkpoint_path:  # rank 0 alone writes out/
         theta0 = oracle.flat_params() if args.model == "mlp" else None  # the network's initialisation
         history = run(algorithm, oracle, steps=steps, seed=seed, delta=delta, accountant=args.accountant,
