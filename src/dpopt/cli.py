@@ -348,9 +348,9 @@ def _tune(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _bench(args: argparse.Namespace) -> dict[str, Any]:
-    from .bench import run_bench
+    from .bench import run_bench, shown_command
 
-    return run_bench(args, " ".join(["dpopt", *sys.argv[1:]]))
+    return run_bench(args, shown_command(sys.argv[1:]))
 
 
 def _data(args: argparse.Namespace) -> Any:
@@ -522,6 +522,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--out", help="output directory (default results/bench, results/bench-quick); finished jobs "
                      "are saved in its runs/ folder, and the same command run again resumes from them")
     sub.add_argument("--workers", type=int, help="processes running the tunings in parallel (default: one per core)")
+    sub.add_argument("--seed", type=int, help="make the bench reproducible (every ε then rests on the seed staying "
+                     "secret; the outputs do not show it); default: one secret from the operating system per bench, "
+                     "kept in --out's runs/ folder for resuming")
     common(sub)
 
     sub = commands.add_parser("data", help="list, describe or download data sets")

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from .. import _validate, data
 from ..algorithms.by_name import NAMES, NON_PRIVATE, build
+from ..data.bounds import Preparation
 from ..oracles import make
 
 #: The GLM models a task may use, each with the metric its ``error`` computes.
@@ -59,12 +60,15 @@ def held_out_task(oracle_on: Callable[[Tensor, Tensor], Any], X: Any, y: Any, X_
 
 
 def glm_task(dataset: str, model: str, *, reg: float, validation_fraction: float,
-             data_dir: str | None = None) -> Task:
-    """A GLM ``model`` (:data:`MODELS`) on registered ``dataset``, split as the module says; its
-    metric is the misclassification rate (logistic models) or the mean squared error (ridge)."""
+             data_dir: str | None = None, preparation: Preparation | None = None) -> Task:
+    """A GLM ``model`` (:data:`MODELS`) on registered ``dataset`` (prepared by ``preparation``, a
+    per-record map of public bounds; None: as loaded), split as the module says; its metric is the
+    misclassification rate (logistic models) or the mean squared error (ridge)."""
     _validate.one_of("dataset", dataset, data.names())
     _validate.one_of("model", model, MODELS)
     loaded = data.load(dataset, data_dir)
+    if preparation is not None:
+        loaded = preparation.prepare(loaded)
     return held_out_task(lambda X, y: make(model, X, y, reg=reg), loaded.X_train, loaded.y_train, loaded.X_test,
                          loaded.y_test, validation_fraction=validation_fraction,
                          metric=METRICS[model])
