@@ -258,7 +258,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any] | None:
     from .algorithms.by_name import noise_of
     from .models import logistic_loss, mlp_oracle
     from .oracles import make as make_oracle
-    from .train import run
+    from .train import OsSeed, run
 
     out = _out(args)
     epsilon = _validate.positive("epsilon", args.epsilon)
@@ -289,7 +289,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any] | None:
     ratios = (_validate.positive("noise_ratio", args.noise_ratio), 1.0) if args.algorithm == "dp-srm" else None
     algorithm = calibrate(algorithm, epsilon=epsilon, delta=delta, n=oracle.n, steps=steps,
                           accountant=args.accountant, ratios=ratios)
-    seed = args.seed if args.seed is not None or processes == 1 else distributed.shared_secret_seed()
+    seed = args.seed if args.seed is not None or processes == 1 else OsSeed(distributed.shared_secret_seed())
     with distributed.resumable(out / "checkpoint.pt") as checkpoint_path:  # rank 0 alone writes out/
         theta0 = oracle.flat_params() if args.model == "mlp" else None  # the network's initialisation
         history = run(algorithm, oracle, steps=steps, seed=seed, delta=delta, accountant=args.accountant,
@@ -410,9 +410,9 @@ def _tune(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _bench(args: argparse.Namespace) -> dict[str, Any]:
-    from .bench import run_bench
+    from .bench import run_bench, shown_command
 
-    return run_bench(args, " ".join(["dpopt", *sys.argv[1:]]))
+    return run_bench(args, shown_command(sys.argv[1:]))
 
 
 def _data(args: argparse.Namespace) -> Any:
@@ -616,6 +616,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--out", help="output directory (default results/bench, results/bench-quick); finished jobs "
                      "are saved in its runs/ folder, and the same command run again resumes from them")
     sub.add_argument("--workers", type=int, help="processes running the tunings in parallel (default: one per core)")
+    sub.add_argument("--seed", type=int, help="make the bench reproducible (every ε then rests on the seed staying "
+                     "secret; the outputs do not show it); default: one secret from the operating system per bench, "
+                     "kept in --out's runs/ folder for resuming")
     common(sub)
 
     sub = commands.add_parser("data", help="list, describe or download data sets")

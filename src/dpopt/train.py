@@ -77,6 +77,19 @@ FROM_OS = "seeded from the operating system (secret; saved in checkpoints, which
 SYSTEM = "release noise from the operating system's CSPRNG"
 
 
+class OsSeed(int):
+    """A seed drawn from the operating system (secret) and handed on as a seed, e.g. by the first
+    process of a data-parallel run to every other (:func:`dpopt.distributed.shared_secret_seed`):
+    a run derives its generators from it as from a user's seed, and says that its randomness comes
+    from the operating system (:func:`origin`)."""
+
+
+def origin(seed: int | None) -> str:
+    """Where the randomness of a run or tuning with ``seed`` comes from: :data:`SEEDED` for a user's
+    seed, :data:`FROM_OS` for None (drawn from the operating system) or an :class:`OsSeed`."""
+    return FROM_OS if seed is None or isinstance(seed, OsSeed) else SEEDED
+
+
 def randomness(seed: int | None, noise_source: NoiseSource | None = None) -> tuple[torch.Generator, NoiseSource, str]:
     """The run's sampling generator, noise source and the sentence saying where they come from.
 
@@ -90,8 +103,9 @@ def randomness(seed: int | None, noise_source: NoiseSource | None = None) -> tup
     sample_seed, noise_seed = root.generate_state(2, dtype=np.uint64)
     sample_gen = torch.Generator().manual_seed(int(sample_seed))
     if noise_source is not None:
-        return sample_gen, noise_source, SYSTEM
-    return sample_gen, SeededNoise(int(noise_seed)), SEEDED if seeded else FROM_OS
+        batches = "the operating system" if origin(seed) == FROM_OS else "the user's seed, which must stay secret"
+        return sample_gen, noise_source, f"{SYSTEM}; batches sampled from {batches}"
+    return sample_gen, SeededNoise(int(noise_seed)), origin(seed)
 
 
 def affordable_steps(algorithm: Any, n: int, steps: int, delta: float, max_epsilon: float, accountant: str) -> int:

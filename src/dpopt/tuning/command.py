@@ -16,6 +16,9 @@ from .trials import Poisson, Trials, TruncatedNegativeBinomial
 
 #: Hyper-parameters a private tuning may vary: they leave the privacy event unchanged.
 TUNABLE = ("lr", "clip", "clip_diff", "gamma", "obj_clip")
+#: What ``tuned.json`` and the summary say of the validation split (its share of the training file).
+UNPROTECTED = ("the validation split ({share:.0%} of the training file, a fixed public permutation) is not protected "
+               "by the guarantee: the selected candidate's exact score on it (validation_score) is released")
 
 
 def trials_of(mean: float, shape: float) -> Trials:
@@ -72,7 +75,8 @@ def run_tune(args: argparse.Namespace, described: Any = None) -> dict[str, Any]:
         "protected_records": f"{described.protected}, less the validation rows held out of them: {n} rows",
         "test_data": described.test_data}
     payload = {"dataset": name, "model": args.model, "epsilon_target": args.epsilon,
-               "validation_fraction": args.validation_fraction, **stated, **tuned.to_dict()}
+               "validation_fraction": args.validation_fraction,
+               "validation_split": UNPROTECTED.format(share=args.validation_fraction), **stated, **tuned.to_dict()}
     report.write_json(out / "tuned.json", payload)
     return {key: value for key, value in payload.items() if key != "theta"} | {"out": str(out)}
 
@@ -86,10 +90,11 @@ def summary(result: dict[str, Any]) -> str:
     if result["hyperparameters"] is None:
         lines.append("no trial was drawn (K = 0): nothing is released")
     else:
-        lines.append(f"selected {result['hyperparameters']}: validation error {final['validation_score']:.4f}, "
-                     f"test error {final['test_error']:.4f}")
+        lines.append(f"selected {result['hyperparameters']}: validation error {final['validation_score']:.4f} "
+                     f"(exact, NOT PROTECTED: {result['validation_split']}), test error {final['test_error']:.4f}")
     if "test_data" in result:
         lines += [f"protected: {result['protected_records']}", f"test error on: {result['test_data']}"]
+    lines.append(f"randomness: {result['randomness']}")
     if result["diagnostics"] is not None:
         lines.append(f"{result['diagnostics']['trials_run']} trials run (NOT PRIVATE: reveals K)")
     return "\n".join(lines + [f"written to {result['out']}/tuned.json"])

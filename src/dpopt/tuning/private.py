@@ -146,6 +146,6 @@ def tune(build: Callable[[Mapping[str, Any]], Any], oracle: Oracle, *, space: Sp
     return Tuned(theta=theta, hyperparameters=selection.candidate, algorithm=algorithm, final=final, delta=delta,
                  trial_epsilon=epsilon_of(planned, delta, relation, ACCOUNTANT), trials=repr(trials),
                  accountant=ACCOUNTANT, neighboring_relation=RELATION_NAMES[relation],
-                 randomness=train.SEEDED if seed is not None else train.FROM_OS,
+                 randomness=train.origin(seed),
                  diagnostics={"label": NOT_PRIVATE, "trials_run": selection.trials_run,
                               "wall_time_s": time.perf_counter() - started} if diagnostics else None)

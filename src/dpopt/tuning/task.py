@@ -18,6 +18,7 @@ from torch import Tensor
 
 from .. import _validate, data
 from ..algorithms.by_name import NAMES, NON_PRIVATE, build
+from ..data.bounds import Preparation
 from ..oracles import make
 
 #: The GLM models a task may use, each with the metric its ``error`` computes.
@@ -79,14 +80,18 @@ def held_out_task(oracle_on: Callable[[Tensor, Tensor], Any], X: Any, y: Any, X_
 
 
 def glm_task(dataset: str | data.Dataset, model: str, *, reg: float, validation_fraction: float,
-             data_dir: str | None = None) -> Task:
-    """A GLM ``model`` (:data:`MODELS`) on registered ``dataset`` (a name), split as the module
-    says, or on a loaded file of one's own (a :class:`~dpopt.data.Dataset`, split :func:`by_content`);
-    its metric is the misclassification rate (logistic models) or the mean squared error (ridge)."""
+             data_dir: str | None = None, preparation: Preparation | None = None) -> Task:
+    """A GLM ``model`` (:data:`MODELS`) on registered ``dataset`` (a name; prepared by
+    ``preparation``, a per-record map of public bounds; None: as loaded), split as the module says,
+    or on a loaded file of one's own (a :class:`~dpopt.data.Dataset`, already prepared, split
+    :func:`by_content`); its metric is the misclassification rate (logistic models) or the mean
+    squared error (ridge)."""
     if isinstance(dataset, str):
         _validate.one_of("dataset", dataset, data.names())
     _validate.one_of("model", model, MODELS)
     loaded, split_by = (data.load(dataset, data_dir), split) if isinstance(dataset, str) else (dataset, by_content)
+    if preparation is not None:
+        loaded = preparation.prepare(loaded)
     return held_out_task(lambda X, y: make(model, X, y, reg=reg), loaded.X_train, loaded.y_train, loaded.X_test,
                          loaded.y_test, validation_fraction=validation_fraction,
                          metric=METRICS[model], split_by=split_by)
