@@ -125,3 +125,24 @@ def test_run_writes_results_and_respects_max_epsilon(tmp_path: Path, capsys: pyt
     assert 0 < summary["steps_done"] < 200
     assert summary["stopped"] == "max_epsilon=0.5 reached"
     assert {p.name for p in tmp_path.iterdir()} >= {"history.json", "summary.md", "curves.png", "checkpoint.pt"}
+
+
+@pytest.mark.parametrize(("flag", "value", "dest"), [
+    ("--feature-bounds", "-5:5", "feature_bounds"), ("--target-bounds", "-1:1", "target_bounds"),
+    ("--feature-bounds", "-.5:.5", "feature_bounds"), ("--lr", "-1e-3", "lr"),
+])
+def test_a_value_starting_with_a_minus_sign_is_a_value_not_an_option(flag: str, value: str, dest: str) -> None:
+    """Finding: `--feature-bounds -5:5` was read as an option (argparse takes only plain negative
+    numbers as values); only `--feature-bounds=-5:5` worked."""
+    from dpopt.cli import _parser
+
+    for command in ("run", "tune"):
+        args = _parser().parse_args([command, "--algorithm", "dp-sgd", "--epsilon", "1", flag, value])
+        assert str(getattr(args, dest)) == str(float(value) if dest == "lr" else value)
+
+
+def test_an_implausible_epsilon_is_warned_about_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["calibrate", "--mechanism", "gaussian", "--epsilon", "1e6", "--steps", "1", "--delta", "1e-5"]) == 0
+    assert capsys.readouterr().err == ("dpopt: warning: epsilon=1e+06 is above 100: e^ε bounds how much more likely "
+                                       "an output may become with one record added, and this bound says nothing "
+                                       "useful; the run goes ahead\n")

@@ -241,6 +241,25 @@ def test_cli_nproc_2_gives_the_nproc_1_run(tmp_path: Path, capfd: pytest.Capture
     assert {p.name for p in (tmp_path / "two").iterdir()} == {p.name for p in (tmp_path / "one").iterdir()}
 
 
+def test_cli_nproc_2_without_a_seed_says_its_randomness_comes_from_the_operating_system(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Finding: `dpopt run --nproc 2` without --seed wrote "seeded by the user": the secret seed the
+    first process draws from the operating system and shares was handed to the run as a seed. It is
+    now an OsSeed, which gives the same generators as that number and says where it came from."""
+    from dpopt.cli import main
+
+    unseeded = [arg for arg in RUN if arg not in ("--seed", "4")]
+    assert main([*unseeded, "--nproc", "2", "--out", str(tmp_path)]) == 0
+    capfd.readouterr()
+    assert json.loads((tmp_path / "history.json").read_text())["randomness"] == train.FROM_OS
+    assert f"randomness: {train.FROM_OS}." in (tmp_path / "summary.md").read_text()
+    shared = [train.randomness(seed) for seed in (train.OsSeed(4), 4)]
+    assert [origin for _, _, origin in shared] == [train.FROM_OS, train.SEEDED]
+    assert torch.equal(shared[0][0].get_state(), shared[1][0].get_state())  # the same generators as the number
+    secure = train.randomness(4, dpopt.SystemNoise())[2]  # CSPRNG noise: the batches' origin is said too
+    assert secure == f"{train.SYSTEM}; batches sampled from the user's seed, which must stay secret"
+
+
 def test_cli_nproc_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from dpopt.cli import main

@@ -84,6 +84,7 @@ def test_tiny_poisson_batches_with_empty_ones_are_accounted():
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"epsilon": 0.0}, "epsilon=0.0 must be > 0"),
     ({"delta": 1.0}, "delta=1.0 must be in (0, 1)"),
+    ({"delta": 0.01}, "delta=0.01 must be < 1/n = 0.005 for n=200 records"),
     ({"epochs": -1.0}, "epochs=-1.0 must be > 0"),
     ({"algorithm": "adam"}, "algorithm='adam' must be one of"),
     ({"batch_size": 500}, "batch_size=500 must be >= 1 and <= n (training records)=200"),
@@ -102,3 +103,10 @@ def test_bad_data_and_losses_are_explained():
     with pytest.raises(DpoptError, match="one loss per record"):
         dpopt.fit(model(), lambda out, t: nn.functional.cross_entropy(out, t), (X, y), epsilon=1.0, delta=1e-5,
                   epochs=1, batch_size=40)
+
+
+def test_a_delta_of_at_least_one_over_n_runs_when_allowed():
+    X, y = data()
+    history = dpopt.fit(model(), loss, (X, y), epsilon=1.0, delta=0.01, epochs=1.0, batch_size=40,
+                        allow_large_delta=True)
+    assert history.delta == 0.01 and history.final["epsilon"] <= 1.0

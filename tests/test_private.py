@@ -399,3 +399,16 @@ def test_a_checkpoint_resumed_with_another_loss_is_refused(tmp_path):
     message = refusal(lambda: doubled.resume(tmp_path / "run.ckpt"))
     assert message is not None and "model" in message, message
     assert refusal(lambda: started(seed=1)[0].resume(tmp_path / "run.ckpt")) is None
+
+
+def test_delta_of_at_least_one_over_n_is_refused_unless_allowed_and_a_huge_epsilon_warns():
+    """δ ≥ 1/n (here 1/200) is refused by default; ε > 100 is calibrated to, with a warning."""
+    X, y = data()
+    with pytest.raises(DpoptError, match=r"^delta=0.005 must be < 1/n = 0.005 for n=200 records: .* or "
+                                         r"allow_large_delta=True to accept this knowingly$"):
+        dpopt.Private(model(), loss, (X, y), epsilon=1.0, delta=0.005, steps=3, batch_size=40)
+    private = dpopt.Private(model(), loss, (X, y), epsilon=1.0, delta=0.005, steps=3, batch_size=40,
+                            allow_large_delta=True)
+    assert private.delta == 0.005
+    with pytest.warns(dpopt._validate.DpoptWarning, match=r"^epsilon=1e\+06 is above 100: "):
+        dpopt.Private(model(), loss, (X, y), epsilon=1e6, delta=DELTA, steps=3, batch_size=40)

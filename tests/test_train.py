@@ -128,3 +128,27 @@ def test_log_metrics_are_measured_at_every_log_point_and_the_output_without_chan
     assert torch.equal(plain.theta, logged.theta) and len(seen) == 4 + 1  # steps 5, 10, 15, 20 and the output
     assert [r["theta_norm"] for r in logged.diagnostics["records"]] == [float(t.norm()) for t in seen[:4]]
     assert logged.diagnostics["final"]["theta_norm"] == float(plain.theta.norm())
+
+
+def test_delta_of_at_least_one_over_n_is_refused_unless_allowed() -> None:
+    """δ ≥ 1/n admits publishing a record whole with probability δ: dpopt.run refuses it by default."""
+    algo, oracle = DPSGD(lr=0.5, clip=1.0, noise_multiplier=1.0, batch_size=30), _problem()
+    with pytest.raises(_validate.DpoptError, match=r"^delta=0.01 must be < 1/n = 0.00333 for n=300 records: with "
+                                                   r"δ ≥ 1/n, publishing each record whole with probability δ \(about "
+                                                   r"nδ = 3 records\) meets the guarantee; give a smaller delta, or "
+                                                   r"allow_large_delta=True to accept this knowingly$"):
+        run(algo, oracle, steps=2, seed=0, delta=0.01)
+    run(algo, oracle, steps=2, seed=0, delta=1 / 301)
+    assert run(algo, oracle, steps=2, seed=0, delta=0.01, allow_large_delta=True).delta == 0.01
+
+
+def test_an_accountant_switch_is_warned_and_written() -> None:
+    """Finding: a tiny noise (huge ε) switched the accountant from PLD to RDP without a word."""
+    oracle = _problem()
+    with pytest.warns(_validate.DpoptWarning, match="accountant='pld' was asked for and 'rdp' is used: its privacy "
+                                                    "loss distribution would exceed the grid's memory"):
+        history = run(DPSGD(lr=0.5, clip=1.0, noise_multiplier=0.002, batch_size=30), oracle, steps=5, seed=0)
+    assert history.accountant == "rdp" and history.accountant_note.startswith("accountant='pld' was asked for")
+    assert history.to_dict()["accountant_note"] == history.accountant_note
+    plain = run(DPSGD(lr=0.5, clip=1.0, noise_multiplier=1.0, batch_size=30), oracle, steps=5, seed=0)
+    assert plain.accountant == "pld" and plain.accountant_note is None

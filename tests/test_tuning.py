@@ -157,8 +157,8 @@ def test_tune_runs_exactly_the_trials_it_drew(monkeypatch):
 def small_tune(seed, **extra):
     data = oracle()
     return tune(lambda c: DPSGD(lr=c["lr"], clip=1.0, noise_multiplier=1.0, batch_size=40), data, space=SPACE,
-                trials=TruncatedNegativeBinomial(2.0), epsilon=2.0, delta=DELTA, steps=5, seed=seed,
-                score=lambda theta: float(data.loss(theta)), **extra)
+                trials=TruncatedNegativeBinomial(2.0), epsilon=2.0, steps=5, seed=seed,
+                score=lambda theta: float(data.loss(theta)), **({"delta": DELTA} | extra))
 
 
 def test_default_randomness_is_secret_and_a_seed_makes_the_tuning_reproducible():
@@ -167,6 +167,15 @@ def test_default_randomness_is_secret_and_a_seed_makes_the_tuning_reproducible()
     c, d = small_tune(9), small_tune(9)
     assert torch.equal(c.theta, d.theta) and c.hyperparameters == d.hyperparameters
     assert "seed staying secret" in c.randomness
+    e = small_tune(train.OsSeed(9))  # a secret drawn from the operating system, handed on as a seed
+    assert torch.equal(e.theta, c.theta) and e.randomness == train.FROM_OS
+
+
+def test_a_delta_of_at_least_one_over_n_is_refused_unless_allowed():
+    with pytest.raises(DpoptError, match=r"^delta=0.01 must be < 1/n = 0.0025 for n=400 records: .* or "
+                                         r"allow_large_delta=True to accept this knowingly$"):
+        small_tune(1, delta=0.01)
+    assert small_tune(1, delta=0.01, allow_large_delta=True).delta == 0.01
 
 
 def test_a_candidate_that_changes_the_privacy_event_is_refused():
@@ -219,6 +228,27 @@ def test_dpopt_tune_prints_and_writes_the_guarantee_of_tuning_and_training(capsy
     assert 0.99 <= printed["final"]["epsilon"] <= 1.0 and repr(trials) == printed["trials"]
     assert printed["hyperparameters"]["lr"] in (0.1, 0.5) and 0.5 <= printed["hyperparameters"]["clip"] <= 2
     assert outputs.unclassified(written) == [] and written["diagnostics"] is None
+
+
+def test_dpopt_tune_says_the_validation_split_is_unprotected_and_its_score_exact(capsys, tmp_path):
+    """Finding: tuned.json and the printed summary gave the validation score without saying that the
+    validation records are outside the guarantee and the score is released exactly. Both say it now,
+    and the summary says where the randomness came from."""
+    import json
+
+    from dpopt.cli import main
+
+    argv = ["tune", "--algorithm", "dp-sgd", "--dataset", "adult", "--epsilon", "1", "--steps", "5", "--grid",
+            "lr=0.1,0.5", "--trials-mean", "1.5", "--validation-fraction", "0.25", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    written = json.loads((tmp_path / "tuned.json").read_text())
+    assert written["validation_split"] == (
+        "the validation split (25% of the training file, a fixed public permutation) is not protected by the "
+        "guarantee: the selected candidate's exact score on it (validation_score) is released")
+    selected = next(line for line in printed.splitlines() if line.startswith("selected "))
+    assert f"(exact, NOT PROTECTED: {written['validation_split']})" in selected
+    assert f"randomness: {train.FROM_OS}" in printed.splitlines()
 
 
 @pytest.mark.parametrize("extra,message", [

@@ -1,6 +1,7 @@
 """dpopt: differentially private optimisers with exact, checked privacy accounting.
 
-Public API (re-exports only): algorithms, the ledger and calibration, the training loop.
+Public API (re-exports only): algorithms, the ledger and calibration, the training loop, the
+model fixer (``dpopt.fix``); recurrent layers for the per-record engines in ``dpopt.nn``.
 Each is imported on first use (``dpopt.run`` imports torch then), so that ``import dpopt`` and
 the command line's accounting commands start without torch.
 """
@@ -18,6 +19,7 @@ _EXPORTS = {
     **dict.fromkeys(("AClip", "DIFF2", "DPAGD", "DPSGD", "DPSRM", "O2NC", "O2NCMulti", "LocalSteps", "RestartedAClip",
                      "Stage", "Storm", "dp_gd", "rrpsgd"), "algorithms"),
     "fit": "fit",
+    "fix": "fixing",
     "Private": "private",
     "tune": "tuning",
     **dict.fromkeys(("SeededNoise", "SystemNoise"), "mechanisms"),

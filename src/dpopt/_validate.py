@@ -2,18 +2,49 @@
 
 Every check raises :class:`DpoptError` (a ``ValueError``) whose message names the
 argument, its value and the allowed range, e.g. ``"epsilon=-1 must be > 0"``. The CLI
-prints that one line and exits with code 2.
+prints that one line and exits with code 2. A setting that runs but whose guarantee means
+little is warned about with :class:`DpoptWarning` (the CLI prints ``dpopt: warning: …``).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable
 from typing import Any
+
+#: A target ε above this is run, with a warning: e^ε bounds how much more likely any output may
+#: become when one record is added, and e^100 ≈ 10^43 bounds nothing a reader can use.
+IMPLAUSIBLE_EPSILON = 100.0
 
 
 class DpoptError(ValueError):
     """Invalid input: the message names the argument and the allowed values."""
+
+
+class DpoptWarning(UserWarning):
+    """A setting dpopt runs, but whose guarantee may not mean what one expects."""
+
+
+def meaningful_delta(delta: float, n: int, *, allow_large_delta: bool, override: str) -> float:
+    """``delta`` must be in (0, 1) and, unless ``allow_large_delta``, below 1/n for a data set of
+    ``n`` records: the mechanism that publishes each record whole with probability δ is
+    (0, δ)-DP, and with δ ≥ 1/n it publishes nδ ≥ 1 records in expectation. ``override`` is how
+    the caller's user allows it (a flag or a keyword), named in the error."""
+    number = open_unit("delta", delta)
+    if number * n >= 1 and not allow_large_delta:
+        raise DpoptError(f"delta={delta!r} must be < 1/n = {1 / n:.3g} for n={n} records: with δ ≥ 1/n, publishing "
+                         f"each record whole with probability δ (about nδ = {number * n:.3g} records) meets the "
+                         f"guarantee; give a smaller delta, or {override} to accept this knowingly")
+    return number
+
+
+def plausible_epsilon(epsilon: float) -> None:
+    """Warn (:class:`DpoptWarning`) about a target ε above :data:`IMPLAUSIBLE_EPSILON`."""
+    if epsilon > IMPLAUSIBLE_EPSILON:
+        warnings.warn(DpoptWarning(f"epsilon={epsilon:g} is above {IMPLAUSIBLE_EPSILON:g}: e^ε bounds how much more "
+                                   "likely an output may become with one record added, and this bound says nothing "
+                                   "useful; the run goes ahead"), stacklevel=3)
 
 
 def positive(name: str, value: float, *, allow_inf: bool = False) -> float:

@@ -25,18 +25,28 @@ and :func:`load` import the tensor codec when called.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import _validate
 
-if TYPE_CHECKING:
-    from .journal import Key
+@dataclasses.dataclass(frozen=True)
+class Key:
+    """The checkpoint key (``secret``, kept in the file ``path``: :func:`dpopt.journal.key` makes and reads it)."""
+
+    secret: bytes = dataclasses.field(repr=False)
+    path: Path
+
+    def tag(self, payload: bytes) -> bytes:
+        """HMAC-SHA256 of ``payload`` under the key, 64 hex digits."""
+        return hmac.new(self.secret, payload, hashlib.sha256).hexdigest().encode()
+
 
 MAGIC = b"dpopt-checkpoint 1\n"  #: digest only
 TAGGED = b"dpopt-checkpoint 2\n"  #: digest and tag

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 import sys
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -31,12 +33,23 @@ MODELS = ("logistic", "nonconvex-logistic", "ridge", "mlp")
 FEDERATED = ("diff2-gd", "diff2-bvr")
 
 
+#: A value that starts with a minus sign (``-5:5``, ``-1e-3``, ``-.5``), never an option: argparse
+#: takes only plain negative numbers for values and reads ``--feature-bounds -5:5`` as two options.
+_NEGATIVE_VALUE = re.compile(r"-[0-9.]")
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse whose errors are one line and exit 2."""
+    """argparse whose errors are one line and exit 2, and whose option values may start with a
+    minus sign followed by a digit or a point (no dpopt option does)."""
 
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"dpopt: error: {message}\n")
         sys.exit(2)
+
+    def _parse_optional(self, arg_string: str) -> Any:
+        if _NEGATIVE_VALUE.match(arg_string):
+            return None  # a value (argparse: "not an option")
+        return super()._parse_optional(arg_string)
 
 
 def _mechanism_event(args: argparse.Namespace, z: float) -> tuple[dpa.DpEvent, NeighboringRelation]:
@@ -163,7 +176,7 @@ def _data_name(args: argparse.Namespace) -> str:
     from . import data
 
     if args.data is None:
-        for own in ("task", "target"):
+        for own in ("task", "target", "schema", "classes", "features", "test_data"):
             if getattr(args, own) is not None:
                 raise _validate.DpoptError(f"--{own} is for --data (a file of your own); a registered data set "
                                            "has its own")
@@ -174,16 +187,20 @@ def _data_name(args: argparse.Namespace) -> str:
 
 
 def _prepared_data(args: argparse.Namespace) -> Any:
-    """The data set to train on, prepared for every model from public bounds only
-    (:mod:`dpopt.data.bounds`): ``--feature-bounds`` (and ``--target-bounds``, ``--row-norm``) if
-    given, else those the registered data set declares; never from statistics of the data."""
+    """The data set to train on, as a :class:`dpopt.data.own.Described` (what the outputs state
+    about it), prepared for every model from public bounds only (:mod:`dpopt.data.bounds`):
+    ``--feature-bounds`` (and ``--target-bounds``, ``--row-norm``) if given, else those the
+    registered data set declares; never from statistics of the data. A file of one's own is read
+    against its public schema (:mod:`dpopt.data.own`)."""
+    from dataclasses import replace
+
     from . import data
     from .data import own
     from .data.bounds import PublicBounds, Range, feature_ranges
 
     name = _data_name(args)
-    if args.data is not None and args.task is None:
-        raise _validate.DpoptError(f"--data needs --task: one of {', '.join(data.registry.TASKS)}")
+    schema = None if args.data is None else own.Schema.of(args.schema, task=args.task, target=args.target,
+                                                          features=args.features, classes=args.classes)
     declared = data.preparation(name) if args.data is None else None
     if args.feature_bounds is None and (args.target_bounds is not None or args.row_norm is not None):
         raise _validate.DpoptError("--target-bounds and --row-norm go with --feature-bounds")
@@ -191,15 +208,27 @@ def _prepared_data(args: argparse.Namespace) -> Any:
         raise _validate.DpoptError(f"data set {name!r} declares no public bounds of its features: give "
                                    "--feature-bounds LOW:HIGH or FILE.json (and --target-bounds LOW:HIGH for "
                                    "regression); they must be public, not computed from the data")
-    if args.data is None:
-        dataset, columns = data.load(name, args.data_dir), None
+    if schema is None:
+        dataset = data.load(name, args.data_dir)
+        # a registered file is pinned by its sha256: its number of classes is a public fact of that file
+        classes = int(max(dataset.y_train.max(), dataset.y_test.max())) + 1 if dataset.task == "multiclass" else None
+        described = own.Described(dataset, f"the {dataset.n} training records of {name}",
+                                  f"the test split of {name}", classes)
     else:
-        read = own.read(args.data, task=args.task, target=args.target)
-        dataset, columns = read.dataset, read.columns
+        described = own.read(args.data, schema, test=args.test_data)
     if args.feature_bounds is None:
-        return declared.prepare(dataset)
+        return replace(described, dataset=declared.prepare(described.dataset))
     target = None if args.target_bounds is None else Range.parse("target_bounds", args.target_bounds)
-    return PublicBounds(feature_ranges(args.feature_bounds, columns), target, args.row_norm).prepare(dataset)
+    bounds = PublicBounds(feature_ranges(args.feature_bounds, described.columns), target, args.row_norm)
+    return replace(described, dataset=bounds.prepare(described.dataset))
+
+
+def _fits(model: str, dataset: Any) -> None:
+    """``model`` must be able to learn ``dataset``'s task."""
+    needed = {"ridge": ("regression",), "mlp": ("regression", "multiclass", "binary")}.get(model, ("binary",))
+    if dataset.task not in needed:
+        raise _validate.DpoptError(f"dataset={dataset.name!r} is a {dataset.task} task; model={model!r} "
+                                   f"needs a {' or '.join(needed)} data set")
 
 
 @contextlib.contextmanager
@@ -227,29 +256,29 @@ def _train(args: argparse.Namespace) -> dict[str, Any] | None:
     from .accounting import calibrate
     from .algorithms.by_name import build as build_algorithm
     from .algorithms.by_name import noise_of
-    from .models import mlp_oracle
+    from .models import logistic_loss, mlp_oracle
     from .oracles import make as make_oracle
-    from .train import run
+    from .train import OsSeed, run
 
     out = _out(args)
     epsilon = _validate.positive("epsilon", args.epsilon)
     delta = _validate.open_unit("delta", args.delta)
     steps = _validate.positive_int("steps", args.steps)
-    dataset = _prepared_data(args)
-    needed = {"ridge": ("regression",), "mlp": ("regression", "multiclass")}.get(args.model, ("binary",))
-    if dataset.task not in needed:
-        raise _validate.DpoptError(f"dataset={dataset.name!r} is a {dataset.task} task; model={args.model!r} "
-                                   f"needs a {' or '.join(needed)} data set")
+    described = _prepared_data(args)
+    dataset = described.dataset
+    _fits(args.model, dataset)
     X_test, y_test = torch.as_tensor(dataset.X_test), torch.as_tensor(dataset.y_test)
-    if args.model == "mlp":  # the DIFF2 paper's network
-        classes = int(max(dataset.y_train.max(), dataset.y_test.max())) + 1 if dataset.task == "multiclass" else None
-        oracle = mlp_oracle(dataset.X_train, dataset.y_train, classes=classes)
-        tester = mlp_oracle(dataset.X_test, dataset.y_test, classes=classes)
-        test_error = tester.loss if classes is None else (lambda theta: oracle.error(theta, tester.X, tester.y))
+    if args.model == "mlp":  # the DIFF2 paper's network; a binary task: one logit, logistic loss
+        oracle = mlp_oracle(dataset.X_train, dataset.y_train, classes=described.classes,
+                            loss=logistic_loss if dataset.task == "binary" else None)
+        test_error = (mlp_oracle(dataset.X_test, dataset.y_test).loss if dataset.task == "regression"
+                      else lambda theta: oracle.error(theta, X_test, y_test))
     else:
         oracle = make_oracle(args.model, torch.as_tensor(dataset.X_train), torch.as_tensor(dataset.y_train),
                              reg=args.reg)
         test_error = (lambda theta: oracle.error(theta, X_test, y_test))
+    _validate.meaningful_delta(delta, oracle.n, allow_large_delta=args.allow_large_delta,
+                               override="--allow-large-delta")
     processes, lead = distributed.world_size(), distributed.rank() == 0
     if processes > 1 and args.backend == "local":
         oracle = distributed.Sharded(oracle)
@@ -260,7 +289,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any] | None:
     ratios = (_validate.positive("noise_ratio", args.noise_ratio), 1.0) if args.algorithm == "dp-srm" else None
     algorithm = calibrate(algorithm, epsilon=epsilon, delta=delta, n=oracle.n, steps=steps,
                           accountant=args.accountant, ratios=ratios)
-    seed = args.seed if args.seed is not None or processes == 1 else distributed.shared_secret_seed()
+    seed = args.seed if args.seed is not None or processes == 1 else OsSeed(distributed.shared_secret_seed())
     with distributed.resumable(out / "checkpoint.pt") as checkpoint_path:  # rank 0 alone writes out/
         theta0 = oracle.flat_params() if args.model == "mlp" else None  # the network's initialisation
         history = run(algorithm, oracle, steps=steps, seed=seed, delta=delta, accountant=args.accountant,
@@ -268,24 +297,28 @@ def _train(args: argparse.Namespace) -> dict[str, Any] | None:
                       test_error=(lambda theta: float(test_error(theta))) if lead else None,
                       checkpoint_path=checkpoint_path, checkpoint_every=args.checkpoint_every if lead else None,
                       max_epsilon=args.max_epsilon, progress=lead and not args.json and sys.stderr.isatty(),
-                      diagnostics=args.diagnostics)
+                      diagnostics=args.diagnostics, allow_large_delta=args.allow_large_delta)
     if not lead:
         return None
     payload = {"algorithm": args.algorithm, "dataset": dataset.name, "data_source": dataset.source, "model": args.model, "epsilon_target": epsilon,
-               "hyperparameters": repr(algorithm), "processes": processes, **history.to_dict()}
+               "hyperparameters": repr(algorithm), "processes": processes, "protected_records": described.protected,
+               "test_data": described.test_data, **history.to_dict()}
     report.write_json(out / "history.json", payload)
-    report.write_text(out / "summary.md", _summary(args.algorithm, dataset.name, history))
-    run_figure(out / "curves.png", history, algorithm=args.algorithm, dataset=dataset.name, epsilon=epsilon)
+    report.write_text(out / "summary.md", _summary(args.algorithm, dataset.name, history, described))
+    run_figure(out / "curves.png", history, algorithm=args.algorithm, dataset=dataset.name, epsilon=epsilon,
+               test_label="test error (NOT PRIVATE)" if described.test_unprotected else "test error")
     return {k: payload[k] for k in ("algorithm", "dataset", "epsilon_target", "final", "delta", "accountant",
-                                    "neighboring_relation", "steps_done", "stopped", "diverged_at",
-                                    "randomness")} | {"out": str(out)}
+                                    "accountant_note", "neighboring_relation", "steps_done", "stopped", "diverged_at",
+                                    "randomness", "protected_records", "test_data")} | {"out": str(out)}
 
 
-def run_figure(path: Path, history: Any, *, algorithm: str, dataset: str, epsilon: float) -> None:
-    """``dpopt run``'s figure: the test error and the ε spent against the expected data passes, and
-    the training objective (NOT PRIVATE) if diagnostics were asked for; one run, so no spread."""
+def run_figure(path: Path, history: Any, *, algorithm: str, dataset: str, epsilon: float,
+               test_label: str = "test error") -> None:
+    """``dpopt run``'s figure: the test error (its panel titled ``test_label``) and the ε spent
+    against the expected data passes, and the training objective (NOT PRIVATE) if diagnostics were
+    asked for; one run, so no spread."""
     passes = [r["expected_passes"] for r in history.records]
-    panels = {"test error": {algorithm: (passes, [r["test_error"] for r in history.records])},
+    panels = {test_label: {algorithm: (passes, [r["test_error"] for r in history.records])},
               "ε spent (guarantee)": {algorithm: (passes, [r["epsilon"] for r in history.records])}}
     if history.diagnostics is not None:
         panels["training objective (NOT PRIVATE)"] = {algorithm: (
@@ -295,12 +328,17 @@ def run_figure(path: Path, history: Any, *, algorithm: str, dataset: str, epsilo
                                f"({history.accountant})")
 
 
-def _summary(algorithm: str, dataset: str, history: Any) -> str:
-    """summary.md: the private results; the diagnostics, if asked for, in a section of their own."""
+def _summary(algorithm: str, dataset: str, history: Any, described: Any) -> str:
+    """summary.md: the private results, what the guarantee protects and where the test error was
+    measured (NOT PRIVATE on held-out rows of one's own file); the diagnostics, if asked for, in a
+    section of their own."""
     text = report.markdown_table([{"algorithm": algorithm, "dataset": dataset, **history.final}],
                                  ["algorithm", "dataset", "epsilon", "test_error", "expected_passes"])
     text += f"\n\nδ = {history.delta:g}, {history.accountant}, {history.neighboring_relation}; randomness: " \
             f"{history.randomness}.\n"
+    text += f"\nProtected: {described.protected}. Test error: {described.test_data}.\n"
+    if history.accountant_note is not None:
+        text += f"\nAccountant: {history.accountant_note}.\n"
     if history.diagnostics is not None:
         final = history.diagnostics["final"]
         text += f"\n## Diagnostics: {history.diagnostics['label']}\n\n" + report.markdown_table(
@@ -355,15 +393,26 @@ def _reproduce(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _tune(args: argparse.Namespace) -> dict[str, Any]:
+    """``dpopt tune`` on a registered data set, or on a file of one's own read and prepared as
+    ``run`` does (:func:`_prepared_data`)."""
     from .tuning.command import run_tune
 
-    return run_tune(args)
+    if args.data is None:
+        _data_name(args)
+        for bound in ("feature_bounds", "target_bounds", "row_norm"):
+            if getattr(args, bound) is not None:
+                raise _validate.DpoptError(f"--{bound.replace('_', '-')} is for --data: tune runs on a registered "
+                                           "data set as it is registered")
+        return run_tune(args)
+    described = _prepared_data(args)
+    _fits(args.model, described.dataset)
+    return run_tune(args, described)
 
 
 def _bench(args: argparse.Namespace) -> dict[str, Any]:
-    from .bench import run_bench
+    from .bench import run_bench, shown_command
 
-    return run_bench(args, " ".join(["dpopt", *sys.argv[1:]]))
+    return run_bench(args, shown_command(sys.argv[1:]))
 
 
 def _data(args: argparse.Namespace) -> Any:
@@ -384,6 +433,40 @@ def _parser() -> argparse.ArgumentParser:
 
     def common(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+
+    def own_data(sub: argparse.ArgumentParser) -> None:
+        """A file of one's own, its public schema and the public bounds that prepare it (run, tune)."""
+        sub.add_argument("--data", help="a file of your own instead: CSV with a header (.csv, .csv.gz), NPZ (arrays "
+                         "X and the target), LIBSVM (.libsvm, .svm, optionally compressed), read against its public "
+                         "schema (--task, --target, --classes, --features or --schema); a row outside it is refused "
+                         "with its line number. A row is held out for testing iff a public hash of its values (seed "
+                         "0) is below 0.2, so one added row moves no other; the held-out rows are not protected and "
+                         "their test error is labelled NOT PRIVATE (use --test-data to train on every row)")
+        sub.add_argument("--schema", help="with --data: a JSON file of the public schema, e.g. {\"task\": "
+                         "\"multiclass\", \"target\": \"label\", \"classes\": 10, \"features\": 784}: task "
+                         "(binary, multiclass, regression), target (CSV column or NPZ array), classes (multiclass: K, "
+                         "labels 0..K-1), features (their number, or a CSV's column names in order); flags given "
+                         "too must agree with it")
+        sub.add_argument("--task", help="with --data: binary (labels 1, or 0/-1), multiclass or regression")
+        sub.add_argument("--target", help="with --data: the target's CSV column or NPZ array (NPZ default y)")
+        sub.add_argument("--classes", type=int, help="with --data, multiclass: the number of classes K (public; "
+                         "never read from the labels)")
+        sub.add_argument("--features", type=int, help="with --data: the number of features (needed for LIBSVM; a "
+                         "CSV's header and an NPZ's X fix it)")
+        sub.add_argument("--test-data", help="with --data: a separate public test file of the same schema; every "
+                         "row of --data then trains and the test error is not labelled NOT PRIVATE")
+        sub.add_argument("--feature-bounds", help="public ranges of the features, LOW:HIGH for all or a JSON file (a "
+                         "list of [low, high] per feature, or for a CSV an object column -> [low, high]): each feature "
+                         "is clipped to its range and mapped onto [-1, 1]; needed with --data")
+        sub.add_argument("--target-bounds", help="with --feature-bounds, regression: the target's public range "
+                         "LOW:HIGH (clipped, mapped onto [-1, 1])")
+        sub.add_argument("--row-norm", type=float, help="with --feature-bounds: scale each prepared row to norm at "
+                         "most this (public) bound")
+
+    def large_delta(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--allow-large-delta", action="store_true", help="accept --delta >= 1/n knowingly (refused "
+                         "by default: with δ >= 1/n, publishing each record whole with probability δ meets the "
+                         "guarantee)")
 
     for name, help_text in (("account", "ε of a mechanism run --steps times"),
                             ("calibrate", "noise multiplier for a target ε (the inverse of account)")):
@@ -410,21 +493,14 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--algorithm", required=True, help=f"one of: {', '.join(ALGORITHMS)}")
     sub.add_argument("--dataset", help="a registered data set (`dpopt data list`; default adult), prepared from "
                      "the public bounds it declares (`dpopt data info NAME`)")
-    sub.add_argument("--data", help="a file of your own instead: CSV with a header (.csv, .csv.gz), NPZ (arrays X "
-                     "and the target), LIBSVM (.libsvm, .svm, optionally compressed); split 80/20 (seed 0)")
-    sub.add_argument("--task", help="with --data: binary, multiclass or regression")
-    sub.add_argument("--target", help="with --data: the target's CSV column or NPZ array (NPZ default y)")
-    sub.add_argument("--feature-bounds", help="public ranges of the features, LOW:HIGH for all or a JSON file (a "
-                     "list of [low, high] per feature, or for a CSV an object column -> [low, high]): each feature "
-                     "is clipped to its range and mapped onto [-1, 1]; needed with --data")
-    sub.add_argument("--target-bounds", help="with --feature-bounds, regression: the target's public range "
-                     "LOW:HIGH (clipped, mapped onto [-1, 1])")
-    sub.add_argument("--row-norm", type=float, help="with --feature-bounds: scale each prepared row to norm at most "
-                     "this (public) bound")
-    sub.add_argument("--model", choices=MODELS, default="logistic")
+    own_data(sub)
+    sub.add_argument("--model", choices=MODELS, default="logistic", help="mlp: the DIFF2 paper's network (binary: "
+                     "one logit and the logistic loss; multiclass: K logits and cross-entropy; regression: squared "
+                     "loss)")
     sub.add_argument("--reg", type=float, default=1e-3, help="regularisation λ")
     sub.add_argument("--epsilon", type=float, required=True)
     sub.add_argument("--delta", type=float, default=1e-5)
+    large_delta(sub)
     sub.add_argument("--steps", type=int, default=500)
     sub.add_argument("--batch-size", type=int, default=256)
     sub.add_argument("--sampling", choices=("poisson", "fixed"), default="poisson")
@@ -495,11 +571,13 @@ def _parser() -> argparse.ArgumentParser:
     sub = commands.add_parser("tune", help="private hyper-parameter selection: the best of a random number of "
                               "private runs, tuning and training in one guarantee (Papernot & Steinke 2022)")
     sub.add_argument("--algorithm", required=True, help=f"one of: {', '.join(ALGORITHMS)}")
-    sub.add_argument("--dataset", default="adult", help="a registered data set (`dpopt data list`)")
+    sub.add_argument("--dataset", help="a registered data set (`dpopt data list`; default adult)")
+    own_data(sub)
     sub.add_argument("--model", choices=("logistic", "nonconvex-logistic", "ridge"), default="logistic")
     sub.add_argument("--reg", type=float, default=1e-3, help="regularisation λ")
     sub.add_argument("--epsilon", type=float, required=True, help="total ε of tuning and training")
     sub.add_argument("--delta", type=float, default=1e-5)
+    large_delta(sub)
     sub.add_argument("--steps", type=int, default=500, help="steps of every trial")
     sub.add_argument("--batch-size", type=int, default=256)
     sub.add_argument("--sampling", choices=("poisson", "fixed"), default="poisson")
@@ -515,7 +593,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--trials-shape", type=float, default=1.0, help="shape η of the truncated negative binomial "
                      "number of trials (1: geometric, 0: logarithmic); inf: Poisson")
     sub.add_argument("--validation-fraction", type=float, default=0.2, help="share of the training file held out "
-                     "(fixed public split) to score candidates; these records are not protected")
+                     "(fixed public split; with --data, by a public hash of each row, seed 1) to score candidates; "
+                     "these records are not protected")
     sub.add_argument("--seed", type=int, help="make the tuning reproducible (its guarantee then rests on the seed "
                      "staying secret); default: secret randomness from the operating system")
     sub.add_argument("--diagnostics", action="store_true", help="also report the number of trials run and the time "
@@ -537,6 +616,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--out", help="output directory (default results/bench, results/bench-quick); finished jobs "
                      "are saved in its runs/ folder, and the same command run again resumes from them")
     sub.add_argument("--workers", type=int, help="processes running the tunings in parallel (default: one per core)")
+    sub.add_argument("--seed", type=int, help="make the bench reproducible (every ε then rests on the seed staying "
+                     "secret; the outputs do not show it); default: one secret from the operating system per bench, "
+                     "kept in --out's runs/ folder for resuming")
     common(sub)
 
     sub = commands.add_parser("data", help="list, describe or download data sets")
@@ -559,7 +641,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dpopt`` console script."""
     args = _parser().parse_args(argv)
     try:
-        result = HANDLERS[args.command](args)
+        with _warnings_in_one_line():
+            result = HANDLERS[args.command](args)
     except _validate.DpoptError as err:
         sys.stderr.write(f"dpopt: error: {err}\n")
         return 2
@@ -575,6 +658,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                          f"checkpoint and ledger are in {result['out']}\n")
         return EXIT_DIVERGED
     return 0
+
+
+@contextlib.contextmanager
+def _warnings_in_one_line() -> Iterator[None]:
+    """dpopt's own warnings (:class:`~dpopt._validate.DpoptWarning`) as one line ``dpopt: warning: …``
+    on standard error, every time; other warnings as Python shows them."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", _validate.DpoptWarning)
+        shown = warnings.showwarning
+
+        def show(message: Warning | str, category: type[Warning], *where: Any, **more: Any) -> None:
+            if issubclass(category, _validate.DpoptWarning):
+                sys.stderr.write(f"dpopt: warning: {message}\n")
+            else:
+                shown(message, category, *where, **more)
+
+        warnings.showwarning = show
+        yield
 
 
 def _kept(args: argparse.Namespace, interrupt: KeyboardInterrupt) -> str:

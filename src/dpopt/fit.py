@@ -61,7 +61,7 @@ def fit(model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], train_dat
         log_every: int | None = None, checkpoint_path: str | Path | None = None,
         checkpoint_every: int | None = None, progress: bool | None = None, diagnostics: bool = False,
         train_metrics: bool = True, diagnostic_sample: int | None = DIAGNOSTIC_SAMPLE,
-        **options: Any) -> History:
+        allow_large_delta: bool = False, **options: Any) -> History:
     """Train ``model`` with ``algorithm`` at (``epsilon``, ``delta``) for ``epochs`` passes.
 
     ``options`` go to :func:`dpopt.algorithms.by_name.build` (``clip_diff``, ``gamma``,
@@ -71,9 +71,9 @@ def fit(model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], train_dat
     training objective and gradient norm on ``diagnostic_sample`` records (None: all) unless
     ``train_metrics=False``. ``known_layers``: the ghost engine's layer registry
     (:data:`dpopt.oracles.KNOWN_LAYERS` extended with ``.with_per_record(MyLayer)``). ``progress``:
-    None shows a bar on a terminal. Returns the run's
-    History (its ``final`` holds the guarantee ε and, with ``test_data``, the test error); the
-    module holds the output θ.
+    None shows a bar on a terminal. ``allow_large_delta``: accept δ ≥ 1/n (see :class:`dpopt.Private`).
+    Returns the run's History (its ``final`` holds the guarantee ε and, with ``test_data``, the
+    test error); the module holds the output θ.
     """
     if algorithm in NON_PRIVATE:
         raise _validate.DpoptError(f"algorithm={algorithm!r} is not private (ε = ∞) and cannot meet epsilon={epsilon!r}: "
@@ -83,7 +83,8 @@ def fit(model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], train_dat
     _validate.positive("epochs", epochs)
     private = Private(model, loss_fn, train_data, algorithm=algorithm, epsilon=epsilon, delta=delta, epochs=epochs,
                       batch_size=batch_size, lr=lr, clip=clip, seed=seed, accountant=accountant, engine=engine,
-                      microbatch_size=microbatch_size, known_layers=known_layers, **options)
+                      microbatch_size=microbatch_size, known_layers=known_layers, allow_large_delta=allow_large_delta,
+                      **options)
     if log_every is None:
         log_every = max(1, round(private.steps / epochs))
     history = drive(private.stepper, seed=seed, delta=delta, theta0=private.theta0,

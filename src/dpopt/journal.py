@@ -22,9 +22,6 @@ one checkpoint (a fork: two continuations of one state, each reporting only its 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import hashlib
-import hmac
 import json
 import os
 import re
@@ -37,23 +34,11 @@ import filelock
 import platformdirs
 
 from ._validate import DpoptError
-from .checkpoint import write_text
+from .checkpoint import Key, write_text
 
 #: Seconds to wait for another process's journal write (a few milliseconds) before giving up.
 LOCK_TIMEOUT = 60.0
 _RUN_ID = re.compile(r"[0-9a-f]{32}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Key:
-    """The checkpoint key (``secret``, kept in the file ``path``)."""
-
-    secret: bytes = dataclasses.field(repr=False)
-    path: Path
-
-    def tag(self, payload: bytes) -> bytes:
-        """HMAC-SHA256 of ``payload`` under the key, 64 hex digits."""
-        return hmac.new(self.secret, payload, hashlib.sha256).hexdigest().encode()
 
 
 def folder() -> Path:

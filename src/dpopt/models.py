@@ -75,8 +75,8 @@ from . import _validate
 from .oracles import TorchModel
 from .oracles.per_record import SqueezeLast
 
-__all__ = ["ACTIVATIONS", "MODELS", "BasicBlock", "cnn5", "cnn6", "cross_entropy", "make_model", "mlp", "mlp_oracle",
-           "mnist_cnn", "resnet18", "squared_loss"]
+__all__ = ["ACTIVATIONS", "MODELS", "BasicBlock", "cnn5", "cnn6", "cross_entropy", "logistic_loss", "make_model", "mlp",
+           "mlp_oracle", "mnist_cnn", "resnet18", "squared_loss"]
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "softplus": nn.Softplus}
 
@@ -210,19 +210,29 @@ def squared_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (out - y) ** 2
 
 
+def logistic_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-record logistic loss log(1 + e^(−y·f(x))) of one output per record and labels ±1."""
+    return nn.functional.softplus(-y * out)
+
+
 def cross_entropy(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Per-record cross-entropy of logits ``out [B, k]`` and class indices ``y``."""
     return nn.functional.cross_entropy(out, y.long(), reduction="none")
 
 
-def mlp_oracle(X: torch.Tensor, y: torch.Tensor, *, classes: int | None = None, seed: int = 0) -> TorchModel:
-    """The DIFF2 paper's problem on ``(X, y)``: :func:`mlp` with squared loss on a regression
-    target (``classes=None``) or cross-entropy over ``classes`` classes, as a ghost-engine
-    :class:`~dpopt.oracles.TorchModel` computing all records in one chunk (the network is tiny:
-    one chunk is the fastest, and full-batch rounds see every record)."""
+def mlp_oracle(X: torch.Tensor, y: torch.Tensor, *, classes: int | None = None,
+               loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, seed: int = 0) -> TorchModel:
+    """The DIFF2 paper's problem on ``(X, y)``: :func:`mlp` with one output per record and
+    ``loss`` (default :func:`squared_loss`, a regression target; :func:`logistic_loss` for binary
+    labels ±1), or ``classes`` outputs and cross-entropy over ``classes`` classes, as a
+    ghost-engine :class:`~dpopt.oracles.TorchModel` computing all records in one chunk (the
+    network is tiny: one chunk is the fastest, and full-batch rounds see every record). The
+    model's size is fixed by the width of X and ``classes``, never by the labels."""
+    if classes is not None and loss is not None:
+        raise _validate.DpoptError(f"loss={loss!r} is for one output per record; classes={classes} uses cross-entropy")
     X, y = torch.as_tensor(X, dtype=torch.float64), torch.as_tensor(y, dtype=torch.float64)
     model = mlp(X.shape[1], outputs=1 if classes is None else classes, seed=seed)
-    loss = squared_loss if classes is None else cross_entropy
+    loss = cross_entropy if classes is not None else loss or squared_loss
     return TorchModel(model, loss, X, y, engine="ghost", microbatch_size=max(1, len(X)))
 
 

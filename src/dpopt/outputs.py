@@ -9,8 +9,8 @@ written apart (under ``"diagnostics"``, with :data:`NOT_PRIVATE` as their label)
 wherever they are shown.
 
 :func:`unclassified` walks a written payload and names every field that is in neither list, or a
-diagnostic outside the ``"diagnostics"`` section: a test runs it over everything ``dpopt run``
-and ``dpopt.fit`` write.
+diagnostic outside the ``"diagnostics"`` section: tests run it over everything ``dpopt run``,
+``dpopt.fit``, ``dpopt tune``, ``dpopt reproduce`` and ``dpopt bench`` write.
 """
 
 from __future__ import annotations
@@ -56,11 +56,13 @@ def split(metrics: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 #: Facts a reproduction states about its problem that are public: sizes, settings, published
-#: targets, and statistics of the test data only.
+#: targets, statistics of the test data only (the majority-class error: of the test set's own
+#: majority class), and how the data were prepared (a sentence, labelled NOT PRIVATE where the
+#: preparation reads the data: :mod:`dpopt.experiments.preparation`).
 PUBLIC_FACTS = frozenset({
     "n", "n_test", "dim", "d", "features", "task", "clients", "records_per_client", "model", "data", "source",
     "target_error", "delta", "smoke", "phi", "alpha", "goldstein_points", "goldstein_seed", "reference",
-    "majority_class_test_error",
+    "majority_class_test_error", "preparation",
 })
 #: Facts computed from the training data without noise (a reference optimum fitted on it, the
 #: stationarity of θ0 on it): diagnostics.
@@ -72,19 +74,30 @@ PRIVATE_FIELDS = frozenset(PRIVATE_METRICS) | frozenset(EXPERIMENT_PRIVATE) | PU
     "step", "records", "final", "theta", "delta", "accountant", "neighboring_relation", "steps_done", "stopped",
     "randomness", "algorithm", "dataset", "data_source", "out", "epsilon_target", "processes", "diagnostics", "diverged_at",
     "experiment", "rows", "seeds", "quick", "log_points", "facts", "t_tests", "problem", "ours", "baseline",
-    "metrics", "mean", "std",
-    # a private tuning's release (dpopt.tuning): the selected run, its score on held-out data, the
-    # distribution of the number of trials, one trial's ε alone
-    "validation_score", "trial_epsilon", "trials", "validation_fraction",
+    "metrics", "mean", "std", "accountant_note",
+    # which records the guarantee protects, and where the test metrics were measured (own data:
+    # held-out rows of the user's file, labelled NOT PRIVATE there)
+    "protected_records", "test_data",
+    # a private tuning's release (dpopt.tuning): the selected run, its score on held-out data (and the
+    # statement that those records are not protected), the distribution of the number of trials,
+    # one trial's ε alone
+    "validation_score", "trial_epsilon", "trials", "validation_fraction", "validation_split",
+    # a bench's bench.json (dpopt.bench): its problems' cells of test metrics, each method's claimed ε,
+    # the winner (or the methods that tie) and its p-value on the test metric; the command
+    "problems", "metric", "cells", "winner", "runner_up", "p_value", "significant", "tied",
+    "epsilon_tuning_and_training", "command",
 }
 #: Fields of a ``"diagnostics"`` section.
 DIAGNOSTIC_FIELDS = frozenset(DIAGNOSTIC_METRICS) | frozenset(EXPERIMENT_DIAGNOSTICS) | DIAGNOSTIC_FACTS | {
     "label", "records", "final", "step", "facts", "t_tests", "problem", "epsilon", "ours", "baseline", "metrics",
-    "mean", "std", "trials_run",
+    "mean", "std", "trials_run", "runs", "algorithm",
 }
 #: Fields whose values are public by nature and keyed by names, not walked: settings given by
-#: name (hyper-parameters, grids, epochs per ε) and the papers' published numbers.
-PUBLIC_BY_NAME = frozenset({"hyperparameters", "params", "grids", "epochs", "paper"})
+#: name (hyper-parameters, grids, epochs per ε, a bench task's settings and each method's steps)
+#: and the papers' published numbers.
+PUBLIC_BY_NAME = frozenset({"hyperparameters", "params", "grids", "epochs", "paper", "task", "steps"})
+#: Fields keyed by a method's name whose entries are walked (a bench cell's methods).
+BY_METHOD = frozenset({"methods"})
 #: The non-private tuning of the reproductions (its scores are training objectives), keyed by
 #: method and not walked: allowed only inside ``"diagnostics"``.
 TUNING = "tuning"
@@ -94,7 +107,10 @@ def _keys(payload: Any, inside: bool, path: str) -> Iterator[tuple[str, bool]]:
     if isinstance(payload, dict):
         for key, value in payload.items():
             yield f"{path}.{key}".lstrip("."), inside
-            if key not in PUBLIC_BY_NAME and key != TUNING:
+            if key in BY_METHOD and isinstance(value, dict):
+                for name, entry in value.items():
+                    yield from _keys(entry, inside, f"{path}.{key}.{name}")
+            elif key not in PUBLIC_BY_NAME and key != TUNING:
                 yield from _keys(value, inside or key == "diagnostics", f"{path}.{key}")
     elif isinstance(payload, list):
         for item in payload:
@@ -102,7 +118,7 @@ def _keys(payload: Any, inside: bool, path: str) -> Iterator[tuple[str, bool]]:
 
 
 def _metric(key: str) -> str:
-    """A t-test's p-value ``p_<metric>`` is classified as its metric."""
+    """A t-test's p-value ``p_<metric>`` is classified as its metric (unless listed by its own name)."""
     return key.removeprefix("p_")
 
 
@@ -113,8 +129,8 @@ def unclassified(payload: Any, extra_diagnostics: frozenset[str] = frozenset()) 
     (measurements the caller added)."""
     wrong = []
     for path, inside in _keys(payload, False, ""):
-        key = _metric(path.rsplit(".", 1)[-1].removesuffix("[]"))
-        allowed = DIAGNOSTIC_FIELDS | extra_diagnostics | {TUNING} if inside else PRIVATE_FIELDS | PUBLIC_BY_NAME
-        if key not in allowed:
+        key = path.rsplit(".", 1)[-1].removesuffix("[]")
+        allowed = DIAGNOSTIC_FIELDS | extra_diagnostics | {TUNING} if inside else PRIVATE_FIELDS | PUBLIC_BY_NAME | BY_METHOD
+        if key not in allowed and _metric(key) not in allowed:
             wrong.append(path)
     return wrong

@@ -109,7 +109,8 @@ class Private:
     reproducible (:meth:`resume` restores the saved generators) and the guarantee rests on the
     seed staying secret. ``engine``, ``microbatch_size``, ``known_layers``: per-record
     gradients (:class:`~dpopt.oracles.TorchModel`; ``known_layers`` extends the ghost engine's
-    registry with your own per-record layers).
+    registry with your own per-record layers). ``delta`` must be below 1/n for n records unless
+    ``allow_large_delta`` (:func:`dpopt._validate.meaningful_delta` says why).
     """
 
     def __init__(self, module: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], data: Any, *,
@@ -117,7 +118,7 @@ class Private:
                  steps: int | None = None, batch_size: int = 256, clip: float = 1.0, lr: float = 0.1,
                  seed: int | None = None, accountant: str = "pld", engine: str = "ghost", microbatch_size: int = 512,
                  known_layers: ghost.Registry = ghost.KNOWN_LAYERS, noise_source: NoiseSource | None = None,
-                 **options: Any) -> None:
+                 allow_large_delta: bool = False, **options: Any) -> None:
         _validate.open_unit("delta", delta)
         if (epochs is None) == (steps is None):
             raise _validate.DpoptError(f"epochs={epochs!r}, steps={steps!r}: give exactly one of them")
@@ -125,6 +126,7 @@ class Private:
         self.oracle = TorchModel(module, loss_fn, records.of(data), engine=engine, microbatch_size=microbatch_size,
                                  known_layers=known_layers)
         n = self.oracle.n
+        _validate.meaningful_delta(delta, n, allow_large_delta=allow_large_delta, override="allow_large_delta=True")
         if isinstance(algorithm, str):
             if algorithm in NON_PRIVATE:
                 raise _validate.DpoptError(f"algorithm={algorithm!r} is not private (ε = ∞): train it with dpopt.run as "

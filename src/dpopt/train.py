@@ -20,6 +20,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from . import _validate, checkpoint, journal, lock, resume
-from .accounting import Ledger, epsilon_of, guarantee
+from .accounting import Ledger, accountant_note, epsilon_of, guarantee
 from .base import Batch
 from .mechanisms import Discrete, NoiseSource, SeededNoise
 from .outputs import NOT_PRIVATE
@@ -47,6 +48,7 @@ class History:
     :data:`~dpopt.outputs.DIAGNOSTIC_METRICS`, ``log_metrics`` and the algorithm's own diagnostics
     (:mod:`dpopt.outputs` classifies every field).
     ``randomness`` says where the noise came from and what the guarantee then rests on.
+    ``accountant_note``: None, or why ``accountant`` is not the one asked for (also warned about).
     """
 
     records: list[dict[str, float]]
@@ -60,6 +62,7 @@ class History:
     stopped: str | None = None
     diagnostics: dict[str, Any] | None = None
     diverged_at: int | None = None  # the step after which θ was not finite
+    accountant_note: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {key: value for key, value in dataclasses.asdict(self).items() if key != "theta"} | {
@@ -72,6 +75,19 @@ DIAGNOSTIC_SAMPLE = 10_000
 SEEDED = "seeded by the user: the run is reproducible and its guarantee rests on the seed staying secret"
 FROM_OS = "seeded from the operating system (secret; saved in checkpoints, which are secret too)"
 SYSTEM = "release noise from the operating system's CSPRNG"
+
+
+class OsSeed(int):
+    """A seed drawn from the operating system (secret) and handed on as a seed, e.g. by the first
+    process of a data-parallel run to every other (:func:`dpopt.distributed.shared_secret_seed`):
+    a run derives its generators from it as from a user's seed, and says that its randomness comes
+    from the operating system (:func:`origin`)."""
+
+
+def origin(seed: int | None) -> str:
+    """Where the randomness of a run or tuning with ``seed`` comes from: :data:`SEEDED` for a user's
+    seed, :data:`FROM_OS` for None (drawn from the operating system) or an :class:`OsSeed`."""
+    return FROM_OS if seed is None or isinstance(seed, OsSeed) else SEEDED
 
 
 def randomness(seed: int | None, noise_source: NoiseSource | None = None) -> tuple[torch.Generator, NoiseSource, str]:
@@ -87,8 +103,9 @@ def randomness(seed: int | None, noise_source: NoiseSource | None = None) -> tup
     sample_seed, noise_seed = root.generate_state(2, dtype=np.uint64)
     sample_gen = torch.Generator().manual_seed(int(sample_seed))
     if noise_source is not None:
-        return sample_gen, noise_source, SYSTEM
-    return sample_gen, SeededNoise(int(noise_seed)), SEEDED if seeded else FROM_OS
+        batches = "the operating system" if origin(seed) == FROM_OS else "the user's seed, which must stay secret"
+        return sample_gen, noise_source, f"{SYSTEM}; batches sampled from {batches}"
+    return sample_gen, SeededNoise(int(noise_seed)), origin(seed)
 
 
 def affordable_steps(algorithm: Any, n: int, steps: int, delta: float, max_epsilon: float, accountant: str) -> int:
@@ -219,8 +236,11 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int | None = None, 
         checkpoint_path: str | Path | None = None, checkpoint_every: int | None = None,
         max_epsilon: float | None = None, progress: bool | None = None, diagnostics: bool = False,
         train_metrics: bool = True, diagnostic_sample: int | None = DIAGNOSTIC_SAMPLE,
-        log_metrics: Callable[[Tensor], dict[str, float]] | None = None) -> History:
+        log_metrics: Callable[[Tensor], dict[str, float]] | None = None, allow_large_delta: bool = False) -> History:
     """Train ``algorithm`` on ``oracle`` for ``steps`` steps and return the :class:`History`.
+
+    ``delta`` must be below 1/n (n = ``oracle.n``) unless ``allow_large_delta``
+    (:func:`dpopt._validate.meaningful_delta` says why).
 
     Randomness: without ``seed`` the sampling and the noise are seeded from the operating system
     (secret); with it, from the seed (reproducible: the guarantee then rests on the seed staying
@@ -254,7 +274,8 @@ def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int | None = None, 
     (its ledger covers every step taken), and resuming it does not step again.
     """
     _validate.positive_int("steps", steps)
-    _validate.open_unit("delta", delta)
+    _validate.meaningful_delta(delta, oracle.n, allow_large_delta=allow_large_delta,
+                               override="allow_large_delta=True")
     if getattr(oracle, "shares_noise", False) and (
             not isinstance(noise_source, SeededNoise | None) or isinstance(getattr(algorithm, "noise", None), Discrete)):
         raise _validate.DpoptError(
@@ -395,7 +416,11 @@ def _train(stepper: Stepper, *, stop_at: int, delta: float, test_error: Callable
     else:
         stopped = None if stop_at == steps else f"max_epsilon={max_epsilon} reached"
     ledger = stepper.ledger
+    note = None if ledger.accountant == ledger.requested_accountant else accountant_note(
+        ledger.event(), ledger.relation, ledger.requested_accountant)
+    if note is not None:
+        warnings.warn(_validate.DpoptWarning(note), stacklevel=3)
     return History(records=records, final=measure(theta), theta=theta, delta=delta,
                    accountant=ledger.accountant, neighboring_relation=ledger.neighboring_relation,
                    steps_done=done, randomness=stepper.origin, stopped=stopped, diagnostics=report,
-                   diverged_at=diverged_at)
+                   diverged_at=diverged_at, accountant_note=note)

@@ -88,8 +88,9 @@ def test_missing_file_and_fetch_without_url(tmp_path):
     with pytest.raises(DataError, match=r"diabetes/pima_indians_diabetes\.csv is missing: run "
                                         r"`dpopt data fetch diabetes`"):
         load("diabetes", tmp_path)
-    with pytest.raises(DataError, match=r"^data file pima_indians_diabetes\.csv has no download "
-                                        r"URL: pass base_url$"):
+    with pytest.raises(DataError, match=r"^data file pima_indians_diabetes\.csv has no download URL: copy it by "
+                                        r"hand to .*/diabetes/pima_indians_diabetes\.csv \(23,078 bytes, sha256 "
+                                        + SHA256 + r"\); the folder is <data dir>/diabetes, the data dir --data-dir"):
         fetch("diabetes", tmp_path)
 
 

@@ -5,17 +5,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from scipy import stats
 
 from dpopt import experiments, outputs, report
 from dpopt.algorithms import DPSGD, Storm, dp_gd
 from dpopt.experiments._runner import Method, Problem, mean_curve, one_sided_p
 from dpopt.train import History
+from dpopt.experiments.preparation import SYNTHETIC
 from dpopt.experiments.preset import Experiment
 from dpopt.experiments.reproduce import reproduce
 from dpopt.oracles import Logistic
@@ -49,7 +52,7 @@ def _toy(**changes: Any) -> Experiment:
         PAPER_METRICS=("test_error", "grad_norm", "passes"), TEST_METRICS=("objective", "grad_norm"), epochs=0,
         PAPER=[{"algorithm": "DP-SGD", "epsilon": 1.0, "test_error": (0.1, 0.01), "passes": 3}],
         make_problem=lambda key, data_dir: _problem(data_dir, key), make_methods=lambda key, epochs, tuned, eps: _methods(eps),
-        delta_of=lambda key: 1e-5, describe=lambda payload: "toy notes"), **changes)
+        delta_of=lambda key: 1e-5, describe=lambda payload: "toy notes", preparation=lambda key: SYNTHETIC), **changes)
 
 
 def _with(monkeypatch: pytest.MonkeyPatch, **changes: Any) -> None:
@@ -117,6 +120,21 @@ def test_one_sided_p() -> None:
     assert one_sided_p([1.0, 1.1, 0.9, 1.0], [2.0, 2.1, 1.9, 2.0]) < 1e-4
     assert one_sided_p([2.0, 2.1, 1.9, 2.0], [1.0, 1.1, 0.9, 1.0]) > 0.9999
     assert one_sided_p([1.0, 1.0], [2.0, 2.0]) == 0.0
+
+
+def test_one_sided_p_of_a_sample_of_equal_values_is_welchs_test_without_a_warning() -> None:
+    """Finding: `dpopt bench` on ijcnn1 printed scipy's "Precision loss occurred in moment calculation"
+    warning: a method's seeds all ended at the majority class's error, a sample of equal values whose
+    moments scipy's ttest_ind does not find exactly 0. Welch's test is exact there: with the other
+    sample's variance alone, t = (mean − m) / (s/√n) on n − 1 degrees of freedom."""
+    majority, ours = 8712 / 91701, [0.09499, 0.09501]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        p = one_sided_p(ours, [majority] * 2)
+        assert one_sided_p([majority] * 5, [0.1, 0.2, 0.15]) == pytest.approx(
+            stats.t.cdf((majority - 0.15) / (0.05 / 3**0.5), 2), rel=1e-12)
+    t = (np.mean(ours) - majority) / (np.std(ours, ddof=1) / 2**0.5)
+    assert p == pytest.approx(stats.t.cdf(t, 1), rel=1e-12)
 
 
 def test_unknown_experiment_names_the_allowed_ones() -> None:
@@ -281,3 +299,52 @@ def test_every_fact_a_preset_states_is_classified() -> None:
                     and isinstance(node.value, ast.Dict):
                 found |= {key.value for key in node.value.keys if isinstance(key, ast.Constant)}
     assert len(found) > 15 and found <= classified, sorted(found - classified)
+
+
+def test_results_say_where_the_randomness_came_from_and_label_a_preparation_that_reads_the_data(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, drawn_figures: dict[str, Any]) -> None:
+    """Findings: results.json had no randomness field, though every run uses a published seed; and a
+    problem prepared from statistics of its data (as the DIFF2 presets follow their paper) was shown
+    without a label. Now results.json, results.md and the figure titles say both."""
+    from dpopt.data.tabular import prepared
+    from dpopt.experiments.preparation import LABEL, NotPrivate
+
+    paper = NotPrivate("a paper's standardisation", prepared)
+    _with(monkeypatch, PROBLEMS=("public", "standardised"), EPSILONS=(1.0,), PAPER=[],
+          preparation=lambda key: paper if key == "standardised" else SYNTHETIC,
+          make_problem=lambda key, data_dir: _problem(data_dir), make_methods=lambda key, epochs, tuned, eps: _methods(eps)[:1])
+    reproduce("toy", seeds=2, out=tmp_path, workers=1)
+    written = json.loads((tmp_path / "results.json").read_text())
+    assert written["randomness"].startswith("published seeds: the runs of every row use seeds 0 to 1, and a tuning "
+                                            "run here seeds 100;") and "not a guarantee" in written["randomness"]
+    facts = {fact["problem"]: fact["preparation"] for fact in written["facts"]}
+    assert facts == {"public": "none: synthetic data drawn from a public distribution with a fixed seed",
+                     "standardised": f"{LABEL}: a paper's standardisation, computed from the data without noise; one record "
+                              "moves every other, so no ε shown for this problem is a guarantee"}
+    assert outputs.unclassified(written) == []
+    text = (tmp_path / "results.md").read_text()
+    assert f"Randomness: {written['randomness']}." in text
+    assert f"**Data preparation of `standardised`: {facts['standardised']}.**" in text
+    assert f"Data preparation of `public`: {facts['public']}." in text
+    titles = {name: fig.get_suptitle() for name, fig in drawn_figures.items()}
+    assert f"{LABEL}: no ε here is a guarantee" in titles["curves_standardised_eps1.0.png"]
+    assert LABEL not in titles["curves_public_eps1.0.png"]
+    assert problems(drawn_figures["curves_standardised_eps1.0.png"]) == []  # the longer title still fits
+
+
+def test_the_majority_class_error_is_a_statistic_of_the_test_labels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding: dp-srm-ijcnn1's majority_class_test_error, classified as a public fact, was computed
+    with the majority class of the training labels. It is now the best constant classifier's error
+    on the test set, 1 − (its most frequent label's share): a function of the test labels alone."""
+    from dpopt.data import Dataset
+    from dpopt.experiments import dp_srm_ijcnn1
+
+    def ijcnn1(train_labels: list[float]) -> Dataset:
+        y_test = np.array([-1.0] * 7 + [1.0] * 3)
+        return Dataset("ijcnn1", "binary", np.ones((4, 22)), np.array(train_labels), np.ones((10, 22)), y_test, "toy")
+
+    errors = []
+    for train_labels in ([1.0, 1.0, 1.0, -1.0], [-1.0, -1.0, -1.0, 1.0]):  # training majorities +1 and −1
+        monkeypatch.setattr(dp_srm_ijcnn1, "load", lambda name, data_dir, labels=train_labels: ijcnn1(labels))
+        errors.append(dp_srm_ijcnn1.problem(None, None)[1]["majority_class_test_error"])
+    assert errors == [pytest.approx(0.3), pytest.approx(0.3)]

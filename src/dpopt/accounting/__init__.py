@@ -28,6 +28,7 @@ from .epsilon import (
     FINEST_DISCRETIZATION,
     MAX_PLD_POINTS,
     accountant_for,
+    accountant_note,
     epsilon_of,
     ledger_grid,
     pld_discretization,
@@ -38,6 +39,6 @@ from .ledger import Ledger, PlanMismatch, guarantee, is_filter
 from .ledger import _zcdp_rho as _zcdp_rho  # read by a mutant test
 
 __all__ = ["COARSE_DISCRETIZATION", "FINEST_DISCRETIZATION", "MAX_PLD_POINTS", "RELATION_NAMES", "Ledger",
-           "PlanMismatch", "accountant_for", "calibrate", "canonical", "compose", "count_steps", "epsilon_of",
+           "PlanMismatch", "accountant_for", "accountant_note", "calibrate", "canonical", "compose", "count_steps", "epsilon_of",
            "guarantee", "in_accountant_terms", "is_filter", "ledger_grid", "merged", "pld_discretization", "run_length",
            "scaled", "solve_noise", "tree_depth"]

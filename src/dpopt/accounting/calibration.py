@@ -113,8 +113,10 @@ def solve_noise(event_of: Callable[[float], dpa.DpEvent], *, epsilon: float, del
     (:func:`ledger_grid`), so every evaluation is one the ledger would make; the answer is then
     checked with :func:`epsilon_of` exactly as the ledger computes it and nudged up until it
     passes. Achieved ε ≤ ``epsilon`` and ≥ (1 − 2·tolerance)·``epsilon``. Returns ``(s, achieved ε)``.
+    An ``epsilon`` above :data:`~dpopt._validate.IMPLAUSIBLE_EPSILON` is solved for, with a warning.
     """
     _validate.positive("epsilon", epsilon)
+    _validate.plausible_epsilon(epsilon)
     _validate.open_unit("delta", delta)
     kind = accountant_for(event_of(1.0), relation, accountant)
     accept = math.log(1 - tolerance)

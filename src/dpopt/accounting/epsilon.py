@@ -101,6 +101,19 @@ def accountant_for(event: dpa.DpEvent, relation: NeighboringRelation, requested:
     )
 
 
+def accountant_note(event: dpa.DpEvent, relation: NeighboringRelation, requested: str) -> str | None:
+    """None where ``requested`` composes ``event``; else the sentence saying which accountant
+    :func:`accountant_for` uses instead, and why."""
+    used = accountant_for(event, relation, requested)
+    if used == requested:
+        return None
+    translated = in_accountant_terms(event, relation, requested)
+    why = ("its privacy loss distribution would exceed the grid's memory (too little noise: a very large ε)"
+           if _accountant(requested, relation, COARSE_DISCRETIZATION).supports(translated)
+           else "it cannot compose this run's events")
+    return f"accountant={requested!r} was asked for and {used!r} is used: {why}; {used}'s ε is a valid, looser bound"
+
+
 def pld_discretization(epsilon_estimate: float, steps: int) -> float:
     """The PLD grid for an ε of about ``epsilon_estimate`` over ``steps`` composed events.
 

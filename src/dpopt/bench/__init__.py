@@ -6,9 +6,14 @@ training for every method) once per seed; a cell reports each method's test metr
 selected θ under the key ``test_error`` (mean, std over seeds; the problem's ``metric`` says
 which: ``test_error`` a misclassification rate, ``test_mse``/``test_mae``/``test_loss`` a
 regression error, all lower-is-better), the ε of tuning and training, the planned expected data
-passes of the whole tuning, the winner (lowest mean) and Welch's one-sided p-value of the winner
-against the runner-up. Wall times and trial counts are
+passes of the whole tuning, the winner (lowest mean, unless another mean ties with it: :func:`cell`)
+and Welch's one-sided p-value of the winner against the runner-up. Wall times and trial counts are
 NOT PRIVATE diagnostics (they reveal the number of trials).
+
+Randomness (:class:`Randomness`): repeat-and-select is private only while the number of trials K,
+the candidates and every trial's noise stay secret. A bench draws one secret per run from the
+operating system (or takes the user's ``--seed``, then reproducible) and derives every job's
+randomness from it; the outputs say which.
 """
 
 from __future__ import annotations
@@ -16,21 +21,25 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import time
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .. import _validate, report
 from ..outputs import NOT_PRIVATE
+from ..experiments.preparation import described
 from ..report import summarise
 from ..tuning import Choice, Space, tune
 from ..tuning.command import trials_of
 from ..tuning.task import Task, builder
-from .tasks import build_task
+from .tasks import build_task, preparation
 
 if TYPE_CHECKING:
     from ..experiments._runner import Pool
@@ -38,6 +47,9 @@ if TYPE_CHECKING:
 PROBLEMS = Path(__file__).with_name("problems.toml")
 #: A winner's p-value below this is reported as significant.
 SIGNIFICANCE = 0.05
+#: A mean within this relative distance of the lowest one ties with it (:func:`cell`): closer than the
+#: tables' four digits can show, and than a few seeds can resolve.
+TIE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -51,7 +63,8 @@ class Method:
 @dataclass(frozen=True)
 class Problem:
     """A declared problem: its ``task`` settings (``kind`` and the kind's keyword arguments,
-    :mod:`dpopt.bench.tasks`), the privacy target, the cells' ε and seeds, and its methods."""
+    :mod:`dpopt.bench.tasks`), the privacy target, the cells' ε and seeds, and its methods.
+    ``allow_large_delta`` (key ``allow_large_delta = true``) accepts a δ ≥ 1/n knowingly."""
 
     name: str
     task: Mapping[str, Any]
@@ -61,6 +74,7 @@ class Problem:
     seeds: int
     trials: Any
     methods: tuple[Method, ...]
+    allow_large_delta: bool = False
 
 
 def problems(variant: str | None = None, path: Path = PROBLEMS) -> dict[str, Problem]:
@@ -88,13 +102,14 @@ def _problem(name: str, spec: dict[str, Any], variant: str | None) -> Problem:
                     for algorithm, m in spec["methods"].items())
     task = spec["task"] | overrides.get("task", {})  # a variant overrides single task settings
     return Problem(name, task, settings["delta"], settings["validation_fraction"], tuple(settings["epsilons"]),
-                   settings["seeds"], trials, methods)
+                   settings["seeds"], trials, methods, settings.get("allow_large_delta", False))
 
 
 @dataclass(frozen=True)
 class Tuning:
     """A bench job (:class:`~dpopt.experiments._runner.Job`): ``method`` tuned privately at
-    ``epsilon`` on tuning seed ``seed`` (:func:`dpopt.tuning.tune`, ``trials`` trials on average);
+    ``epsilon`` with the secret seed ``seed`` (:meth:`Randomness.seed`; :func:`dpopt.tuning.tune`,
+    ``trials`` trials on average);
     its result is the test metric of the selected θ under ``test_error``, the claimed ε of tuning
     and training, the planned expected passes and, NOT PRIVATE, the trials run and the wall time."""
 
@@ -103,6 +118,7 @@ class Tuning:
     epsilon: float
     delta: float
     seed: int
+    allow_large_delta: bool = field(default=False, repr=False)  # a permission: the result does not depend on it
 
     def run(self, task: Task) -> dict[str, Any]:
         clock = time.perf_counter()
@@ -110,7 +126,7 @@ class Tuning:
         tuned = tune(builder(method.algorithm, task.oracle.n, method.fixed), task.oracle, space=method.space,
                      trials=self.trials, epsilon=self.epsilon, delta=self.delta, steps=method.steps,
                      score=task.validation_error, seed=self.seed, theta0=task.theta0, test_error=task.test_error,
-                     diagnostics=True)
+                     diagnostics=True, allow_large_delta=self.allow_large_delta)
         return {"test_error": tuned.final.get("test_error", math.nan), "epsilon": tuned.final["epsilon"],
                 "expected_passes": tuned.final["expected_passes"], "trials_run": tuned.diagnostics["trials_run"],
                 "wall_time_s": time.perf_counter() - clock}
@@ -134,20 +150,83 @@ def task_of(data_dir: str | None, key: str) -> Task:
     return build_task(declared["settings"], validation_fraction=declared["validation_fraction"], data_dir=data_dir)
 
 
-def bench(chosen: Sequence[Problem], pool: Pool, *, data_dir: str | None = None,
-          progress: bool = False) -> dict[str, Any]:
-    """Every problem of ``chosen``, at each of its ε, every method tuned privately on seeds 0, 1, …
-    (one :class:`Tuning` job each, all queued in ``pool`` before any is waited for)."""
-    from ..experiments._runner import one_sided_p
+@dataclass(frozen=True)
+class Randomness:
+    """Where a bench's tuning randomness comes from: one root ``secret`` (the user's ``--seed``, or
+    128 bits from the operating system) from which every job's seed is derived (:meth:`seed`), and
+    ``origin``, the sentence every output writes about it."""
 
+    secret: int
+    origin: str
+
+    def seed(self, slot: int) -> int:
+        """The seed of every job of seed slot ``slot`` (0, 1, …): 128 bits of
+        ``SeedSequence(secret, spawn_key=(slot,))``. The methods, ε and problems of a slot share it
+        (common random numbers: the same K and candidate draws for every method); slots are independent."""
+        words = np.random.SeedSequence(self.secret, spawn_key=(slot,)).generate_state(4, dtype=np.uint32)
+        return int.from_bytes(words.tobytes(), "little")
+
+
+#: The file of ``--out``/runs holding the secret of a bench seeded from the operating system.
+SECRET = "secret"
+SEEDED = ("seeded by the user (--seed; not written in the outputs): the bench is reproducible and every ε rests "
+          "on the seed staying secret. Every job's randomness (the number of trials K, the candidates, each "
+          "trial's sampling and noise) is derived from it; the methods of a seed share K and the candidate draws")
+FROM_OS = ("from the operating system: one secret for this bench, from which every job's randomness (the number "
+           "of trials K, the candidates, each trial's sampling and noise) is derived; the methods of a seed share K "
+           "and the candidate draws. The secret is kept in {path} (secret, like a checkpoint) so that the same "
+           "command resumes unfinished jobs with it")
+RESUMED = "; this run resumed with the secret an earlier run of this --out kept there"
+
+
+def randomness(seed: int | None, folder: Path) -> Randomness:
+    """The bench's :class:`Randomness`: from ``seed``, or from the operating system. The secret of
+    the latter is written to ``folder``/:data:`SECRET` (atomically, owner-only) before any job runs,
+    and read back by a later run with the same ``folder``, which then resumes the saved jobs and
+    runs the missing ones with the same secret."""
+    if seed is not None:
+        _validate.non_negative("seed", seed)
+        return Randomness(seed, SEEDED)
+    path = folder / SECRET
+    if path.exists():
+        text = path.read_text().strip()
+        if not re.fullmatch(r"[0-9a-f]{32}", text):
+            raise _validate.DpoptError(f"{str(path)!r} does not hold a bench's secret (32 hex digits); remove "
+                                       f"{str(folder)!r} to start the bench over")
+        return Randomness(int(text, 16), FROM_OS.format(path=path) + RESUMED)
+    secret = int.from_bytes(os.urandom(16), "little")
+    report.write_text(path, f"{secret:032x}\n")
+    return Randomness(secret, FROM_OS.format(path=path))
+
+
+def shown_command(argv: Sequence[str]) -> str:
+    """The command line as the outputs show it: ``dpopt`` and ``argv`` with the value of ``--seed``
+    replaced by ``<secret>`` (the guarantee rests on it staying secret)."""
+    shown, hide = ["dpopt"], False
+    for arg in argv:
+        shown.append("<secret>" if hide else "--seed=<secret>" if arg.startswith("--seed=") else arg)
+        hide = arg == "--seed"
+    return " ".join(shown)
+
+
+def bench(chosen: Sequence[Problem], pool: Pool, *, randomness: Randomness, data_dir: str | None = None,
+          progress: bool = False) -> dict[str, Any]:
+    """Every problem of ``chosen``, at each of its ε, every method tuned privately on seed slots 0,
+    1, … (one :class:`Tuning` job each, seeded by ``randomness``, all queued in ``pool`` before any
+    is waited for)."""
     started = time.perf_counter()
     queued = []
     for problem in chosen:
         key = task_key(problem)
         task = task_of(data_dir, key)
+        allow = f"allow_large_delta = true in problem {problem.name!r} of the problems file"
+        _validate.meaningful_delta(problem.delta, task.oracle.n, allow_large_delta=problem.allow_large_delta,
+                                   override=allow)
         pool.expect(len(problem.epsilons) * len(problem.methods) * problem.seeds)
-        jobs = {(epsilon, method.algorithm): [pool.start(Tuning(method, problem.trials, epsilon, problem.delta, seed),
-                                                         task, key) for seed in range(problem.seeds)]
+        jobs = {(epsilon, method.algorithm): [pool.start(Tuning(method, problem.trials, epsilon, problem.delta,
+                                                                randomness.seed(slot), problem.allow_large_delta),
+                                                         task, key)
+                                              for slot in range(problem.seeds)]
                 for epsilon in problem.epsilons for method in problem.methods}
         queued.append((problem, task.metric, jobs))
     results, diagnostics = [], []
@@ -156,34 +235,54 @@ def bench(chosen: Sequence[Problem], pool: Pool, *, data_dir: str | None = None,
         for epsilon in problem.epsilons:
             runs = {method.algorithm: [future.result() for future in jobs[epsilon, method.algorithm]]
                     for method in problem.methods}
-            errors = {name: [r["test_error"] for r in rs] for name, rs in runs.items()}
             for name, rs in runs.items():
                 diagnostics.append({"problem": problem.name, "epsilon": epsilon, "algorithm": name,
                                     "wall_time_s": sum(r["wall_time_s"] for r in rs),
                                     "trials_run": [r["trials_run"] for r in rs]})
                 if progress:
-                    error = summarise(errors[name])
+                    error = summarise([r["test_error"] for r in rs])
                     print(f"{problem.name} ε={epsilon:g} {name}: {metric} {error['mean']:.4f} ({error['std']:.4f})",
                           file=sys.stderr, flush=True)
-            ranked = sorted(errors, key=lambda name: summarise(errors[name])["mean"])
-            p = one_sided_p(errors[ranked[0]], errors[ranked[1]]) if len(ranked) > 1 else 0.0
-            cells.append({"epsilon": epsilon, "winner": ranked[0], "runner_up": ranked[1] if len(ranked) > 1 else None,
-                          "p_value": p, "significant": p < SIGNIFICANCE,
-                          "methods": {name: {"test_error": summarise(errors[name]),
-                                             "epsilon_tuning_and_training": max(r["epsilon"] for r in rs),
-                                             "expected_passes": rs[0]["expected_passes"]}
-                                      for name, rs in runs.items()}})
+            cells.append(cell(epsilon, runs))
         kind = problem.task["kind"]
         results.append({"problem": problem.name, "metric": metric, "task": dict(problem.task),
                         "dataset": problem.task.get("dataset", kind), "model": problem.task.get("model", kind),
+                        "preparation": described(preparation(problem.task)),
                         "delta": problem.delta, "seeds": problem.seeds, "trials": repr(problem.trials),
                         "steps": {m.algorithm: m.steps for m in problem.methods},
                         "grids": {m.algorithm: {k: list(d.values) for k, d in m.space.dimensions.items()}
                                   for m in problem.methods},
                         "cells": cells})
-    return {"problems": results,
+    return {"problems": results, "randomness": randomness.origin,
             "diagnostics": {"label": NOT_PRIVATE + " (wall times and trial counts reveal the number of trials)",
                             "runs": diagnostics, "wall_time_s": time.perf_counter() - started}}
+
+
+def cell(epsilon: float, runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
+    """The result of one ε from each method's jobs (``runs``: method → one :meth:`Tuning.run` result
+    per seed): every method's metric (mean, std over seeds), the largest ε its tunings claimed and
+    its planned passes; and the winner.
+
+    The winner is the method of the lowest mean, with Welch's one-sided p-value against the
+    runner-up (the next lowest mean), unless methods tie: a mean within a relative :data:`TIE` of
+    the lowest (e.g. every method at the majority class's error). Then no method wins: ``tied``
+    names the methods at the lowest mean, and the winner, runner-up and p-value are None."""
+    from ..experiments._runner import one_sided_p
+
+    errors = {name: [r["test_error"] for r in rs] for name, rs in runs.items()}
+    means = {name: summarise(values)["mean"] for name, values in errors.items()}
+    ranked = sorted(means, key=lambda name: (math.isnan(means[name]), means[name]))  # a diverged (NaN) mean last
+    best = means[ranked[0]]
+    tied = [name for name in ranked if means[name] - best <= TIE * abs(best)] or ranked  # (all NaN: all tie)
+    winner = ranked[0] if len(tied) == 1 else None
+    runner_up = ranked[1] if winner is not None and len(ranked) > 1 else None
+    p = None if winner is None else one_sided_p(errors[winner], errors[runner_up]) if runner_up else 0.0
+    return {"epsilon": epsilon, "winner": winner, "runner_up": runner_up, "p_value": p,
+            "significant": p is not None and p < SIGNIFICANCE, "tied": tied if winner is None else [],
+            "methods": {name: {"test_error": summarise(errors[name]),
+                               "epsilon_tuning_and_training": max(r["epsilon"] for r in rs),
+                               "expected_passes": rs[0]["expected_passes"]}
+                        for name, rs in runs.items()}}
 
 
 def select(names: Sequence[str] | None, variant: str | None, path: Path = PROBLEMS) -> list[Problem]:
@@ -201,7 +300,9 @@ def run_bench(args: Any, command: str) -> dict[str, Any]:
 
     The jobs run in ``--workers`` processes (default: one per core); ``--out`` is checked before
     any work, and every finished job is saved in ``--out``/runs as it completes: run again, the
-    same command loads them instead of running them (an interrupted bench resumes)."""
+    same command loads them instead of running them (an interrupted bench resumes, with the secret
+    :func:`randomness` kept there). ``command``: the command line as the outputs show it
+    (:func:`shown_command`)."""
     from ..experiments._runner import Pool, Saved, running, source_digest, writable
     from .tables import figures, markdown
 
@@ -213,9 +314,10 @@ def run_bench(args: Any, command: str) -> dict[str, Any]:
         chosen = [replace(p, seeds=_validate.positive_int("seeds", args.seeds)) for p in chosen]
     workers = _validate.positive_int("workers", args.workers if args.workers is not None else os.cpu_count() or 1)
     out = writable(Path(args.out or (f"results/bench-{variant}" if variant else "results/bench")))
+    secret = randomness(args.seed, out / "runs")
     pool = Pool(workers, task_of, args.data_dir, saved=Saved(out / "runs", f"bench {source_digest()}"))
     with running(pool):
-        result = bench(chosen, pool, data_dir=args.data_dir, progress=not args.json)
+        result = bench(chosen, pool, randomness=secret, data_dir=args.data_dir, progress=not args.json)
     text = markdown(result, command)
     report.write_json(out / "bench.json", result | {"command": command})
     report.write_text(out / "bench.md", text)

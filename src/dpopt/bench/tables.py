@@ -1,7 +1,8 @@
 """The bench's results (``bench.json``) as Markdown and figures.
 
-Per problem: a table of each method's metric (mean (std) over seeds) at every ε with the winner and
-its p-value, a table of its cost (planned expected data passes, public), a table of its wall time
+Where the bench's randomness came from, then per problem: how its data were prepared, a table of
+each method's metric (mean (std) over seeds) at every ε with the winner and its p-value (or the
+methods that tie), a table of its cost (planned expected data passes, public), a table of its wall time
 (NOT PRIVATE), and a figure (metric against ε). Over all problems: ``summary.png``, a heatmap of
 each method's gap to the best mean of its (problem, ε) cell.
 
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import report
-from . import SIGNIFICANCE
+from . import SIGNIFICANCE, TIE
 from ..report import markdown_table
 
 if TYPE_CHECKING:
@@ -47,6 +48,8 @@ def markdown(result: dict[str, Any], command: str) -> str:
     runner-up; one column per ε), the planned cost and the NOT PRIVATE wall time."""
     lines = [f"Command: `{command}`; total wall time (NOT PRIVATE: it reveals the number of trials) "
              f"{result['diagnostics']['wall_time_s']:.0f} s. Summary figure: `summary.png`.", ""]
+    if "randomness" in result:
+        lines += [f"Randomness of the tunings: {result['randomness']}.", ""]
     walls = {(run["problem"], run["epsilon"], run["algorithm"]): run for run in result["diagnostics"]["runs"]}
     for problem in result["problems"]:
         cells, name, methods = problem["cells"], metric(problem), _methods(problem)
@@ -57,15 +60,16 @@ def markdown(result: dict[str, Any], command: str) -> str:
                                    for label, entry in label_rows.items()], [head, *columns])
 
         rows = {method: (lambda cell, m=method: _entry(cell, m, name)) for method in methods}
-        rows["winner (p vs runner-up)"] = lambda cell: (f"{cell['winner']} (p = {cell['p_value']:.2g}"
-                                                        f"{', significant' if cell['significant'] else ''})")
+        rows["winner (p vs runner-up)"] = _winner
         spent = max((entry["epsilon_tuning_and_training"] for cell in cells for entry in cell["methods"].values()),
                     default=0.0)
         lines += [f"## {problem['problem']}: {problem['model']} on {problem['dataset']}", "",
                   f"{name} of the privately selected θ, mean (std) over {problem['seeds']} seeds; δ = "
                   f"{problem['delta']:g}; trials per tuning: {problem['trials']}; steps {problem['steps']}; "
                   f"grids {problem['grids']}. Each ε is the total for tuning and training (RDP accountant); the largest "
-                  f"ε any tuning claimed: {spent:.4g}. Bold: the lowest mean.", "",
+                  f"ε any tuning claimed: {spent:.4g}. Bold: the lowest mean, unless another is within {TIE:.1%} of it "
+                  "(a tie: no winner).", "",
+                  *([f"Data preparation: {problem['preparation']}.", ""] if "preparation" in problem else []),
                   table("method", rows), ""]
         if any("expected_passes" in entry for cell in cells for entry in cell["methods"].values()):
             passes = {method: (lambda cell, m=method: cell["methods"].get(m, {}).get("expected_passes", "–"))
@@ -79,6 +83,13 @@ def markdown(result: dict[str, Any], command: str) -> str:
                   "per seed (trials run, summed over seeds).", "",
                   table("wall time (NOT PRIVATE)", timed), ""]
     return "\n".join(lines)
+
+
+def _winner(cell: dict[str, Any]) -> str:
+    """The winner with its p-value against the runner-up, or the methods that tie."""
+    if cell["winner"] is None:
+        return f"none: {', '.join(cell['tied'])} tie (within {TIE:.1%})"
+    return f"{cell['winner']} (p = {cell['p_value']:.2g}{', significant' if cell['significant'] else ''})"
 
 
 def _entry(cell: dict[str, Any], name: str, metric_name: str) -> str:
@@ -111,7 +122,7 @@ def problem_figure(problem: dict[str, Any]) -> Figure:
     """The problem's metric (mean ± std over seeds) against ε, one line per method side by side at
     each ε (on a log axis if the means span :data:`~dpopt.report.LOG_SPAN` or more, e.g. a method
     that diverged; there a lower bar that would reach mean − std ≤ 0 stops at the mean, and the
-    title says so); the winner of each ε circled, filled if significant."""
+    title says so); the winner of each ε circled (none where methods tie), filled if significant."""
     plt = report.pyplot()
     cells, name, methods = problem["cells"], metric(problem), _methods(problem)
     fig, ax = plt.subplots(figsize=(6.5, 4), layout="constrained")
@@ -138,7 +149,7 @@ def problem_figure(problem: dict[str, Any]) -> Figure:
     ax.set_ylabel(f"{name.replace('_', ' ')} (mean ± std, {problem['seeds']} seeds)")
     epsilons = ", ".join(f"{cell['epsilon']:g}" for cell in cells)
     ax.set_title(f"{problem['problem']}: privately tuned at ε ∈ {{{epsilons}}}, δ = {problem['delta']:g}\n"
-                 f"circled: best mean; filled: p < {SIGNIFICANCE:g} against the runner-up"
+                 f"circled: the winner; filled: p < {SIGNIFICANCE:g} against the runner-up"
                  + ("\nlower bar omitted where mean − std ≤ 0 (log axis)" if omitted else ""), fontsize=10)
     ax.grid(alpha=0.3)
     fig.legend(loc="outside right upper", fontsize=8)
@@ -149,8 +160,8 @@ def summary_figure(result: dict[str, Any]) -> Figure:
     """A heatmap over all problems and ε: a row per (problem, method), a column per ε; the colour is
     the method's gap to the best mean of that cell relative to it (:func:`_gap`, capped at
     :data:`GAP_CAP`), so problems with different metrics share one scale; each square shows the
-    mean; the winner is starred (★), and marked * when significant against the runner-up. Grey:
-    not run."""
+    mean; the winner is starred (★; none where methods tie), and marked * when significant against
+    the runner-up. Grey: not run."""
     import numpy as np
 
     plt = report.pyplot()
@@ -167,7 +178,7 @@ def summary_figure(result: dict[str, Any]) -> Figure:
                 continue
             c = epsilons.index(cell["epsilon"])
             means = {m: score(entry, metric(problem))["mean"] for m, entry in cell["methods"].items()}
-            gaps[r, c] = _gap(means[method], means[cell["winner"]])
+            gaps[r, c] = _gap(means[method], min((m for m in means.values() if not math.isnan(m)), default=math.nan))
             winner = method == cell["winner"]
             star = " *" if winner and cell["significant"] else ""
             ax.text(c, r, f"{'★ ' if winner else ''}{means[method]:.3g}{star}",
@@ -188,7 +199,8 @@ def summary_figure(result: dict[str, Any]) -> Figure:
     delta = f"δ = {deltas.pop():g}" if len(deltas) == 1 else "δ: " + ", ".join(
         f"{p['problem']} {p['delta']:g}" for p in problems)
     fig.suptitle(f"Each method privately tuned and trained at the column's ε, {delta}\nmean over seeds (lower is "
-                 f"better); grey: not run\n★ best mean, * p < {SIGNIFICANCE:g} against the runner-up (Welch)", fontsize=9)
+                 f"better); grey: not run\n★ winner (none on a tie), * p < {SIGNIFICANCE:g} against the runner-up "
+                 "(Welch)", fontsize=9)
     return fig
 
 

@@ -8,14 +8,18 @@ arguments. The problems reuse the reproductions' data and model code:
 * ``glm``: a GLM on a registered data set (:func:`~dpopt.tuning.task.glm_task`);
 * ``classifier``: an image classifier of :mod:`dpopt.models` (the DP-SRM reproduction's MNIST
   CNN) with per-record cross-entropy, its first ``records`` training images; test error;
-* ``mlp-regression``: the DIFF2 paper's one-hidden-layer MLP with squared loss on a prepared
-  tabular data set (:func:`dpopt.data.tabular.prepared`, :func:`dpopt.models.mlp_oracle`); the
-  metric is the test loss, the mean of (f(x) − y)² (the reproduction's). Splitting it over
-  clients is the algorithm's business (DIFF2's ``clients``);
+* ``mlp-regression``: the DIFF2 paper's one-hidden-layer MLP with squared loss on a tabular data
+  set (:func:`dpopt.models.mlp_oracle`); the metric is the test loss, the mean of (f(x) − y)² on
+  the prepared data. Splitting it over clients is the algorithm's business (DIFF2's ``clients``);
 * ``heavy-tailed``: the AClip paper's synthetic GLM data (:func:`dpopt.data.synthetic.heavy_tailed`);
 * ``truncated-absolute``: the O2NC reproduction's nonsmooth robust regression
   (:func:`dpopt.experiments.o2nc_nonsmooth.synthetic`, loss min(|⟨x, θ⟩ − y|, cap)); the metric is
   the test mean absolute error.
+
+Each kind declares how its data are prepared (:func:`preparation`, a value of
+:mod:`dpopt.experiments.preparation`): the first three read a registered data set, prepared by the
+public bounds it declares (a data set that declares none is refused), the last two draw synthetic
+data. Nothing is computed from the data before training: the bench's ε hold for the raw records.
 """
 
 from __future__ import annotations
@@ -23,25 +27,30 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .. import _validate
+from ..data.bounds import Preparation
+from ..experiments.preparation import SYNTHETIC, registered
 from ..tuning.task import METRICS, Task, glm_task, held_out_task
 
 
-def glm(*, dataset: str, model: str, reg: float, validation_fraction: float, data_dir: str | None) -> Task:
+def glm(*, dataset: str, model: str, reg: float, validation_fraction: float, data_dir: str | None,
+        preparation: Preparation) -> Task:
     """GLM ``model`` on the registered ``dataset``."""
-    return glm_task(dataset, model, reg=reg, validation_fraction=validation_fraction, data_dir=data_dir)
+    return glm_task(dataset, model, reg=reg, validation_fraction=validation_fraction, data_dir=data_dir,
+                    preparation=preparation)
 
 
 def classifier(*, dataset: str, model: str, records: int, microbatch_size: int, validation_fraction: float,
-               data_dir: str | None) -> Task:
+               data_dir: str | None, preparation: Preparation) -> Task:
     """``model`` (:func:`dpopt.models.make_model`, seed 0: θ0, the same for every run) on the first
     ``records`` training images of ``dataset`` (all test images); the metric is the test error."""
     from ..data import load
     from ..experiments._torch import classifier_oracle
 
-    loaded = load(dataset, data_dir)
+    loaded = preparation.prepare(load(dataset, data_dir))
     cut = slice(_validate.positive_int("records", records, maximum=len(loaded.X_train),
                                        maximum_name="the training images"))
     task = held_out_task(lambda X, y: classifier_oracle(model, X, y, microbatch_size=microbatch_size),
@@ -50,13 +59,13 @@ def classifier(*, dataset: str, model: str, records: int, microbatch_size: int, 
     return dataclasses.replace(task, theta0=task.oracle.flat_params().double())
 
 
-def mlp_regression(*, dataset: str, validation_fraction: float, data_dir: str | None) -> Task:
-    """The MLP (10 softplus units, squared loss, seed-0 initialisation: θ0) on prepared ``dataset``."""
+def mlp_regression(*, dataset: str, validation_fraction: float, data_dir: str | None,
+                   preparation: Preparation) -> Task:
+    """The MLP (10 softplus units, squared loss, seed-0 initialisation: θ0) on ``dataset``."""
     from ..data import load
-    from ..data.tabular import prepared
     from ..models import mlp_oracle
 
-    loaded = prepared(load(dataset, data_dir))
+    loaded = preparation.prepare(load(dataset, data_dir))
     task = held_out_task(mlp_oracle, loaded.X_train, loaded.y_train, loaded.X_test, loaded.y_test,
                          validation_fraction=validation_fraction, metric="test_loss",
                          measure=lambda oracle, X, y: _mean_loss(mlp_oracle(X, y)))
@@ -96,20 +105,43 @@ def truncated_absolute(*, dim: int, n: int, cap: float, validation_fraction: flo
                          validation_fraction=validation_fraction, metric="test_mae")
 
 
-#: Task kinds by name: settings (the problem's ``task`` table less ``kind``) ↦ Task.
-KINDS: dict[str, Callable[..., Task]] = {
-    "glm": glm, "classifier": classifier, "mlp-regression": mlp_regression, "heavy-tailed": heavy_tailed,
-    "truncated-absolute": truncated_absolute}
+@dataclass(frozen=True)
+class Kind:
+    """A kind of task: ``build(**settings, validation_fraction=, data_dir=)`` makes it; a kind on a
+    ``registered`` data set (its ``dataset`` setting) also takes the ``preparation`` that data set
+    declares, the others draw synthetic data."""
+
+    build: Callable[..., Task]
+    registered: bool
+
+
+#: Task kinds by name.
+KINDS: dict[str, Kind] = {
+    "glm": Kind(glm, True), "classifier": Kind(classifier, True), "mlp-regression": Kind(mlp_regression, True),
+    "heavy-tailed": Kind(heavy_tailed, False), "truncated-absolute": Kind(truncated_absolute, False)}
+
+
+def _kind(settings: dict[str, Any]) -> Kind:
+    return KINDS[_validate.one_of("task kind", settings.get("kind"), KINDS)]
+
+
+def preparation(settings: dict[str, Any]) -> Preparation:
+    """How the task ``settings`` declare prepares its data: by the public bounds its registered data
+    set declares (:func:`~dpopt.experiments.preparation.registered`: refused if it declares none),
+    or :data:`~dpopt.experiments.preparation.SYNTHETIC`."""
+    return registered(settings.get("dataset")) if _kind(settings).registered else SYNTHETIC
 
 
 def build_task(settings: dict[str, Any], *, validation_fraction: float, data_dir: str | None) -> Task:
-    """The task ``settings["kind"]`` declares, built from the rest of ``settings``."""
-    kind = settings.get("kind")
-    _validate.one_of("task kind", kind, KINDS)
+    """The task ``settings["kind"]`` declares, built from the rest of ``settings`` (and the data
+    prepared as :func:`preparation` declares)."""
+    kind = _kind(settings)
     arguments = {key: value for key, value in settings.items() if key != "kind"} | {
         "validation_fraction": validation_fraction, "data_dir": data_dir}
     try:
-        inspect.signature(KINDS[kind]).bind(**arguments)
+        inspect.signature(kind.build).bind(**arguments, **({"preparation": None} if kind.registered else {}))
     except TypeError as err:  # a missing or unknown setting
         raise _validate.DpoptError(f"task={settings!r}: {err}") from None
-    return KINDS[kind](**arguments)
+    if kind.registered:
+        arguments["preparation"] = preparation(settings)
+    return kind.build(**arguments)

@@ -70,13 +70,27 @@ def read_libsvm(source: str | os.PathLike[str] | IO[bytes] | IO[str], n_features
     characters separate tokens. Malformed lines, NaN or infinite numbers raise
     :class:`DataError` naming the file and line.
     """
+    X, y, _, name = _read(source, n_features)
+    return X, (binary_labels(y, name) if binary else y)
+
+
+def read_libsvm_lines(source: str | os.PathLike[str] | IO[bytes] | IO[str],
+                      n_features: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`read_libsvm` without ``binary``, and the 1-based line number (as an editor shows it)
+    of every row: ``(X, y, lines)``."""
+    X, y, lines, _ = _read(source, n_features)
+    return X, y, lines
+
+
+def _read(source: str | os.PathLike[str] | IO[bytes] | IO[str],
+          n_features: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
     positive_int("n_features", n_features)
     data, name = read_bytes(source)
     buffer = np.frombuffer(b"\n" + data + b"\n", dtype=np.uint8)
     tokens = _tokenise(buffer, name)
     values = _numbers(buffer, tokens, name)
     X, y = _assemble(values, tokens, n_features, name)
-    return X, (binary_labels(y, name) if binary else y)
+    return X, y, np.searchsorted(tokens.newlines, tokens.starts[tokens.is_label]), name
 
 
 def read_bytes(source: str | os.PathLike[str] | IO[bytes] | IO[str]) -> tuple[bytes, str]:

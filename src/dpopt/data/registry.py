@@ -537,7 +537,7 @@ def fetch(name: str, data_dir: PathLike | None = None, *,
     for file in spec.files:
         target = folder / file.name
         if not (target.exists() and _check(target, file)[1] is None):
-            _download(_url(file, base_url), target, file)
+            _download(_url(file, base_url, folder), target, file)
         paths.append(target)
     return paths
 
@@ -670,12 +670,15 @@ def _parse(spec: _Spec, digests: tuple[str, ...], copies: Sequence[Path]) -> Arr
     return _PARSED[key]
 
 
-def _url(file: RemoteFile, base_url: str | None) -> str:
-    """Download URL of ``file``, under ``base_url`` if given."""
+def _url(file: RemoteFile, base_url: str | None, folder: Path) -> str:
+    """Download URL of ``file``, under ``base_url`` if given; else an error saying where to copy it."""
     if base_url is not None:
         return f"{base_url.rstrip('/')}/{file.name}"
     if file.url is None:
-        raise DataError(f"data file {file.name} has no download URL: pass base_url")
+        raise DataError(f"data file {file.name} has no download URL: copy it by hand to {folder / file.name} "
+                        f"({file.size:,} bytes, sha256 {file.sha256}); the folder is <data dir>/{folder.name}, the "
+                        "data dir --data-dir, else $DPOPT_DATA, else the user cache (in Python, "
+                        "dpopt.data.fetch(..., base_url=URL) downloads it from a server of yours)")
     return file.url
 
 

@@ -13,18 +13,25 @@ import numpy as np
 
 from ..algorithms import DPSGD, AClip
 from ..data import load
+from ..data.bounds import Preparation
 from . import declared
 from ._runner import Params, Problem
 from ._torch import classifier_problem
+from .preparation import registered
 from .preset import declared_experiment, declared_methods
 
 DATA = declared.load("aclip-cifar10")
 SMOKE_RECORDS = DATA.parameter("smoke_records")
 
 
+def preparation(key: str) -> Preparation:
+    """CIFAR-10's registered public preparation (pixels / 255: nothing to do), for both problems."""
+    return registered("cifar10")
+
+
 def cifar_arrays(data_dir: str | None, records: int | None) -> tuple[np.ndarray, ...]:
     """CIFAR-10 train and test arrays (the first ``records`` of each for the smoke version)."""
-    data = load("cifar10", data_dir)
+    data = preparation("resnet18:cifar10").prepare(load("cifar10", data_dir))
     cut = slice(None) if records is None else slice(records)
     return data.X_train[cut], data.y_train[cut], data.X_test[cut], data.y_test[cut]
 
@@ -53,5 +60,5 @@ def _builder(algorithm: type) -> Any:
     return builder
 
 
-CIFAR = declared_experiment(DATA, make_problem=build_cifar_problem,
+CIFAR = declared_experiment(DATA, make_problem=build_cifar_problem, preparation=preparation,
                             make_methods=declared_methods(DATA, {"UC": _builder(AClip), "DP-SGD": _builder(DPSGD)}))

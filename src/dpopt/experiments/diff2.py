@@ -4,7 +4,8 @@ clients, presets ``diff2-regression`` and ``diff2-classification``.
 Problems: the one-hidden-layer MLP (10 softplus units; squared loss, or cross-entropy for
 classification) on California Housing, Gas Turbine CO (NOx removed) and BlogFeedback, and on
 KDDCup99 (10 %) for classification (Cover Type is not available offline: see
-shared/data/README.md). Data prepared as the paper does (:func:`dpopt.data.tabular.prepared`);
+shared/data/README.md). Data prepared as the paper does (:data:`PAPER`, NOT PRIVATE: features
+standardised with the training statistics, targets divided by the largest |y| of both splits);
 an i.i.d. equal split into P = 10 clients (:class:`dpopt.sampling.Clients`; the n mod 10
 left-over training records are unused).
 
@@ -48,23 +49,33 @@ import torch
 from ..algorithms import DIFF2
 from ..algorithms.diff2 import paper_ratios
 from ..data import load
+from ..data.bounds import Preparation
 from ..data.tabular import prepared
 from ..models import mlp_oracle
 from ..sampling import Clients
 from ..train import History
 from . import declared
 from ._runner import Method, Params, Problem
+from .preparation import NotPrivate
 from .preset import declared_experiment, declared_methods
 
 REGRESSION_DATA = declared.load("diff2-regression")
 CLASSIFICATION_DATA = declared.load("diff2-classification")
 ROUNDS, CLIENTS, U = (REGRESSION_DATA.parameter(key) for key in ("rounds", "clients", "u"))
+#: The paper's preparation of every problem (:func:`dpopt.data.tabular.prepared`).
+PAPER = NotPrivate("the DIFF2 paper's: the features standardised with the training split's mean and std, the "
+                   "target divided by its largest |y| over the training and test splits", prepared)
+
+
+def preparation(key: str) -> Preparation:
+    """:data:`PAPER`, for every problem: a reproduction of the paper's setting."""
+    return PAPER
 
 
 def build_problem(key: str, data_dir: str | None) -> tuple[Problem, dict[str, Any]]:
     """Problem ``name`` or ``name:k`` (its first k training records: the smoke version)."""
     name, _, subset = key.partition(":")
-    data = prepared(load(name, data_dir))
+    data = preparation(key).prepare(load(name, data_dir))
     X, y = data.X_train, data.y_train
     if subset:
         X, y = X[: int(subset)], y[: int(subset)]
@@ -129,6 +140,6 @@ def _methods(data: declared.Declared) -> Callable[[str, int, Any, float], list[M
 
 
 REGRESSION_PRESET = declared_experiment(REGRESSION_DATA, make_problem=build_problem,
-                                        make_methods=_methods(REGRESSION_DATA))
+                                        make_methods=_methods(REGRESSION_DATA), preparation=preparation)
 CLASSIFICATION_PRESET = declared_experiment(CLASSIFICATION_DATA, make_problem=build_problem,
-                                            make_methods=_methods(CLASSIFICATION_DATA))
+                                            make_methods=_methods(CLASSIFICATION_DATA), preparation=preparation)

@@ -41,10 +41,12 @@ import numpy as np
 
 from ..algorithms import DPSGD, DPSRM
 from ..data import load
+from ..data.bounds import Preparation
 from ..train import History
 from . import declared
 from ._runner import Method, Params, Problem, steps_for_passes
 from ._torch import classifier_problem
+from .preparation import SYNTHETIC, registered
 from .preset import declared_experiment, declared_methods
 
 MNIST_DATA = declared.load("dp-srm-mnist")
@@ -88,6 +90,16 @@ SETTINGS = _settings(MNIST_DATA, CIFAR10_DATA)
 # ------------------------------------------------------------------------------- the problems
 
 
+def preparation(key: str) -> Preparation:
+    """How problem ``key``'s data are prepared: its data set's registered public preparation
+    (pixels / 255: nothing to do), or none for random images."""
+    return _prepared(SETTINGS[key])
+
+
+def _prepared(setting: Setting) -> Preparation:
+    return SYNTHETIC if setting.random else registered(setting.dataset)
+
+
 def arrays(setting: Setting, data_dir: str | None) -> tuple[np.ndarray, ...]:
     """Train and test arrays of ``setting``: the data set (its first ``records`` of each split),
     or for ``random`` settings seeded uniform images of its shape with random labels."""
@@ -96,7 +108,7 @@ def arrays(setting: Setting, data_dir: str | None) -> tuple[np.ndarray, ...]:
         shape = (setting.records, 3 * 32 * 32)
         return (rng.random(shape), rng.integers(0, 10, setting.records).astype(float),
                 rng.random(shape), rng.integers(0, 10, setting.records).astype(float))
-    data = load(setting.dataset, data_dir)
+    data = _prepared(setting).prepare(load(setting.dataset, data_dir))
     cut = slice(setting.records)
     return data.X_train[cut], data.y_train[cut], data.X_test[cut], data.y_test[cut]
 
@@ -191,5 +203,7 @@ def _mnist_analyses(payload: dict[str, Any]) -> list[str]:
 
 
 MNIST = declared_experiment(MNIST_DATA, make_problem=build_problem, make_methods=_methods(MNIST_DATA),
+                            preparation=preparation,
                             analyses=_mnist_analyses)
-CIFAR10 = declared_experiment(CIFAR10_DATA, make_problem=build_problem, make_methods=_methods(CIFAR10_DATA))
+CIFAR10 = declared_experiment(CIFAR10_DATA, make_problem=build_problem, make_methods=_methods(CIFAR10_DATA),
+                              preparation=preparation)

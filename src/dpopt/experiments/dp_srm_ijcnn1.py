@@ -11,13 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..algorithms import DPAGD, DPSRM, Storm, dp_gd, rrpsgd
 from ..data import load
+from ..data.bounds import Preparation
 from ..oracles import NonconvexLogistic
 from . import declared
 from ._runner import Params, Problem, steps_for_passes
+from .preparation import registered
 from .preset import declared_experiment, declared_methods
 
 DATA = declared.load("dp-srm-ijcnn1")
@@ -69,13 +72,27 @@ def _storm(settings: dict[str, Any], epsilon: float, key: None) -> Any:
 BUILDERS = {"DP-SRM": _dp_srm, "DP-GD": _dp_gd, "DP-AGD": _dp_agd, "RRPSGD": _rrpsgd, "STORM": _storm}
 
 
+def preparation(key: None) -> Preparation:
+    """ijcnn1 as LIBSVM scaled it, in [-1, 1] (its registered public preparation: nothing to do)."""
+    return registered(DATA.parameter("dataset"))
+
+
+def majority_test_error(y_test: np.ndarray) -> float:
+    """The test error of the best constant classifier on the test set, 1 − (the share of its most
+    frequent label): a statistic of the test labels alone, outside the protected training set."""
+    _, counts = np.unique(y_test, return_counts=True)
+    return float(1 - counts.max() / len(y_test))
+
+
 def problem(key: None, data_dir: str | None) -> tuple[Problem, dict[str, Any]]:
-    """The ijcnn1 oracle, its test error, and facts for the report (majority-class error)."""
-    data = load(DATA.parameter("dataset"), data_dir)
+    """The ijcnn1 oracle, its test error, and facts for the report (the majority-class test error)."""
+    data = preparation(key).prepare(load(DATA.parameter("dataset"), data_dir))
     oracle = NonconvexLogistic(torch.as_tensor(data.X_train), torch.as_tensor(data.y_train), reg=DATA.parameter("reg"))
     X_test, y_test = torch.as_tensor(data.X_test), torch.as_tensor(data.y_test)
-    facts = {"n": data.n, "dim": data.dim, "majority_class_test_error": data.majority_error(), "source": data.source}
+    facts = {"n": data.n, "dim": data.dim, "majority_class_test_error": majority_test_error(data.y_test),
+             "source": data.source}
     return Problem(oracle, lambda theta: oracle.error(theta, X_test, y_test)), facts
 
 
-PRESET = declared_experiment(DATA, make_problem=problem, make_methods=declared_methods(DATA, BUILDERS))
+PRESET = declared_experiment(DATA, make_problem=problem, make_methods=declared_methods(DATA, BUILDERS),
+                             preparation=preparation)

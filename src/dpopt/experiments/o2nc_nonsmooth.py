@@ -54,10 +54,12 @@ from .. import report
 from ..algorithms import DPSGD
 from ..algorithms import o2nc_params as params
 from ..data import load
+from ..data.bounds import Preparation
 from ..metrics import goldstein
 from ..oracles import TorchModel, TruncatedAbsolute
 from . import declared
 from ._runner import Method, Params, Problem, mean_curve
+from .preparation import SYNTHETIC, registered
 from .preset import declared_experiment, declared_methods
 
 DATA = declared.load("o2nc-nonsmooth")
@@ -127,9 +129,15 @@ def hinge(out: Tensor, y: Tensor) -> Tensor:
     return torch.relu(1 - y * out.squeeze(-1))
 
 
+def preparation(key: str) -> Preparation:
+    """How problem ``key``'s data are prepared: ijcnn1's registered public preparation (LIBSVM's
+    scaling into [-1, 1]: nothing to do), or none for the synthetic family."""
+    return registered("ijcnn1") if key == "ijcnn1-relu" else SYNTHETIC
+
+
 def problem(key: str, data_dir: str | None) -> tuple[Problem, dict[str, Any]]:
     if key == "ijcnn1-relu":
-        data = load("ijcnn1", data_dir)
+        data = preparation(key).prepare(load("ijcnn1", data_dir))
         order = np.random.default_rng(0).permutation(len(data.X_train))[:N_TRAIN]
         X, y = torch.as_tensor(data.X_train[order]), torch.as_tensor(data.y_train[order])
         X_test, y_test = torch.as_tensor(data.X_test[:N_TEST]), torch.as_tensor(data.y_test[:N_TEST])
@@ -347,4 +355,4 @@ def figures(out_dir: Path, payload: dict[str, Any]) -> None:
 
 
 PRESET = declared_experiment(DATA, make_problem=problem, make_methods=declared_methods(DATA, BUILDERS),
-                             analyses=analyses, draw=figures)
+                             preparation=preparation, analyses=analyses, draw=figures)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..data.bounds import Preparation
 from ._runner import Method, Params, Problem
 from .declared import Declared
 from .patience_tuning import patience_tune
@@ -30,7 +31,9 @@ class Experiment:
     ``LOG_POINTS`` (logged points per run: measurement only) and ``SEEDS`` (default seed count).
     ``make_problem(key, data_dir)``, ``make_methods(key, epochs, tuned, epsilon)``, ``delta_of(key)``,
     ``describe(payload)`` (the report's notes) and ``draw(out_dir, payload)`` (a preset's own
-    figures, if any) build the rest."""
+    figures, if any) build the rest. ``preparation(key)`` declares how problem ``key``'s data are
+    prepared (:mod:`dpopt.experiments.preparation`; ``make_problem`` prepares them so), which the
+    report shows, labelled NOT PRIVATE where it reads the data."""
 
     NAME: str
     EPSILONS: tuple[float, ...]
@@ -45,6 +48,7 @@ class Experiment:
     make_methods: Callable[[Any, int, Any, float], list[Method]]
     delta_of: Callable[[Any], float]
     describe: Callable[[dict[str, Any]], str]
+    preparation: Callable[[Any], Preparation]
     PROBLEMS: tuple[Any, ...] = (None,)
     CURVES: dict[str, str | tuple[str, str]] = field(default_factory=lambda: {"training objective": "objective"})
     TUNED: dict[Any, Any] = field(default_factory=dict)
@@ -91,10 +95,11 @@ Builder = Callable[[dict[str, Any], float, Any], Callable[[int, Params], tuple[A
 
 def declared_experiment(data: Declared, *, make_problem: Callable[[Any, str | None], tuple[Problem, dict[str, Any]]],
                         make_methods: Callable[[Any, int, Any, float], list[Method]],
+                        preparation: Callable[[Any], Preparation],
                         analyses: Callable[[dict[str, Any]], list[str]] | None = None,
                         draw: Callable[[Path, dict[str, Any]], None] | None = None) -> Experiment:
     """The :class:`Experiment` of a preset file: its declared fields, the code's problem and method
-    builders, and as notes the file's text (``notes``, a ``problem_note`` per problem, the ``quick_note``
+    builders and its problems' preparation, and as notes the file's text (``notes``, a ``problem_note`` per problem, the ``quick_note``
     under ``--quick``), then :func:`~dpopt.experiments.verdicts.comparison_lines` (the generic rule),
     then what ``analyses(payload)`` computes for this preset, if anything."""
     delta = data["delta"]
@@ -116,6 +121,7 @@ def declared_experiment(data: Declared, *, make_problem: Callable[[Any, str | No
         TEST_METRICS=tuple(data["test_metrics"]), COMPARISONS=[tuple(pair) for pair in data["comparisons"]],
         epochs=data.get("epochs", 0), make_problem=make_problem, make_methods=make_methods,
         delta_of=(lambda key: delta[key]) if isinstance(delta, dict) else (lambda key: delta), describe=describe,
+        preparation=preparation,
         PROBLEMS=tuple(data.get("problems", [None])),
         SMOKE_PROBLEMS=tuple(data["smoke_problems"]) if "smoke_problems" in data.values else None,
         CURVES={title: spec if isinstance(spec, str) else tuple(spec) for title, spec in data["curves"].items()},

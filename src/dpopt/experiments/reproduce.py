@@ -9,6 +9,12 @@ figures, all atomically; and ``runs/``, every finished run, saved as it complete
 interrupted reproduction resumes where it stopped (the same command loads the saved runs instead
 of running them again, with the same results; runs saved by other code are not reused).
 
+Randomness: the runs use the published seeds 0, 1, … (and the tunings theirs), so that anyone can
+rerun them; the report says so (:data:`PUBLISHED`): an ε here is what a method's mechanism spends,
+not a guarantee for these runs. Data preparation: each problem's, as its preset declares it
+(:mod:`dpopt.experiments.preparation`), is stated in results.json's facts and results.md, and a
+preparation that reads the data is labelled NOT PRIVATE there and in the figures' titles.
+
 A preset is an :class:`~dpopt.experiments.preset.Experiment` (its fields are documented there).
 """
 
@@ -25,6 +31,7 @@ from tqdm import tqdm
 from .. import _validate, outputs, report
 from ._runner import (Method, Pool, Problem, Saved, mean_curve, metrics, one_sided_p, running, source_digest,
                       start_seeds, tune, writable)
+from .preparation import LABEL, described, is_public
 from .preset import Experiment
 
 
@@ -41,6 +48,10 @@ X_LABELS = {"passes": "data passes (epochs)", "wall_time_s": "training wall time
 #: ``--quick`` runs 2 seeds of every method for this fraction of its steps (noise calibrated for
 #: the shorter run): a smoke test of the whole pipeline, not numbers to compare with the paper.
 QUICK_STEPS = 0.25
+#: Where a reproduction's randomness comes from (results.json's ``randomness``).
+PUBLISHED = ("published seeds: the runs of every row use seeds 0 to {last}, and a tuning run here seeds {tuning}; "
+             "anyone can recompute every run's batches and noise, so each ε is what the method's mechanism spends, "
+             "not a guarantee for these published runs (a reproduction, not a private release)")
 
 
 def reproduce(name: str, *, seeds: int | None = None, quick: bool = False, out: str | Path | None = None,
@@ -96,7 +107,7 @@ def _run_all(exp: Experiment, data_dir: str | None, n_seeds: int, quick: bool, r
     started_runs = []  # every run is queued before any is awaited: the workers stay busy to the end
     keys = exp.problems(quick)
     built = {key: exp.problem(data_dir, key) for key in keys}
-    facts = {str(key): described for key, (_, described) in built.items()}
+    facts = {str(key): stated | {"preparation": described(exp.preparation(key))} for key, (_, stated) in built.items()}
     jobs = _jobs(exp, keys, built)
     pool.expect(sum(1 if method.deterministic else n_seeds for _, method, _ in jobs))
     for key, method, epsilon in jobs:
@@ -130,6 +141,7 @@ def _run_all(exp: Experiment, data_dir: str | None, n_seeds: int, quick: bool, r
         facts = facts["None"]
     return {
         "experiment": exp.NAME, "rows": rows,
+        "randomness": PUBLISHED.format(last=n_seeds - 1, tuning=", ".join(map(str, exp.TUNING_SEEDS))),
         "paper": [_paper_row(row, exp.delta(row.get("problem"))) for row in exp.PAPER],
         "seeds": n_seeds, "quick": quick, "log_points": log_points, "facts": facts, "t_tests": tests,
         "grids": {m.name: m.grid for m in exp.methods(exp.EPSILONS[0], exp.problems(quick)[0])},
@@ -197,13 +209,15 @@ def _write(out_dir: Path, payload: dict[str, Any], exp: Experiment) -> None:
             if not any(panels.values()):
                 continue  # no method runs at this ε on this problem
             name = f"curves_eps{epsilon}.png" if key is None else f"curves_{key.replace(':', '-')}_eps{epsilon}.png"
+            unlabelled = is_public(exp.preparation(key))
             deltas = {row["delta"] for row in payload["rows"]
                       if row.get("problem") == key and row["epsilon"] == epsilon}
             report.curves_figure(out_dir / name, panels, log_x=True,
                                  xlabel={title: X_LABELS[x] for title, (_, x) in shown.items()},
                                  title=f"{exp.NAME}{f' {key}' if key is not None else ''}: private methods at ε = "
                                        f"{epsilon:g}, δ = {', '.join(f'{d:g}' for d in sorted(deltas))} (non-private "
-                                       f"ones: ε = ∞)\nmean over {payload['seeds']} seeds, band ± 1 std")
+                                       f"ones: ε = ∞)\nmean over {payload['seeds']} seeds, band ± 1 std"
+                                       + ("" if unlabelled else f"\n{LABEL}: no ε here is a guarantee"))
 
 
 def _classified(payload: dict[str, Any]) -> dict[str, Any]:
@@ -218,7 +232,8 @@ def _classified(payload: dict[str, Any]) -> dict[str, Any]:
     public_facts = [{k: v for k, v in f.items() if k not in outputs.DIAGNOSTIC_FACTS} for f in facts]
     training_facts = [{k: v for k, v in f.items() if k == "problem" or k in outputs.DIAGNOSTIC_FACTS} for f in facts]
     tests = [_split_test(test) for test in payload["t_tests"]]
-    return {key: payload[key] for key in ("experiment", "paper", "seeds", "quick", "log_points", "grids")} | {
+    return {key: payload[key] for key in ("experiment", "randomness", "paper", "seeds", "quick", "log_points",
+                                          "grids")} | {
         "rows": rows, "facts": public_facts, "t_tests": [private for private, _ in tests if _tested(private)],
         "diagnostics": {"label": outputs.NOT_PRIVATE, "facts": [f for f in training_facts if len(f) > 1],
                         "t_tests": [diagnostic for _, diagnostic in tests if _tested(diagnostic)],
@@ -269,6 +284,8 @@ def _markdown(payload: dict[str, Any], exp: Experiment) -> str:
         f"adjacency: {first['neighboring_relation']} (private rows). Wall time {payload['wall_time_s']:.0f} s."
         + (f" **Quick mode: {QUICK_STEPS:.0%} of every method's steps; not comparable with the paper.**"
            if payload["quick"] else ""), "",
+        f"Randomness: {payload['randomness']}.", "",
+        *_preparation_lines(exp, payload["quick"]),
         report.markdown_table(table_rows, head + ["seeds"] + list(shown.values()) + [f"paper {c}" for c in paper_metrics]),
         "", "`seeds`: runs behind the row (1 for a method whose runs do not depend on the seed).", "",
         "## One-sided Welch t-tests (ours < baseline), p-values", "",
@@ -285,6 +302,16 @@ def _markdown(payload: dict[str, Any], exp: Experiment) -> str:
         f"not in the ε above): `{_tuning_cost(payload['tuning'])}`.", "",
     ]
     return "\n".join(lines)
+
+
+def _preparation_lines(exp: Experiment, quick: bool) -> list[str]:
+    """How each problem's data were prepared, in bold where it is NOT PRIVATE."""
+    lines = []
+    for key in exp.problems(quick):
+        preparation = exp.preparation(key)
+        text = f"Data preparation{f' of `{key}`' if key is not None else ''}: {described(preparation)}."
+        lines += [text if is_public(preparation) else f"**{text}**", ""]
+    return lines
 
 
 def _deltas(rows: list[dict[str, Any]]) -> str:

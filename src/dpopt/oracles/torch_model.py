@@ -148,8 +148,8 @@ def reject_batch_norm(module: nn.Module) -> None:
                 "differential privacy: BatchNorm normalises each record with the statistics of its whole batch, so "
                 "one record's gradient depends on the other records in the batch and clipping each record's "
                 "gradient no longer bounds its influence (the sensitivity). Use nn.GroupNorm instead (e.g. "
-                "nn.GroupNorm(min(32, C), C)), or nn.LayerNorm / nn.InstanceNorm2d: they normalise each record on "
-                "its own")
+                "nn.GroupNorm(G, C), G the largest divisor of C up to 32), or nn.LayerNorm / nn.InstanceNorm2d: they normalise each record on "
+                "its own; dpopt.fix(model) returns a copy with every BatchNorm replaced by GroupNorm")
 
 
 def reject_recurrent(module: nn.Module) -> None:
@@ -162,8 +162,9 @@ def reject_recurrent(module: nn.Module) -> None:
                 "cannot compute: torch's fused recurrent kernels (nn.RNN, nn.LSTM, nn.GRU and their Cell versions) "
                 "have no complete rule for torch.func.vmap, which both engines use to keep the records of a batch "
                 "apart. Write the recurrence with nn.Linear layers and a loop over the time steps in a module of your "
-                "own (for nn.RNN: h = torch.tanh(self.input(x[:, t]) + self.hidden(h)); the gates of a GRU or LSTM "
-                "likewise): it runs under both engines")
+                "own, as dpopt.nn's RNN, LSTM, GRU and their cells do (torch's arguments, parameter names and "
+                "outputs): it runs under both engines; dpopt.fix(model) returns a copy with each of torch's recurrent "
+                "layers replaced by dpopt.nn's, weights copied")
 
 
 def reject_running_stats(module: nn.Module) -> None:

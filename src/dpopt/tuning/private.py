@@ -101,19 +101,20 @@ def _seeds(seed: int | None) -> tuple[np.random.Generator, Callable[[int], int |
 def tune(build: Callable[[Mapping[str, Any]], Any], oracle: Oracle, *, space: Space, trials: Trials,
          epsilon: float, delta: float, steps: int, score: Callable[[Tensor], float], seed: int | None = None,
          theta0: Tensor | None = None, test_error: Callable[[Tensor], float] | None = None,
-         diagnostics: bool = False, progress: bool = False) -> Tuned:
+         diagnostics: bool = False, progress: bool = False, allow_large_delta: bool = False) -> Tuned:
     """Select hyper-parameters privately: the best of K ~ ``trials`` private runs, (ε, δ)-DP in total.
 
     ``build(candidate)`` returns the algorithm (noise multipliers at their ratios, as
     :func:`dpopt.algorithms.by_name.build` leaves them) for a candidate drawn from ``space``;
     ``score(θ)`` (lower is better) must be computed on data outside the training set, e.g. the
     error on a held-out validation split; ``test_error(θ)`` is reported for the selected θ only.
+    ``delta`` must be below 1/n unless ``allow_large_delta`` (:func:`dpopt._validate.meaningful_delta`).
     """
     started = time.perf_counter()
     _validate.positive("epsilon", epsilon)
-    _validate.open_unit("delta", delta)
     _validate.positive_int("steps", steps)
     n = oracle.n
+    _validate.meaningful_delta(delta, n, allow_large_delta=allow_large_delta, override="allow_large_delta=True")
     reference = calibrate_tuning(build(space.reference()), trials=trials, epsilon=epsilon, delta=delta, n=n,
                                  steps=steps)
     planned = canonical(reference.planned_event(n, steps))
@@ -127,7 +128,8 @@ def tune(build: Callable[[Mapping[str, Any]], Any], oracle: Oracle, *, space: Sp
                                        "tune only hyper-parameters that leave it unchanged (e.g. lr, clip), with "
                                        "batch size and steps fixed")
         history = train.run(algorithm, oracle, steps=steps, seed=run_seed(i), delta=delta, theta0=theta0,
-                            accountant=ACCOUNTANT, log_every=steps, progress=progress)
+                            accountant=ACCOUNTANT, log_every=steps, progress=progress,
+                            allow_large_delta=allow_large_delta)
         return Outcome(float(score(history.theta)), (history.theta, algorithm))
 
     selection = repeat_and_select(trial, space, trials, rng)
@@ -144,6 +146,6 @@ def tune(build: Callable[[Mapping[str, Any]], Any], oracle: Oracle, *, space: Sp
     return Tuned(theta=theta, hyperparameters=selection.candidate, algorithm=algorithm, final=final, delta=delta,
                  trial_epsilon=epsilon_of(planned, delta, relation, ACCOUNTANT), trials=repr(trials),
                  accountant=ACCOUNTANT, neighboring_relation=RELATION_NAMES[relation],
-                 randomness=train.SEEDED if seed is not None else train.FROM_OS,
+                 randomness=train.origin(seed),
                  diagnostics={"label": NOT_PRIVATE, "trials_run": selection.trials_run,
                               "wall_time_s": time.perf_counter() - started} if diagnostics else None)

@@ -2,8 +2,9 @@
 validation split that scores candidates, and the test file that reports the selected θ.
 
 The training file is split once by a fixed public permutation (seed 0); the last
-``validation_fraction`` of it is held out. The validation records are not protected by the
-guarantee: the protected data set is the rest of the training file.
+``validation_fraction`` of it is held out. A file of one's own is split by a public hash of each
+row's values instead (:func:`by_content`), so that one added row moves no other. The validation
+records are not protected by the guarantee: the protected data set is the rest of the training file.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from torch import Tensor
 
 from .. import _validate, data
 from ..algorithms.by_name import NAMES, NON_PRIVATE, build
+from ..data.bounds import Preparation
 from ..oracles import make
 
 #: The GLM models a task may use, each with the metric its ``error`` computes.
@@ -45,29 +47,54 @@ def split(X: Tensor, y: Tensor, fraction: float) -> tuple[Tensor, Tensor, Tensor
     return X[order[:-held]], y[order[:-held]], X[order[-held:]], y[order[-held:]]
 
 
+#: The public seed of :func:`by_content`'s hash (the test split of a file of one's own uses 0).
+VALIDATION_SEED = 1
+
+
+def by_content(X: Tensor, y: Tensor, fraction: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(X_train, y_train, X_val, y_val): a row is held out iff the public hash of its values with
+    seed :data:`VALIDATION_SEED` is below ``fraction`` (:func:`dpopt.data.own.held_out`): a row's
+    side does not depend on the other rows."""
+    from ..data.own import held_out
+
+    _validate.open_unit("validation_fraction", fraction)
+    held = torch.as_tensor(held_out(X.numpy(), y.numpy(), fraction, VALIDATION_SEED))
+    if held.all() or not held.any():
+        raise _validate.DpoptError(f"validation_fraction={fraction!r} holds out {int(held.sum())} of {len(held)} "
+                                   "training rows; a validation split needs rows on both sides")
+    return X[~held], y[~held], X[held], y[held]
+
+
 def held_out_task(oracle_on: Callable[[Tensor, Tensor], Any], X: Any, y: Any, X_test: Any, y_test: Any, *,
                   validation_fraction: float, metric: str = "test_error",
-                  measure: Callable[[Any, Tensor, Tensor], Callable[[Tensor], float]] | None = None) -> Task:
+                  measure: Callable[[Any, Tensor, Tensor], Callable[[Tensor], float]] | None = None,
+                  split_by: Callable[[Tensor, Tensor, float], tuple[Tensor, Tensor, Tensor, Tensor]] = split) -> Task:
     """``oracle_on(X_train, y_train)`` on the training arrays ``(X, y)`` less their validation split
-    (:func:`split`); θ is scored by ``measure(oracle, X', y')`` (default: ``oracle.error`` on
-    (X', y')) on the validation split and on ``(X_test, y_test)``."""
-    X_train, y_train, X_val, y_val = split(torch.as_tensor(X), torch.as_tensor(y), validation_fraction)
+    (``split_by``: :func:`split` or :func:`by_content`); θ is scored by ``measure(oracle, X', y')``
+    (default: ``oracle.error`` on (X', y')) on the validation split and on ``(X_test, y_test)``."""
+    X_train, y_train, X_val, y_val = split_by(torch.as_tensor(X), torch.as_tensor(y), validation_fraction)
     oracle = oracle_on(X_train, y_train)
     on = measure or (lambda o, X_, y_: lambda theta: o.error(theta, X_, y_))
     return Task(oracle, on(oracle, X_val, y_val), on(oracle, torch.as_tensor(X_test), torch.as_tensor(y_test)),
                 metric)
 
 
-def glm_task(dataset: str, model: str, *, reg: float, validation_fraction: float,
-             data_dir: str | None = None) -> Task:
-    """A GLM ``model`` (:data:`MODELS`) on registered ``dataset``, split as the module says; its
-    metric is the misclassification rate (logistic models) or the mean squared error (ridge)."""
-    _validate.one_of("dataset", dataset, data.names())
+def glm_task(dataset: str | data.Dataset, model: str, *, reg: float, validation_fraction: float,
+             data_dir: str | None = None, preparation: Preparation | None = None) -> Task:
+    """A GLM ``model`` (:data:`MODELS`) on registered ``dataset`` (a name; prepared by
+    ``preparation``, a per-record map of public bounds; None: as loaded), split as the module says,
+    or on a loaded file of one's own (a :class:`~dpopt.data.Dataset`, already prepared, split
+    :func:`by_content`); its metric is the misclassification rate (logistic models) or the mean
+    squared error (ridge)."""
+    if isinstance(dataset, str):
+        _validate.one_of("dataset", dataset, data.names())
     _validate.one_of("model", model, MODELS)
-    loaded = data.load(dataset, data_dir)
+    loaded, split_by = (data.load(dataset, data_dir), split) if isinstance(dataset, str) else (dataset, by_content)
+    if preparation is not None:
+        loaded = preparation.prepare(loaded)
     return held_out_task(lambda X, y: make(model, X, y, reg=reg), loaded.X_train, loaded.y_train, loaded.X_test,
                          loaded.y_test, validation_fraction=validation_fraction,
-                         metric=METRICS[model])
+                         metric=METRICS[model], split_by=split_by)
 
 
 def builder(algorithm: str, n: int, fixed: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], Any]:

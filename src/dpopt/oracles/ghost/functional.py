@@ -76,7 +76,9 @@ def forward(stages: tuple[Stage, ...], views: dict[str, Tensor], x: Tensor, taps
     and, per stage with parameters, ``(stage, input, tap)``: the tap is the stage's output (a
     ghost layer) or what :func:`~.blocks.run_block` returns, to differentiate against
     (``taps=False``: only the output). A "plain" module that has hooks now is run per record (a
-    hook might mix records)."""
+    hook might mix records). With taps, a ghost layer's output that a later stage overwrites in
+    place (e.g. ``nn.ReLU(inplace=True)``) is refused: its output gradient would be that of the
+    overwritten values."""
     out_taps = []
     for stage in stages:
         m = stage.module
@@ -101,7 +103,22 @@ def forward(stages: tuple[Stage, ...], views: dict[str, Tensor], x: Tensor, taps
         if stage.names:
             out_taps.append((stage, x, out))
         x = out
+    if taps:
+        _check_not_overwritten(out_taps)
     return x, out_taps
+
+
+def _check_not_overwritten(out_taps: list[tuple]) -> None:
+    """Refuse a ghost layer's kept output that was modified in place after the layer made it (a
+    fresh output's version counter is 0): autograd would give the gradient with respect to the
+    new values, not the layer's output gradient ``g``."""
+    for stage, _, tap in out_taps:
+        if stage.kind != "block" and tap._version:
+            raise _validate.DpoptError(
+                f"engine='ghost': the output of layer {stage.path!r} ({type(stage.module).__name__}) is overwritten in "
+                "place by a later module (an in-place activation such as nn.ReLU(inplace=True)), so its output "
+                "gradient is lost: use the out-of-place layer (dpopt.fix(model) returns a copy with in-place "
+                "activations replaced) or engine='vmap'")
 
 
 def _functional(stage: Stage, params: dict[str, Tensor], x: Tensor) -> Tensor:

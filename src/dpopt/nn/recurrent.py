@@ -1,0 +1,333 @@
+"""Recurrent layers whose per-record gradients dpopt's engines compute: drop-in replacements of
+torch's ``nn.RNN``/``nn.LSTM``/``nn.GRU`` and their cells.
+
+torch's recurrent modules run fused kernels without a complete ``torch.func.vmap`` rule, so
+neither engine can keep the records of a batch apart in them (``TorchModel`` refuses them).
+These modules compute the same function as a loop over the time steps of two ``nn.Linear``
+maps per layer and direction (as Opacus's ``DPLSTM`` does):
+
+* ``gi = ih(x)``: the input map ``W_ih x_t + b_ih`` of every step at once (``[B, T, G·H]``);
+* ``gh = hh(h_{t−1})``: the hidden map ``W_hh h_{t−1} + b_hh``, called once per step,
+
+with G gate blocks in torch's order, and the cell's update (torch's equations):
+
+* RNN (G = 1): ``h_t = act(gi_t + gh)``, act = tanh or relu;
+* LSTM (G = 4, gates i, f, g, o): ``c_t = σ(f) ⊙ c_{t−1} + σ(i) ⊙ tanh(g)``, ``h_t = σ(o) ⊙ tanh(c_t)``;
+* GRU (G = 3, gates r, z, n): ``r = σ(gi_r + gh_r)``, ``z = σ(gi_z + gh_z)``,
+  ``n = tanh(gi_n + r ⊙ gh_n)``, ``h_t = (1 − z) ⊙ n + z ⊙ h_{t−1}``.
+
+Layers are stacked (each layer's output sequence is the next one's input, with dropout between
+layers in training mode); a bidirectional layer runs a second pair of maps over the reversed
+sequence and concatenates the two outputs. Outputs, their shapes (``batch_first``, unbatched
+inputs, ``hx``) and the initialisation (every parameter uniform in ±1/√H) are torch's.
+
+Parameters have torch's names and shapes (``weight_ih_l0``, ``bias_hh_l1_reverse``, ...; the
+cells' ``weight_ih``, ...), in torch's order, so ``state_dict()`` loads into torch's module and
+back. Each is registered twice, under torch's name on this module and as the ``weight``/``bias``
+of its ``nn.Linear`` child (``ih_l0``, ``hh_l0``, ...): ``named_parameters()`` and ``parameters()``
+list it once, under torch's name; the state dict holds it once, under torch's name (the
+children's keys are left out on saving and filled from torch's on loading).
+
+Per-record gradients: with ``engine="vmap"`` each record runs alone. With ``engine="ghost"``
+this module (or the custom module holding it) has trainable parameters and its own forward, so
+the engine runs it on each record alone under ``vmap`` too, its ``nn.Linear`` children tapped:
+their ghost rule (a Linear called T times is one layer over T positions) gives the records'
+norms and sums, with no ``[B, d]`` matrix. Either way no record's computation can see another's.
+
+Packed sequences are refused: pad the sequences to one length and mask the padded positions in
+the loss (or take each record's last real step, e.g. by ``gather`` at its length).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence
+
+from .. import _validate
+
+State = tuple[Tensor, ...]  # (h,) or, for an LSTM, (h, c)
+
+
+def _drop_children(module: _Recurrent, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+    """State-dict post-hook: the parameters are saved under torch's names only, not again under
+    the ``nn.Linear`` children that share them."""
+    for child_key in module._aliases.values():
+        state_dict.pop(prefix + child_key, None)
+
+
+def _fill_children(module: _Recurrent, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+    """Load pre-hook: the ``nn.Linear`` children's keys from torch's names (one tensor, two keys)."""
+    for name, child_key in module._aliases.items():
+        if prefix + name in state_dict:
+            state_dict[prefix + child_key] = state_dict[prefix + name]
+
+
+class _Recurrent(nn.Module):
+    """Pairs of ``nn.Linear`` maps (input → G·H, hidden → G·H) whose parameters are also
+    registered under torch's names; the cell's update is the subclass's :meth:`_update`."""
+
+    gates: int      # G: gate blocks of the maps' outputs
+    carries: int    # state tensors: 1 (h) or 2 (h, c)
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool) -> None:
+        super().__init__()
+        self.input_size = _validate.positive_int("input_size", input_size)
+        self.hidden_size = _validate.positive_int("hidden_size", hidden_size)
+        self.bias = bool(bias)
+        self._aliases: dict[str, str] = {}  # torch's name → the child's key
+        self.register_state_dict_post_hook(_drop_children)
+        self.register_load_state_dict_pre_hook(_fill_children)
+
+    def _pair(self, suffix: str, input_size: int, device: Any, dtype: Any) -> None:
+        """The maps ``ih{suffix}`` and ``hh{suffix}``, their parameters under torch's names
+        ``weight_ih{suffix}``, ``weight_hh{suffix}``, ``bias_ih{suffix}``, ``bias_hh{suffix}``."""
+        out = self.gates * self.hidden_size
+        maps = {"ih": nn.Linear(input_size, out, self.bias, device, dtype),
+                "hh": nn.Linear(self.hidden_size, out, self.bias, device, dtype)}
+        for kind, linear in maps.items():
+            self.add_module(f"{kind}{suffix}", linear)
+        for attr in ("weight", "bias") if self.bias else ("weight",):
+            for kind, linear in maps.items():
+                self.register_parameter(f"{attr}_{kind}{suffix}", getattr(linear, attr))
+                self._aliases[f"{attr}_{kind}{suffix}"] = f"{kind}{suffix}.{attr}"
+
+    def reset_parameters(self) -> None:
+        """Every parameter uniform in [−1/√H, 1/√H], as torch initialises its recurrent layers."""
+        bound = 1.0 / math.sqrt(self.hidden_size)
+        for weight in self.parameters():
+            nn.init.uniform_(weight, -bound, bound)
+
+    def _update(self, gi: Tensor, gh: Tensor, state: State) -> State:
+        raise NotImplementedError
+
+    def _zeros(self, x: Tensor, batch: tuple[int, ...]) -> State:
+        return tuple(x.new_zeros(*batch, self.hidden_size) for _ in range(self.carries))
+
+    def _state(self, hx: Any, shape: tuple[int, ...]) -> State:
+        """``hx`` (a tensor, or an LSTM's pair) as a state, each tensor of ``shape``."""
+        state = tuple(hx) if isinstance(hx, (tuple, list)) else (hx,)
+        if len(state) != self.carries or any(not isinstance(s, Tensor) or s.shape != shape for s in state):
+            what = "a pair (h_0, c_0) of tensors" if self.carries == 2 else "a tensor h_0"
+            got = [tuple(s.shape) if isinstance(s, Tensor) else type(s).__name__ for s in state]
+            raise _validate.DpoptError(f"hx must be {what} of shape {shape}, got {got}")
+        return state
+
+    def _packed(self, state: State) -> Tensor | State:
+        """The state as torch returns it: ``h`` or ``(h, c)``."""
+        return state if self.carries == 2 else state[0]
+
+    def _check_input(self, input: Any, dims: tuple[int, int]) -> None:
+        if isinstance(input, PackedSequence):
+            raise _validate.DpoptError(
+                f"input is a PackedSequence, which dpopt.nn.{type(self).__name__} does not take: pad the sequences to "
+                "one length (torch.nn.utils.rnn.pad_sequence) and mask the padded positions in the loss, or take each "
+                "record's last real step (gather at its length)")
+        if not isinstance(input, Tensor) or input.dim() not in dims or input.shape[-1] != self.input_size:
+            shape = tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__
+            raise _validate.DpoptError(f"input of shape {shape} must have {dims[0]} or {dims[1]} dims, the last of "
+                                       f"size input_size={self.input_size}")
+
+
+class _LSTMUpdate:
+    gates, carries = 4, 2
+
+    def _update(self, gi: Tensor, gh: Tensor, state: State) -> State:
+        i, f, g, o = (gi + gh).chunk(4, -1)
+        c = torch.sigmoid(f) * state[1] + torch.sigmoid(i) * torch.tanh(g)
+        return torch.sigmoid(o) * torch.tanh(c), c
+
+
+class _GRUUpdate:
+    gates, carries = 3, 1
+
+    def _update(self, gi: Tensor, gh: Tensor, state: State) -> State:
+        i_r, i_z, i_n = gi.chunk(3, -1)
+        h_r, h_z, h_n = gh.chunk(3, -1)
+        r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
+        n = torch.tanh(i_n + r * h_n)
+        return ((1 - z) * n + z * state[0],)
+
+
+class _RNNUpdate:
+    gates, carries = 1, 1
+    nonlinearity: str
+
+    def _update(self, gi: Tensor, gh: Tensor, state: State) -> State:
+        return ((torch.tanh if self.nonlinearity == "tanh" else torch.relu)(gi + gh),)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ("" if self.nonlinearity == "tanh" else f", nonlinearity={self.nonlinearity!r}")
+
+
+def _nonlinearity(value: str) -> str:
+    return _validate.one_of("nonlinearity", value, ("tanh", "relu"))
+
+
+# ------------------------------------------------------------------------------------- cells
+
+
+class _Cell(_Recurrent):
+    """One step: ``forward(input [B, input_size] or [input_size], hx=None)`` → the new state
+    (``h``, or ``(h, c)`` for an LSTM cell), zeros for a missing ``hx``."""
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, device: Any = None,
+                 dtype: Any = None) -> None:
+        super().__init__(input_size, hidden_size, bias)
+        self._pair("", input_size, device, dtype)
+        self.reset_parameters()
+
+    def forward(self, input: Tensor, hx: Any = None) -> Tensor | State:
+        self._check_input(input, (1, 2))
+        batched = input.dim() == 2
+        x = input if batched else input.unsqueeze(0)
+        if hx is None:
+            state = self._zeros(x, (len(x),))
+        else:
+            state = self._state(hx, (len(x), self.hidden_size) if batched else (self.hidden_size,))
+            state = tuple(s if batched else s.unsqueeze(0) for s in state)
+        state = self._update(self.ih(x), self.hh(state[0]), state)
+        return self._packed(tuple(s if batched else s.squeeze(0) for s in state))
+
+    def extra_repr(self) -> str:
+        return f"{self.input_size}, {self.hidden_size}" + ("" if self.bias else ", bias=False")
+
+
+class RNNCell(_RNNUpdate, _Cell):
+    """``nn.RNNCell``: ``h' = act(W_ih x + b_ih + W_hh h + b_hh)``."""
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, nonlinearity: str = "tanh",
+                 device: Any = None, dtype: Any = None) -> None:
+        super().__init__(input_size, hidden_size, bias, device, dtype)
+        self.nonlinearity = _nonlinearity(nonlinearity)
+
+
+class LSTMCell(_LSTMUpdate, _Cell):
+    """``nn.LSTMCell``: returns ``(h', c')``."""
+
+
+class GRUCell(_GRUUpdate, _Cell):
+    """``nn.GRUCell``."""
+
+
+# ---------------------------------------------------------------------------- stacked layers
+
+
+class _Stack(_Recurrent):
+    """``num_layers`` layers over a sequence: ``forward(input, hx=None)`` → ``(output, h_n)``
+    (``(output, (h_n, c_n))`` for an LSTM), with torch's shapes: input ``[T, B, input_size]``
+    (``[B, T, input_size]`` if ``batch_first``, ``[T, input_size]`` unbatched), output
+    ``[T, B, D·H]`` likewise, ``h_n`` ``[num_layers·D, B, H]`` (D = 2 if bidirectional)."""
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+                 device: Any = None, dtype: Any = None) -> None:
+        super().__init__(input_size, hidden_size, bias)
+        self.num_layers = _validate.positive_int("num_layers", num_layers)
+        self.batch_first, self.bidirectional = bool(batch_first), bool(bidirectional)
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout <= 1:
+            raise _validate.DpoptError(f"dropout={dropout!r} must be a number in [0, 1]")
+        self.dropout = float(dropout)
+        directions = 2 if self.bidirectional else 1
+        for layer in range(self.num_layers):
+            for direction in range(directions):
+                self._pair(self._suffix(layer, direction), input_size if layer == 0 else directions * hidden_size,
+                           device, dtype)
+        self.reset_parameters()
+
+    @staticmethod
+    def _suffix(layer: int, direction: int) -> str:
+        return f"_l{layer}" + ("_reverse" if direction else "")
+
+    def forward(self, input: Tensor, hx: Any = None) -> tuple[Tensor, Tensor | State]:
+        self._check_input(input, (2, 3))
+        batched = input.dim() == 3
+        x = input if batched else input.unsqueeze(0 if self.batch_first else 1)
+        x = x if self.batch_first else x.transpose(0, 1)  # [B, T, p]
+        directions = 2 if self.bidirectional else 1
+        B, T = x.shape[:2]
+        if hx is None:
+            initial = self._zeros(x, (self.num_layers * directions, B))
+        else:
+            initial = self._state(hx, (self.num_layers * directions, *((B,) if batched else ()), self.hidden_size))
+            initial = tuple(s if batched else s.unsqueeze(1) for s in initial)
+        finals = []
+        for layer in range(self.num_layers):
+            outputs = []
+            for direction in range(directions):
+                suffix, k = self._suffix(layer, direction), layer * directions + direction
+                gi, hh = getattr(self, f"ih{suffix}")(x), getattr(self, f"hh{suffix}")
+                state, hs = tuple(s[k] for s in initial), []
+                for t in reversed(range(T)) if direction else range(T):
+                    state = self._update(gi[:, t], hh(state[0]), state)
+                    hs.append(state[0])
+                outputs.append(torch.stack(hs[::-1] if direction else hs, 1))
+                finals.append(state)
+            x = torch.cat(outputs, -1) if directions == 2 else outputs[0]
+            if self.dropout and self.training and layer < self.num_layers - 1:
+                x = F.dropout(x, self.dropout, training=True)
+        output = x if self.batch_first else x.transpose(0, 1)
+        last = tuple(torch.stack(parts) for parts in zip(*finals))
+        if not batched:
+            output, last = output.squeeze(0 if self.batch_first else 1), tuple(s.squeeze(1) for s in last)
+        return output, self._packed(last)
+
+    def extra_repr(self) -> str:
+        options = {"num_layers": (self.num_layers, 1), "bias": (self.bias, True),
+                   "batch_first": (self.batch_first, False), "dropout": (self.dropout, 0.0),
+                   "bidirectional": (self.bidirectional, False)}
+        return ", ".join([f"{self.input_size}, {self.hidden_size}",
+                          *(f"{name}={value}" for name, (value, default) in options.items() if value != default)])
+
+
+class RNN(_RNNUpdate, _Stack):
+    """``nn.RNN``: ``h_t = act(W_ih x_t + b_ih + W_hh h_{t−1} + b_hh)``, act = ``nonlinearity``."""
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, nonlinearity: str = "tanh",
+                 bias: bool = True, batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+                 device: Any = None, dtype: Any = None) -> None:
+        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, device,
+                         dtype)
+        self.nonlinearity = _nonlinearity(nonlinearity)
+
+
+class LSTM(_LSTMUpdate, _Stack):
+    """``nn.LSTM`` (without ``proj_size``): returns ``(output, (h_n, c_n))``."""
+
+
+class GRU(_GRUUpdate, _Stack):
+    """``nn.GRU``."""
+
+
+#: torch's recurrent module type → dpopt's.
+REPLACEMENTS: dict[type[nn.Module], type[_Recurrent]] = {
+    nn.RNN: RNN, nn.LSTM: LSTM, nn.GRU: GRU, nn.RNNCell: RNNCell, nn.LSTMCell: LSTMCell, nn.GRUCell: GRUCell}
+
+
+def from_torch(module: nn.Module) -> _Recurrent:
+    """dpopt's module computing what torch's ``module`` computes: the same settings, dtype,
+    device, training mode, parameters (copied) and ``requires_grad`` flags."""
+    kind = REPLACEMENTS.get(type(module))
+    if kind is None:
+        raise _validate.DpoptError(f"module={type(module).__name__} has no dpopt.nn replacement (one of "
+                                   f"{', '.join(cls.__name__ for cls in REPLACEMENTS)} is needed)")
+    if getattr(module, "proj_size", 0):
+        raise _validate.DpoptError(f"proj_size={module.proj_size}: dpopt.nn.LSTM has no projection; use an "
+                                   "nn.Linear on its output instead")
+    first = next(module.parameters())
+    settings: dict[str, Any] = {"bias": module.bias, "device": first.device, "dtype": first.dtype}
+    if isinstance(module, nn.RNNBase):
+        settings |= {"num_layers": module.num_layers, "batch_first": module.batch_first,
+                     "dropout": module.dropout, "bidirectional": module.bidirectional}
+    if isinstance(module, (nn.RNN, nn.RNNCell)):
+        settings["nonlinearity"] = module.nonlinearity
+    ours = kind(module.input_size, module.hidden_size, **settings)
+    ours.load_state_dict(module.state_dict())
+    flags = {name: p.requires_grad for name, p in module.named_parameters()}
+    for name, p in ours.named_parameters():
+        p.requires_grad_(flags[name])
+    return ours.train(module.training)
