@@ -86,7 +86,7 @@ from . import _validate, checkpoint, journal
 from .accounting import Ledger, calibrate
 from .base import Directed
 from .algorithms.by_name import NON_PRIVATE, build, steps_for_epochs
-from .mechanisms import NoiseSource
+from .base import NoiseSource
 from .oracles import TorchModel, ghost, records
 from .train import Stepper, randomness
 

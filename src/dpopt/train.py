@@ -32,10 +32,9 @@ from tqdm import tqdm
 
 from . import _validate, checkpoint, journal, lock, resume
 from .accounting import Ledger, accountant_note, epsilon_of, guarantee
-from .base import Batch
-from .mechanisms import Discrete, NoiseSource, SeededNoise
+from .base import Batch, NoiseSource, Oracle
+from .mechanisms import Discrete, SeededNoise
 from .outputs import NOT_PRIVATE
-from .oracles import Oracle
 
 @dataclasses.dataclass
 class History:

@@ -34,7 +34,7 @@ from torch import Tensor
 from .. import _validate, train
 from ..accounting import RELATION_NAMES, canonical, epsilon_of, scaled, solve_noise
 from ..outputs import NOT_PRIVATE
-from ..oracles import Oracle
+from ..base import Oracle
 from .select import Outcome, repeat_and_select
 from .space import Space
 from .trials import Trials
