@@ -305,10 +305,12 @@ def test_cyclic_poisson_ledger_composes_the_busiest_groups_rounds():
 
 def test_cyclic_poisson_refuses_a_group_rate_above_one():
     with pytest.raises(DpoptError, match=re.escape("bands=5 times batch_size=250 must be <= n=1000")):
-        sampling.CyclicPoisson(1000, 250, 5)
-    assert sampling.CyclicPoisson(1000, 250, 4).rate == 1.0
+        sampling.CyclicPoisson(1000, 250, 5, key=KEY)
+    assert sampling.CyclicPoisson(1000, 250, 4, key=KEY).rate == 1.0
     with pytest.raises(DpoptError, match=re.escape("step=-1 must be an integer >= 0")):
-        sampling.CyclicPoisson(1000, 10, 4, -1)
+        sampling.CyclicPoisson(1000, 10, 4, -1, KEY)
+    with pytest.raises(DpoptError, match=re.escape("bands=4 needs key=CyclicPoisson.secret_key(generator)")):
+        sampling.CyclicPoisson(1000, 10, 4)
 
 
 def test_one_band_with_banded_noise_is_dp_sgd_bit_for_bit():

@@ -137,15 +137,15 @@ class CyclicPoisson:
     Δ at every step (:func:`dpopt.correlation.noise.banded_gaussian` commits them), never for
     independent noise with b > 1.
 
-    b = 1 is :class:`Poisson` of rate B/n: the same draws from the same generator (the key is not
-    used and need not be drawn), the same event.
+    b = 1 is :class:`Poisson` of rate B/n: the same draws from the same generator (no key is used,
+    none need be drawn), the same event.
     """
 
     n: int
     batch_size: int
     bands: int
     step: int = 0
-    key: int = 0
+    key: int | None = None
 
     relation = NeighboringRelation.ADD_OR_REMOVE_ONE
 
@@ -159,6 +159,9 @@ class CyclicPoisson:
                 f"one of {self.bands} groups of about n/bands records at rate bands·batch_size/n, which must be <= 1")
         if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 0:
             raise _validate.DpoptError(f"step={self.step!r} must be an integer >= 0")
+        if self.bands > 1 and self.key is None:  # a default key would make the assignment public
+            raise _validate.DpoptError(f"bands={self.bands} needs key=CyclicPoisson.secret_key(generator): the "
+                                       "group assignment must be secret")
 
     @staticmethod
     def secret_key(gen: torch.Generator) -> int:
