@@ -62,6 +62,25 @@ def test_solve_noise_round_trip(steps, epsilon):
     assert 0.99 * epsilon <= achieved <= epsilon
 
 
+def test_solve_noise_on_a_given_grid_is_checked_on_that_grid():
+    """``grid``: every evaluation and the final check on that PLD grid, which may be finer than the
+    ledger's (here 1e-3): ε on the ledger's grid is then slightly above the target, never on its
+    own; a tighter ``tolerance`` lands closer to the target; ``calibrate`` passes its tolerance on."""
+    def event_of(scale: float) -> dpa.DpEvent:
+        return dpa.SelfComposedDpEvent(poisson_step(0.01, scale), 2000)
+
+    scale, achieved = solve_noise(event_of, epsilon=2.0, delta=DELTA, relation=ADD_REMOVE, tolerance=1e-4, grid=1e-4)
+    assert achieved == epsilon_of(event_of(scale), DELTA, ADD_REMOVE, "pld", 1e-4)
+    assert (1 - 2e-4) * 2.0 <= achieved <= 2.0 < epsilon_of(event_of(scale), DELTA, ADD_REMOVE)
+    tight = calibrate(dpopt.DPSGD(lr=0.1, clip=1.0, noise_multiplier=1.0, batch_size=20), epsilon=1.0, delta=DELTA,
+                      n=400, steps=50, tolerance=1e-4)
+    assert (1 - 2e-4) <= epsilon_of(tight.planned_event(400, 50), DELTA, ADD_REMOVE) <= 1.0
+    with pytest.raises(DpoptError, match=r"tolerance=0.5 must be in \(0, 0.5\)"):
+        solve_noise(event_of, epsilon=2.0, delta=DELTA, relation=ADD_REMOVE, tolerance=0.5)
+    with pytest.raises(DpoptError, match=r"grid=0.01 must be in \[1e-05, 0.001\]"):
+        solve_noise(event_of, epsilon=2.0, delta=DELTA, relation=ADD_REMOVE, grid=0.01)
+
+
 def test_calibrate_dpsrm_jointly_keeps_the_ratio():
     n, steps, epsilon = 400, 300, 1.0
     base = dpopt.DPSRM(lr=0.1, clip=1.0, clip_diff=0.1, gamma=0.1, noise_multiplier0=1.0, noise_multiplier=1.0,

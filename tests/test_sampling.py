@@ -222,3 +222,117 @@ def test_clients_label_split_gives_each_client_one_label_when_labels_are_balance
 def test_clients_refuse_bad_arguments(kwargs, message):
     with pytest.raises(DpoptError, match=re.escape(message)):
         sampling.Clients(**kwargs)
+
+
+# ------------------------------------------------------------------------------ cyclic Poisson sampling
+
+def test_cyclic_poisson_with_one_band_is_poisson():
+    """b = 1: the same draws from the same generator (state equal after), the same event."""
+    n, batch = 997, 40
+    plain, cyclic = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    for t in range(60):
+        sampler = sampling.CyclicPoisson(n, batch, 1, t)
+        assert torch.equal(sampler.sample(cyclic), sampling.Poisson.of(n, batch).sample(plain))
+        assert sampler.wrap(GAUSS) == sampling.Poisson.of(n, batch).wrap(GAUSS)
+    assert torch.equal(plain.get_state(), cyclic.get_state())
+    assert sampler.relation == NeighboringRelation.ADD_OR_REMOVE_ONE and sampler.expected_size == 40.0
+
+
+def residues_seen(sampler_at, n: int, steps: int, bands: int) -> list[set[int]]:
+    """For each record, the residues t mod b of the steps whose batch held it."""
+    gen, seen = torch.Generator().manual_seed(9), [set() for _ in range(n)]
+    for t in range(steps):
+        for i in sampler_at(t).sample(gen).tolist():
+            seen[i].add(t % bands)
+    return seen
+
+
+N, BATCH, BANDS, KEY = 1000, 50, 4, 123
+
+
+def test_cyclic_poisson_records_take_part_only_in_their_groups_steps():
+    """Over T = 400 steps, b = 4, q = b·B/n = 0.2: every record appears only at steps of one residue
+    mod b (its group's), and only when its group is sampled. Each record of a group is included
+    Binomial(100, 0.2) times; the total over the n records has mean 20,000 and sd √(1000·16) = 126:
+    allowed 5 sd."""
+    steps = 400
+    seen = residues_seen(lambda t: sampling.CyclicPoisson(N, BATCH, BANDS, t, KEY), N, steps, BANDS)
+    assert max(len(residues) for residues in seen) == 1
+    for g in range(BANDS):
+        assert all(seen[i] <= {g} for i in sampling.CyclicPoisson(N, BATCH, BANDS, g, KEY).group().tolist())
+    gen = torch.Generator().manual_seed(10)
+    total = sum(len(sampling.CyclicPoisson(N, BATCH, BANDS, t, KEY).sample(gen)) for t in range(steps))
+    assert abs(total - N * (steps // BANDS) * 0.2) <= 5 * math.sqrt(N * (steps // BANDS) * 0.2 * 0.8)
+
+
+class AllRecords(sampling.CyclicPoisson):
+    """Mutant: samples all n records at the group rate q while ``wrap`` accounts cyclic Poisson."""
+
+    def sample(self, gen: torch.Generator) -> torch.Tensor:
+        return sampling.Poisson(self.n, self.rate).sample(gen)
+
+
+def test_membership_check_catches_sampling_all_records():
+    seen = residues_seen(lambda t: AllRecords(N, BATCH, BANDS, t, KEY), N, 40, BANDS)
+    assert max(len(residues) for residues in seen) > 1
+
+
+def test_cyclic_poisson_groups_are_random_and_fixed_by_the_key():
+    """Each record's group is uniform and independent: group sizes ~ Binomial(1000, 1/4), mean 250,
+    sd 13.7 (allowed 5 sd); the groups partition the records; the same key gives the same groups,
+    another key others; the key is drawn from the run's generator."""
+    groups = [sampling.CyclicPoisson(N, BATCH, BANDS, g, KEY).group() for g in range(BANDS)]
+    assert torch.equal(torch.cat(groups).sort().values, torch.arange(N))
+    assert all(abs(len(group) - 250) <= 5 * math.sqrt(N * 0.25 * 0.75) for group in groups)
+    assert torch.equal(sampling.CyclicPoisson(N, BATCH, BANDS, 0, KEY).group(), groups[0])
+    assert not torch.equal(sampling.CyclicPoisson(N, BATCH, BANDS, 0, KEY + 1).group(), groups[0])
+    gen = torch.Generator().manual_seed(0)
+    assert sampling.CyclicPoisson.secret_key(gen) != sampling.CyclicPoisson.secret_key(gen)
+
+
+def test_cyclic_poisson_ledger_composes_the_busiest_groups_rounds():
+    """After t + 1 steps the recorded events compose ⌈(t + 1)/b⌉ rounds of PoissonSampled(q, ·);
+    after T they equal the planned banded event (double entry)."""
+    from dpopt.accounting import canonical, count_steps
+    from dpopt.correlation.events import banded_event
+
+    steps, recorded = 10, []
+    for t in range(steps):
+        recorded.append(sampling.CyclicPoisson(N, BATCH, BANDS, t, KEY).wrap(GAUSS))
+        assert count_steps(dpa.ComposedDpEvent(recorded)) == -(-(t + 1) // BANDS)
+    assert canonical(dpa.ComposedDpEvent(recorded)) == canonical(banded_event(1.7, 0.2, steps, BANDS))
+
+
+def test_cyclic_poisson_refuses_a_group_rate_above_one():
+    with pytest.raises(DpoptError, match=re.escape("bands=5 times batch_size=250 must be <= n=1000")):
+        sampling.CyclicPoisson(1000, 250, 5, key=KEY)
+    assert sampling.CyclicPoisson(1000, 250, 4, key=KEY).rate == 1.0
+    with pytest.raises(DpoptError, match=re.escape("step=-1 must be an integer >= 0")):
+        sampling.CyclicPoisson(1000, 10, 4, -1, KEY)
+    with pytest.raises(DpoptError, match=re.escape("bands=4 needs key=CyclicPoisson.secret_key(generator)")):
+        sampling.CyclicPoisson(1000, 10, 4)
+
+
+def test_one_band_with_banded_noise_is_dp_sgd_bit_for_bit():
+    """DP-SGD's own step against the same loop built from CyclicPoisson(b = 1) and the banded
+    mechanism: the same θ (torch.equal) and the same events at every step."""
+    from dpopt import clipping
+    from dpopt.correlation.noise import banded_gaussian, banded_noise
+    from dpopt.correlation.strategy import BandedToeplitz
+
+    oracle, steps = logistic_data(), 12
+    algo = dpopt.DPSGD(lr=0.5, clip=1.0, noise_multiplier=1.1, batch_size=40)
+    theta0 = torch.linspace(-1, 1, oracle.dim, dtype=torch.float64)
+    state = algo.init(theta0, steps, torch.Generator().manual_seed(0))
+    gen_a, gen_b, noise_a, noise_b = (torch.Generator().manual_seed(1), torch.Generator().manual_seed(1),
+                                      SeededNoise(2), SeededNoise(2))
+    theta, ring = theta0.clone(), banded_noise(theta0, BandedToeplitz.optimal(1, steps))
+    for t in range(steps):
+        sampler = algo.sampler(t, oracle.n)
+        state, event = algo.step(state, Batch(t, sampler.sample(gen_a), sampler), oracle, noise_a)
+        cyclic = sampling.CyclicPoisson(oracle.n, 40, 1, t)
+        rows = oracle.per_record(theta, cyclic.sample(gen_b))
+        clipped, _ = clipping.clip_sum([clipping.Term(1.0, rows, 1.0)], cyclic.relation)
+        noised, ring, released = banded_gaussian(clipped, 1.1, ring, noise_b, step=t)
+        theta = theta.add(noised, alpha=-0.5 / cyclic.expected_size)
+        assert torch.equal(theta, state.theta) and cyclic.wrap(released) == event

@@ -154,12 +154,17 @@ def gaussian(x: Bounded, noise_multiplier: float, source: NoiseSource,
     event = noise.event(noise_multiplier)
     if noise_multiplier == 0:
         return x.value, event
+    check_finite(x, noise_multiplier)
+    return noise.add(x, noise_multiplier, source), event
+
+
+def check_finite(x: Bounded, noise_multiplier: float) -> None:
+    """Noise of multiplier z > 0 needs a finite sensitivity to be scaled to."""
     if not math.isfinite(x.sensitivity):
         raise ValueError(
             f"noise_multiplier={noise_multiplier} needs a finite clip norm: the clipped value has "
             "unbounded sensitivity (clip=inf is allowed only with noise_multiplier=0)"
         )
-    return noise.add(x, noise_multiplier, source), event
 
 
 def noisy_argmin(scores: Bounded, rho: float, source: NoiseSource) -> tuple[int, dpa.DpEvent]:

@@ -100,6 +100,98 @@ class Poisson:
         return dpa.PoissonSampledDpEvent(self.rate, event)
 
 
+@functools.lru_cache(maxsize=8)
+def _groups(n: int, bands: int, key: int) -> tuple[Tensor, ...]:
+    """Group g's sorted record indices, g < ``bands``: each record's group drawn independently and
+    uniformly from a generator seeded with ``key``."""
+    assignment = torch.randint(bands, (n,), generator=torch.Generator().manual_seed(key))
+    return tuple(torch.nonzero(assignment == g).flatten() for g in range(bands))
+
+
+@dataclass(frozen=True)
+class CyclicPoisson:
+    """Cyclic Poisson sampling, step ``step`` of it: the records are split into b = ``bands``
+    groups, and step t Poisson-samples group t mod b at rate q = b·B/n (B = ``batch_size``, the
+    expected batch; b·B > n is refused: q would exceed 1). Add/remove-one adjacency; sums are
+    divided by the public B.
+
+    The groups: each record's group is drawn independently and uniformly at random, once per run,
+    from the secret ``key`` (:meth:`secret_key`: 63 bits of the run's generator, kept in the
+    algorithm's state so a resumed run has the same groups). Not by position (i mod b, or any
+    public function of the index): removing one record shifts the index of every later one, so
+    on the neighbouring data set many records would change group, and the argument below, which
+    holds the other records' groups fixed, would not apply. Independent draws do not depend on
+    the other records, so a record added or removed leaves every other group unchanged.
+
+    The guarantee (Choquette-Choo et al., NeurIPS 2023, arXiv 2306.08153, amplification for
+    b-banded matrices): for noise C⁻¹z with C lower-triangular, b-banded, of unit column norm, a
+    record of group g takes part only at steps g, g + b, …, each time independently with
+    probability q, and its columns of C have disjoint supports; for every assignment of the
+    groups, and so for the random one too (a mixture of (ε, δ)-DP mechanisms is (ε, δ)-DP), the run
+    is dominated by ⌈T/b⌉ compositions of PoissonSampled(q, Gaussian(z)) — the busiest group's
+    rounds (:func:`dpopt.correlation.events.banded_event`). Hence :meth:`wrap` returns that
+    event at the steps that start a round of group 0 (t mod b = 0) and ``NoOpDpEvent`` at the
+    others: a ledger over the first t + 1 steps composes exactly ⌈(t + 1)/b⌉ rounds, which no
+    group exceeds. This is sound only for releases through such a strategy with the same z and
+    Δ at every step (:func:`dpopt.correlation.noise.banded_gaussian` commits them), never for
+    independent noise with b > 1.
+
+    b = 1 is :class:`Poisson` of rate B/n: the same draws from the same generator (no key is used,
+    none need be drawn), the same event.
+    """
+
+    n: int
+    batch_size: int
+    bands: int
+    step: int = 0
+    key: int | None = None
+
+    relation = NeighboringRelation.ADD_OR_REMOVE_ONE
+
+    def __post_init__(self) -> None:
+        _validate.positive_int("n", self.n)
+        _validate.positive_int("batch_size", self.batch_size, maximum=self.n, maximum_name="n")
+        _validate.positive_int("bands", self.bands)
+        if self.bands * self.batch_size > self.n:
+            raise _validate.DpoptError(
+                f"bands={self.bands} times batch_size={self.batch_size} must be <= n={self.n}: each step samples "
+                f"one of {self.bands} groups of about n/bands records at rate bands·batch_size/n, which must be <= 1")
+        if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 0:
+            raise _validate.DpoptError(f"step={self.step!r} must be an integer >= 0")
+        if self.bands > 1 and self.key is None:  # a default key would make the assignment public
+            raise _validate.DpoptError(f"bands={self.bands} needs key=CyclicPoisson.secret_key(generator): the "
+                                       "group assignment must be secret")
+
+    @staticmethod
+    def secret_key(gen: torch.Generator) -> int:
+        """A group assignment's key: 63 bits drawn from the run's (secret) generator."""
+        return int(torch.randint(2**63 - 1, (), generator=gen))
+
+    @property
+    def rate(self) -> float:
+        return self.bands * self.batch_size / self.n
+
+    @property
+    def expected_size(self) -> float:
+        return float(self.batch_size)
+
+    def group(self) -> Tensor:
+        """The sorted indices of the records of this step's group, t mod b."""
+        if self.bands == 1:
+            return torch.arange(self.n)
+        return _groups(self.n, self.bands, self.key)[self.step % self.bands]
+
+    def sample(self, gen: torch.Generator) -> Tensor:
+        """Each record of this step's group independently with probability q (sorted indices)."""
+        if self.bands == 1:
+            return Poisson(self.n, self.rate).sample(gen)
+        members = self.group()
+        return members[Poisson(len(members), self.rate).sample(gen)]
+
+    def wrap(self, event: dpa.DpEvent) -> dpa.DpEvent:
+        return dpa.PoissonSampledDpEvent(self.rate, event) if self.step % self.bands == 0 else dpa.NoOpDpEvent()
+
+
 @dataclass(frozen=True)
 class FixedSize:
     """A uniformly random subset of exactly ``size`` records, without replacement.

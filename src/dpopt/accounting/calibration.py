@@ -18,7 +18,7 @@ from dp_accounting import NeighboringRelation
 from scipy import optimize, special
 
 from .. import _validate
-from .epsilon import accountant_for, epsilon_of, ledger_grid
+from .epsilon import COARSE_DISCRETIZATION, FINEST_DISCRETIZATION, accountant_for, epsilon_of, ledger_grid
 
 
 def _root(gap: Callable[[float], float], start: float, accept: float) -> float:
@@ -105,7 +105,7 @@ def _gdp_start(event_of: Callable[[float], dpa.DpEvent], epsilon: float, delta: 
 
 def solve_noise(event_of: Callable[[float], dpa.DpEvent], *, epsilon: float, delta: float,
                 relation: NeighboringRelation, accountant: str = "pld",
-                tolerance: float = 0.005) -> tuple[float, float]:
+                tolerance: float = 0.005, grid: float | None = None) -> tuple[float, float]:
     """The smallest noise scale s (to ``tolerance``) with ε(event_of(s)) ≤ ``epsilon``.
 
     ε is decreasing in s. The search starts at the Gaussian-DP (central limit) approximation's
@@ -114,10 +114,19 @@ def solve_noise(event_of: Callable[[float], dpa.DpEvent], *, epsilon: float, del
     checked with :func:`epsilon_of` exactly as the ledger computes it and nudged up until it
     passes. Achieved ε ≤ ``epsilon`` and ≥ (1 − 2·tolerance)·``epsilon``. Returns ``(s, achieved ε)``.
     An ``epsilon`` above :data:`~dpopt._validate.IMPLAUSIBLE_EPSILON` is solved for, with a warning.
+
+    ``grid``: a PLD grid for every evaluation and the final check instead of the ledger's (for a
+    number reported to more digits than the ledger's grid resolves, e.g. ``tolerance=1e-4`` with
+    ``grid=1e-4``: PLD on any grid is an upper bound on ε, finer grids are tighter). A training run
+    keeps the default, so that its ledger, on its own grid, meets the target.
     """
     _validate.positive("epsilon", epsilon)
     _validate.plausible_epsilon(epsilon)
     _validate.open_unit("delta", delta)
+    if not 0 < tolerance < 0.5:
+        raise _validate.DpoptError(f"tolerance={tolerance!r} must be in (0, 0.5)")
+    if grid is not None and not FINEST_DISCRETIZATION <= grid <= COARSE_DISCRETIZATION:
+        raise _validate.DpoptError(f"grid={grid!r} must be in [{FINEST_DISCRETIZATION}, {COARSE_DISCRETIZATION}]")
     kind = accountant_for(event_of(1.0), relation, accountant)
     accept = math.log(1 - tolerance)
 
@@ -128,20 +137,21 @@ def solve_noise(event_of: Callable[[float], dpa.DpEvent], *, epsilon: float, del
         return gap
 
     scale = _gdp_start(event_of, epsilon, delta)
-    if kind == "rdp":
-        scale = _root(gap_on(None), scale, accept)
+    if kind == "rdp" or grid is not None:
+        scale = _root(gap_on(grid if kind == "pld" else None), scale, accept)
     else:  # on the grid the ledger picks near the answer (it changes by half decades, rarely twice)
-        grid = None
+        picked = None
         for _ in range(3):
             wanted = ledger_grid(event_of(scale), delta, relation)
-            if wanted == grid:
+            if wanted == picked:
                 break
-            grid = wanted
-            scale = _root(gap_on(grid), scale, accept)
-    achieved = epsilon_of(event_of(scale), delta, relation, kind)
+            picked = wanted
+            scale = _root(gap_on(picked), scale, accept)
+    final = grid if kind == "pld" else None
+    achieved = epsilon_of(event_of(scale), delta, relation, kind, final)
     while achieved > epsilon:
         scale *= 1 + tolerance / 2
-        achieved = epsilon_of(event_of(scale), delta, relation, kind)
+        achieved = epsilon_of(event_of(scale), delta, relation, kind, final)
     return scale, achieved
 
 
@@ -155,15 +165,17 @@ def scaled(algorithm: Any, scale: float, ratios: Sequence[float] | None = None) 
 
 
 def calibrate(algorithm: Any, *, epsilon: float, delta: float, n: int, steps: int,
-              ratios: Sequence[float] | None = None, accountant: str = "pld") -> Any:
+              ratios: Sequence[float] | None = None, accountant: str = "pld", tolerance: float = 0.005) -> Any:
     """``algorithm`` with its noise multipliers set so the whole run is (ε, δ)-DP.
 
     Bisects on a common scale s of all noise multipliers (fixed ratios, default
     ``algorithm.noise_ratios``) using ``algorithm.planned_event(n, steps)`` — the same event
-    the ledger must equal after the run. Achieved ε ≤ ``epsilon`` and within 1 % of it.
+    the ledger must equal after the run. Achieved ε ≤ ``epsilon`` and ≥ (1 − 2·``tolerance``)·ε
+    (within 1 % by default), on the ledger's own PLD grid.
     """
     _validate.positive_int("steps", steps)
     relation = algorithm.relation()
     scale, _ = solve_noise(lambda s: scaled(algorithm, s, ratios).planned_event(n, steps),
-                           epsilon=epsilon, delta=delta, relation=relation, accountant=accountant)
+                           epsilon=epsilon, delta=delta, relation=relation, accountant=accountant,
+                           tolerance=tolerance)
     return scaled(algorithm, scale, ratios)
