@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from collections.abc import Sequence
 from typing import Any, Generic, Protocol
 
@@ -28,11 +27,8 @@ from . import _validate
 from .accounting import RELATION_NAMES, Ledger, accountant_for, epsilon_of, guarantee, scaled, solve_noise
 from .base import S, Algorithm
 
-#: δ at or above 1/n lets a mechanism publish one whole record with probability δ and still
-#: claim (ε, δ): such a δ is refused unless ``allow_large_delta`` says it is meant.
-LARGE_DELTA = "delta={delta!r} >= 1/n = 1/{n}: a guarantee with δ ≥ 1/n allows releasing a whole record with " \
-              "probability δ; use delta < 1/n (e.g. {suggested:.0e}), or pass allow_large_delta=True " \
-              "(--allow-large-delta) if that is meant"
+#: How a user accepts δ ≥ 1/n knowingly, in the Python API and on the command line.
+OVERRIDE = "allow_large_delta=True (--allow-large-delta)"
 
 
 class Selection(Protocol):
@@ -50,7 +46,9 @@ class Plan(Generic[S]):
     ``accountant`` ("pld" or "rdp"; a plan whose events PLD cannot compose is accounted by RDP,
     :attr:`accountant_used`). ``selection``: a private tuning's number of trials (None: one run).
     ``noise_ratios``: the fixed ratios of the noise multipliers calibration scales (default the
-    algorithm's). Immutable: :meth:`calibrated` returns a new plan."""
+    algorithm's). δ must be below 1/n unless ``allow_large_delta``
+    (:func:`dpopt._validate.meaningful_delta` says why). Immutable: :meth:`calibrated` returns a
+    new plan."""
 
     algorithm: Algorithm[S]
     n: int
@@ -64,10 +62,8 @@ class Plan(Generic[S]):
     def __post_init__(self) -> None:
         _validate.positive_int("n", self.n)
         _validate.positive_int("steps", self.steps)
-        _validate.open_unit("delta", self.delta)
-        if self.delta >= 1 / self.n and not self.allow_large_delta:
-            raise _validate.DpoptError(LARGE_DELTA.format(delta=self.delta, n=self.n,
-                                                          suggested=10 ** math.floor(math.log10(0.1 / self.n))))
+        _validate.meaningful_delta(self.delta, self.n, allow_large_delta=self.allow_large_delta,
+                                   override=OVERRIDE)
         if self.noise_ratios is not None:
             object.__setattr__(self, "noise_ratios", tuple(float(r) for r in self.noise_ratios))
 
@@ -162,3 +158,10 @@ def plan_for(algorithm: Algorithm[S], *, n: int, steps: int, delta: float, epsil
                 noise_ratios=None if noise_ratios is None else tuple(noise_ratios),
                 allow_large_delta=allow_large_delta)
     return plan if epsilon is None else plan.calibrated(epsilon)
+
+
+def steps_for_epochs(algorithm: Algorithm[Any], n: int, epochs: float) -> int:
+    """Steps whose expected records visited come closest to ``epochs``·n (at least one)."""
+    _validate.positive("epochs", epochs)
+    per_step = algorithm.sampler(1, n).expected_size
+    return max(1, round(epochs * n / per_step))

@@ -72,6 +72,17 @@ class Knobs:
     output_rule: str = "uniform"
     noise_ratios: tuple[float, ...] | None = None
 
+    @classmethod
+    def of(cls, n: int, **given: Any) -> Knobs:
+        """The knobs for ``n`` records with the hyper-parameters ``given`` by name (the others at their
+        defaults); an unknown name is refused with the list of known ones."""
+        known = {field.name for field in dataclasses.fields(cls)} - {"n"}
+        unknown = sorted(set(given) - known)
+        if unknown:
+            raise _validate.DpoptError(f"options {unknown} are not hyper-parameters of any algorithm; known: "
+                                       f"{', '.join(sorted(known))}")
+        return cls(n=n, **given)
+
     @property
     def first_batch(self) -> int:
         """The first batch of the momentum methods (DP-SRM, STORM): twice the batch, capped at n."""

@@ -99,7 +99,7 @@ class GLM:
     """
 
     #: gradients are closed-form: training steps run under ``torch.inference_mode``
-    uses_autograd = False
+    closed_form = True  #: dpopt.base.ClosedForm: steps run in inference mode
 
     def __init__(self, X: Tensor, y: Tensor, *, reg: float = 0.0) -> None:
         self.X = torch.as_tensor(X, dtype=torch.float64)
