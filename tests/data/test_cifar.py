@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from dpopt.data import DataError, fetch, info, load
-from dpopt.data import registry
+from dpopt.data.catalogue import Catalogue, shipped
 from dpopt.data.cifar import TEST_MEMBER, TRAIN_MEMBERS, read_cifar10
 
 ARCHIVE = "cifar-10-python.tar.gz"
@@ -181,7 +181,7 @@ def test_registry_entry():
 
 def test_registry_parser_is_the_reader(fake):
     path, _ = fake
-    for ours, theirs in zip(registry._REGISTRY["cifar10"].parse([path]), read_cifar10(path)):
+    for ours, theirs in zip(shipped().entry("cifar10").parse([path]), read_cifar10(path)):
         assert np.array_equal(ours, theirs)
 
 
@@ -193,7 +193,7 @@ def test_missing_archive_says_how_to_fetch(tmp_path):
     assert "run `dpopt data fetch cifar10` or pass --data-dir/DPOPT_DATA" in message
 
 
-def test_load_checks_the_size_and_sha256_before_unpickling_anything(tmp_path, monkeypatch):
+def test_load_checks_the_size_and_sha256_before_unpickling_anything(tmp_path):
     marker = tmp_path / "pwned"
     members, _ = fake_members()
     members[TRAIN_MEMBERS[0]] = evil_pickle("os", "system", marker)
@@ -203,12 +203,11 @@ def test_load_checks_the_size_and_sha256_before_unpickling_anything(tmp_path, mo
     with pytest.raises(DataError, match=f"{ARCHIVE} is corrupt: size {size:,} bytes != expected 170,498,071; "
                                         "run `dpopt data fetch cifar10` to download it again$"):
         load("cifar10", tmp_path)
-    spec = registry._REGISTRY["cifar10"]  # an archive of the registered size: its sha256 refuses it
-    monkeypatch.setitem(registry._REGISTRY, "cifar10",
-                        dataclasses.replace(spec, files=(dataclasses.replace(spec.files[0], size=size),)))
+    entry = shipped().entry("cifar10")  # an archive of the catalogued size: its sha256 refuses it
+    resized = dataclasses.replace(entry, files=(dataclasses.replace(entry.files[0], size=size),))
     with pytest.raises(DataError, match=f"{ARCHIVE} is corrupt: sha256 [0-9a-f]{{64}} != expected {SHA256}; "
                                         "run `dpopt data fetch cifar10` to download it again$"):
-        load("cifar10", tmp_path)
+        load("cifar10", tmp_path, catalogue=Catalogue({"cifar10": resized}))
     assert not marker.exists()
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dpopt.data import DataError, Dataset, fetch, info, load, names
-from dpopt.data.registry import _pima
+from dpopt.data.parsers import pima
 
 CSV = "pima_indians_diabetes.csv"
 SHA256 = "fb921ad6e7a338044c272cede111fa19a433b9cc86e41a0347e83753869a19b5"
@@ -114,4 +114,4 @@ def test_parser_names_the_file_of_a_malformed_csv(tmp_path: Path, text: str, exp
     path = tmp_path / CSV
     path.write_text(text)
     with pytest.raises(DataError, match=f"^file {re.escape(str(path))} {expected}"):
-        _pima([path])
+        pima([path])

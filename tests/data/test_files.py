@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from dpopt.data import DataError, load, registry
+from dpopt.data import DataError, fetch, files, load, loader
 
 CSV = "pima_indians_diabetes.csv"
 
@@ -27,11 +27,11 @@ def diabetes_copy(shared_data_dir: Path, target: Path) -> Path:
 
 @pytest.fixture
 def no_hashing(monkeypatch):
-    """Any sha256 computed by the registry fails the test: a refusal must come before reading."""
+    """Any sha256 computed while files are checked fails the test: a refusal must come before reading."""
     def refuse(*args):
         raise AssertionError("the file was hashed before its size was checked")
 
-    monkeypatch.setattr(registry, "hashlib", SimpleNamespace(sha256=refuse))
+    monkeypatch.setattr(files, "hashlib", SimpleNamespace(sha256=refuse))
 
 
 def test_a_huge_file_is_refused_by_its_size_before_it_is_read(tmp_path, no_hashing):
@@ -110,8 +110,8 @@ def test_the_bytes_parsed_are_the_bytes_hashed(tmp_path, shared_data_dir, monkey
             path.write_bytes(bytes(swapped))  # the attacker's moment: after the hash, before the parse
             return self.digest.hexdigest()
 
-    monkeypatch.setattr(registry, "hashlib", SimpleNamespace(sha256=Swapping))
-    monkeypatch.setattr(registry, "_PARSED", {})  # parse again, not from the cache
+    monkeypatch.setattr(files, "hashlib", SimpleNamespace(sha256=Swapping))
+    monkeypatch.setattr(loader, "_PARSED", {})  # parse again, not from the cache
     loaded = load("diabetes", tmp_path)
     assert path.read_bytes() == bytes(swapped)  # the swap happened
     assert np.array_equal(loaded.y_train, genuine.y_train) and np.array_equal(loaded.X_train, genuine.X_train)
@@ -120,7 +120,7 @@ def test_the_bytes_parsed_are_the_bytes_hashed(tmp_path, shared_data_dir, monkey
 def test_loading_leaves_no_private_copy(tmp_path, shared_data_dir, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
-    monkeypatch.setattr(registry.tempfile, "tempdir", None)  # re-read TMPDIR
+    monkeypatch.setattr(loader.tempfile, "tempdir", None)  # re-read TMPDIR
     load("diabetes", shared_data_dir)
     assert list((tmp_path / "tmp").iterdir()) == []
 
@@ -129,5 +129,5 @@ def test_a_download_larger_than_the_file_is_cut_short(server, tmp_path):
     (server.root / "ijcnn1.trn.bz2").write_bytes(bytes(5_000_000))
     with pytest.raises(DataError, match=r"^download .*/ijcnn1.trn.bz2 is corrupt: more than 1,395,175 bytes "
                                         r"\(expected 1,395,175\); nothing was written to "):
-        registry.fetch("ijcnn1", tmp_path, base_url=server.url)
+        fetch("ijcnn1", tmp_path, base_url=server.url)
     assert list((tmp_path / "ijcnn1").iterdir()) == []

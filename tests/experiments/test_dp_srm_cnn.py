@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from dpopt.data.libsvm import DataError
+from dpopt.data import DataError
 from dpopt.experiments import dp_srm_cnn
 from dpopt.experiments._runner import steps_for_passes
 from dpopt.experiments.reproduce import reproduce

@@ -2,7 +2,7 @@
 every model, before training.
 
 Each record is prepared on its own, with public numbers only (ranges the user gives or a data
-set's registration declares, never statistics of the data). So neighbouring data sets stay
+set's catalogue entry declares, never statistics of the data). So neighbouring data sets stay
 neighbouring after preparation, the preparation costs no privacy, and the training's guarantee
 holds for the raw records. Values outside a range are clipped to it, not refused (refusing
 would reveal that a record lies outside).
@@ -25,14 +25,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from dpopt._validate import DpoptError
-
-if TYPE_CHECKING:
-    from dpopt.data.registry import Dataset
+from dpopt.data.dataset import Dataset
 
 
 class Preparation(Protocol):

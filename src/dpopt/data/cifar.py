@@ -35,7 +35,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from dpopt.data.libsvm import DataError
+from dpopt.data.dataset import DataError
 
 try:  # numpy >= 2 (and the forward-compatibility alias of late numpy 1.x)
     from numpy._core.multiarray import _reconstruct
@@ -83,8 +83,8 @@ def read_cifar10(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray, 
     layout ``[R(1024) G(1024) B(1024)]`` (reshape a row to ``[3, 32, 32]``); ``y`` float64 class
     indices 0.0 … 9.0. Training rows are ``data_batch_1`` … ``data_batch_5`` in order.
 
-    **Call it only on an archive whose sha256 was verified** (the registry does so before
-    parsing): batches are pickles. The restricted unpickler refuses any global other than
+    **Call it only on an archive whose sha256 was verified** (:func:`dpopt.data.load` does so
+    before parsing): batches are pickles. The restricted unpickler refuses any global other than
     those of a numpy array. A missing member, a pickle that refers to another global, or a
     batch that is not a dict of uint8 ``[n, 3072]`` data and n labels 0-9 raises
     :class:`DataError` naming the archive and the member.

@@ -5,7 +5,7 @@ in C order, big-endian (LeCun, Cortes & Burges, "THE MNIST DATABASE of handwritt
 file format section). The magic's first two bytes are zero, the third is the item type and
 the fourth the number of dimensions; MNIST uses 2049 = ``0x00000801`` (labels: uint8, one
 dimension) and 2051 = ``0x00000803`` (images: uint8, three dimensions). Every type of the
-format is read; the registry's MNIST parser checks the shapes it expects on top.
+format is read; the MNIST parser (:mod:`dpopt.data.parsers`) checks the shapes it expects on top.
 
 gzip input is recognised by its own magic bytes (``1f 8b``), not by the file name, so a
 decompressed copy named ``*.gz`` or a compressed one without the suffix both work.
@@ -21,7 +21,7 @@ from typing import IO
 
 import numpy as np
 
-from dpopt.data.libsvm import DataError
+from dpopt.data.dataset import DataError
 
 __all__ = ["IDX_LABELS", "IDX_IMAGES", "read_idx"]
 

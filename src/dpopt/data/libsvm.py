@@ -6,10 +6,6 @@ feature indices. The whole file is tokenised with numpy on its raw bytes; plain 
 by a vectorised Horner scheme that gives exactly the same float64 as Python's ``float``.
 Any other token (exponents, ``nan``, junk) goes through ``float`` one by one, so odd files
 stay correct and bad ones are reported with their line number.
-
-This module also defines :class:`DataError`, the error raised by the whole
-:mod:`dpopt.data` package (it lives here, in the leaf module, so that the registry can
-import the reader without an import cycle).
 """
 
 from __future__ import annotations
@@ -26,12 +22,8 @@ from typing import IO, Any, NamedTuple
 
 import numpy as np
 
-from dpopt._validate import DpoptError, positive_int
-
-
-class DataError(DpoptError):
-    """A data file or data set cannot be used: the message names it and what to do."""
-
+from dpopt._validate import positive_int
+from dpopt.data.dataset import DataError
 
 _OPENERS: dict[str, Callable[..., IO[bytes]]] = {
     ".bz2": bz2.open,

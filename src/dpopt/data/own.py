@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 
 from dpopt._validate import one_of, positive_int
-from dpopt.data.libsvm import DataError, read_libsvm_lines
-from dpopt.data.registry import TASKS, Dataset
+from dpopt.data.dataset import TASKS, DataError, Dataset
+from dpopt.data.libsvm import read_libsvm_lines
 
 LIBSVM_SUFFIXES = (".libsvm", ".svm")
 #: The share of a file's rows held out for testing, and the public seed of the hash that holds them out.

@@ -30,7 +30,7 @@ import numbers
 import numpy as np
 
 from dpopt._validate import DpoptError, one_of, positive_int
-from dpopt.data.registry import Dataset
+from dpopt.data.dataset import Dataset
 
 __all__ = ["NOISES", "SYNTHETIC_TASKS", "heavy_tailed"]
 

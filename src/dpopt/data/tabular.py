@@ -15,16 +15,11 @@ import lzma
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dpopt.data.libsvm import DataError
+from dpopt.data.dataset import Arrays, DataError, Dataset
 
-if TYPE_CHECKING:
-    from dpopt.data.registry import Dataset
-
-Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 SPLIT_SEED = 0
 TRAIN_FRACTION = 0.8
 
@@ -110,8 +105,6 @@ def prepared(dataset: Dataset) -> Dataset:
     """The paper's preparation of a loaded data set: features standardised (statistics of the
     training rows, applied to both splits) and, for regression, the target divided by its
     maximum absolute value over the whole data set (train and test)."""
-    from dpopt.data.registry import Dataset  # the registry imports these parsers
-
     X_train, X_test = standardise(dataset.X_train, dataset.X_test)
     y_train, y_test = dataset.y_train, dataset.y_test
     if dataset.task == "regression":
