@@ -44,7 +44,7 @@ from torch.utils.data import TensorDataset
 from dpopt import audit
 from dpopt._validate import DpoptError
 from dpopt.accounting import calibrate
-from dpopt.algorithms.by_name import build
+from dpopt.algorithms.registry import build
 from dpopt.audit import bounds, worlds
 from dpopt.oracles import TorchModel, ghost
 from dpopt.tuning.private import tune, tuning_plan

@@ -17,7 +17,8 @@ import dpopt
 from dpopt import accounting, checkpoint, journal
 from dpopt._validate import DpoptError
 from dpopt.accounting import canonical
-from dpopt.algorithms.by_name import build, steps_for_epochs
+from dpopt.algorithms.registry import build
+from dpopt.plan import steps_for_epochs
 from dpopt.oracles import TorchModel
 
 N, DELTA = 200, 1e-5

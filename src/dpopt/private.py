@@ -101,7 +101,7 @@ class Private:
     one loss per record (``reduction="none"``). ``data``: a map-style dataset of ``(x, y)``
     pairs (``__getitem__``/``__len__``, e.g. a ``torch.utils.data.Dataset``; read lazily, only the
     records of each batch), a ``TensorDataset`` or a pair of tensors. ``algorithm``: a name of
-    :mod:`dpopt.algorithms.by_name` (built with ``batch_size``, ``clip`` and ``options``; ``lr``
+    :mod:`dpopt.algorithms.registry` (built with ``batch_size``, ``clip`` and ``options``; ``lr``
     matters only to ``step()``) or an algorithm object. ``epsilon``: calibrate the noise to
     (ε, ``delta``) for the planned steps (``epochs`` or ``steps``); None keeps an algorithm
     object's noise multipliers. ``seed``: None draws the sampling and the noise from a seed

@@ -148,6 +148,7 @@ def entry(name: str) -> Entry:
     return REGISTRY[_validate.one_of("algorithm", name, NAMES)]
 
 
-def build(name: str, knobs: Knobs) -> Algorithm[Any]:
-    """Algorithm ``name`` built from ``knobs`` (noise multipliers at 1, for calibration)."""
-    return entry(name).build(knobs)
+def build(name: str, *, n: int, **given: Any) -> Algorithm[Any]:
+    """Algorithm ``name`` for ``n`` records with the hyper-parameters ``given`` by name
+    (:meth:`Knobs.of`), its noise multipliers at 1 for calibration."""
+    return entry(name).build(Knobs.of(n, **given))
