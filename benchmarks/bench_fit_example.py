@@ -40,7 +40,8 @@ def measure(epochs: float) -> dict[str, Any]:
     import dpopt
     from dpopt import train
     from dpopt.accounting import Ledger
-    from dpopt.algorithms.by_name import build, steps_for_epochs
+    from dpopt.algorithms.registry import build
+    from dpopt.plan import steps_for_epochs
     from dpopt.data import load
     from dpopt.models import make_model
     from dpopt.oracles import TorchModel

@@ -30,7 +30,8 @@ import dpopt
 from dpopt import accounting, audit, clipping, mechanisms
 from dpopt._validate import DpoptError
 from dpopt.algorithms import DIFF2, DPSGD
-from dpopt.algorithms.by_name import NAMES, NON_PRIVATE, build
+from dpopt.algorithms.registry import NAMES, PRIVATE, build
+from dpopt.plan import Plan
 from dpopt.audit import bounds, worlds
 from dpopt.cli import main
 from dpopt.oracles import ghost
@@ -106,7 +107,7 @@ def test_smallest_refutable_epsilon_is_the_audits_power():
 def test_bad_audit_arguments_are_named():
     algo = build("dp-sgd", n=10, batch_size=5)
     with pytest.raises(DpoptError, match="runs=2 must be >= 4"):
-        audit.audit(algo, name="dp-sgd", steps=1, dataset_size=9, runs=2)
+        audit.audit(Plan(algo, n=10, steps=1, delta=1e-5), name="dp-sgd", runs=2)
     with pytest.raises(DpoptError, match="confidence=1.5 must be in"):
         bounds.lower_bound(bounds.GaussianDP(), np.zeros(4), np.zeros(4), 0.05, 1.5)
 
@@ -152,8 +153,8 @@ def test_a_separable_world_is_independent_runs():
     n, b, steps = 100, 50, 4
     algo = DPSGD(lr=1.0, clip=1.0, noise_multiplier=1.0, batch_size=b)
     place = worlds.world(algo, "dp-sgd", n, steps)
-    seen = audit.observations(algo, place, worlds.ClosedForm(), audit.Final(), present=True, steps=steps,
-                              runs=2_000, seed=3)
+    seen = audit.observations(Plan(algo, n=n, steps=steps, delta=1e-5), place, worlds.ClosedForm(), audit.Final(),
+                              present=True, runs=2_000, seed=3)
     q, unit = b / n, 1.0 / b
     mean, var = steps * q * unit, steps * (q * (1 - q) + 1.0) * unit ** 2
     assert abs(-seen.mean() - mean) <= 6 * math.sqrt(var / len(seen))
@@ -357,7 +358,7 @@ ISOLATED = worlds.Module("ghost", layers=lambda width: [BatchCentring()])
 
 @dataclass(frozen=True)
 class Case:
-    """``name``: the algorithm (by_name, and its canary world); built for ``n`` + 1 records with
+    """``name``: the algorithm (by name in the registry, and its canary world); built for ``n`` + 1 records with
     expected batch ``batch``; ``mutate`` turns the honest algorithm into what runs and claims;
     the audit's settings follow."""
 
@@ -385,12 +386,17 @@ def calibrated(case: Case, mutate: Callable[[Any], Any]) -> Any:
     return mutate(accounting.scaled(base, scale))
 
 
+def planned(case: Case, algorithm: Any) -> Plan[Any]:
+    """The plan the audit of ``case`` claims: ``algorithm`` on D′'s n + 1 records at the case's δ
+    (an audit's δ may be ≥ 1/n: it is the δ the claim is checked at)."""
+    return Plan(algorithm, n=case.n + 1, steps=case.steps, delta=case.delta, allow_large_delta=True)
+
+
 def run_audit(case: Case, *, twin: bool = False) -> audit.AuditResult:
     mutate = case.twin if twin else case.mutate
     engine = (case.twin_engine or case.engine) if twin else case.engine
-    return audit.audit(calibrated(case, mutate), name=case.name, steps=case.steps, dataset_size=case.n,
-                       runs=case.runs, delta=case.delta, bound=case.bound, threat_model=case.threat, engine=engine,
-                       canary=case.canary, seed=11)
+    return audit.audit(planned(case, calibrated(case, mutate)), name=case.name, runs=case.runs, bound=case.bound,
+                       threat_model=case.threat, engine=engine, canary=case.canary, seed=11)
 
 
 SMALL = dict(runs=2_000, delta=0.05, bound=bounds.ClopperPearson())  # one slot per run: fewer, costlier runs
@@ -433,7 +439,7 @@ def test_every_mutant_is_flagged_and_its_honest_twin_is_not(key):
 #: whose steps run a line search, for 2 steps; O2NC for one window of 10 steps, one period).
 STEPS = {"dp-agd": 2, "o2nc-zeroth": 10, "o2nc-first": 10, "o2nc-multi": 10}
 HONEST = {name: Case(name, honest, steps=STEPS.get(name, 5), n=49, batch=10, runs=300 if name.startswith("o2nc") else 600,
-                     delta=0.05, bound=bounds.ClopperPearson()) for name in NAMES if name not in NON_PRIVATE}
+                     delta=0.05, bound=bounds.ClopperPearson()) for name in PRIVATE}
 
 
 @pytest.mark.parametrize("name", list(HONEST))
@@ -446,7 +452,7 @@ def test_every_landed_algorithm_passes_its_audit(name):
 def test_a_non_private_method_is_caught():
     """STORM releases its clipped-free gradients exactly: the canary is found every time."""
     algo = build("storm", n=50, batch_size=10, lr=1.0)
-    result = audit.audit(algo, name="storm", steps=5, dataset_size=49, runs=1_000, delta=0.05,
+    result = audit.audit(Plan(algo, n=50, steps=5, delta=0.05, allow_large_delta=True), name="storm", runs=1_000,
                          bound=bounds.ClopperPearson())
     assert math.isinf(result.claimed_epsilon)
     assert result.epsilon_lower_bound > 4  # ln(0.95/0.0037) ≈ 5.5 with no errors in 500 held-out runs
@@ -463,7 +469,7 @@ def test_one_run_audit_flags_a_quarter_of_the_noise_and_passes_the_honest_run():
     case = Case("dp-sgd", honest, steps=10, n=399, batch=200)
     results = {}
     for label, mutate in (("honest", honest), ("noise/4", noise_divided_by(4))):
-        results[label] = audit.audit_one_run(calibrated(case, mutate), name="dp-sgd", steps=10, dataset_size=399,
+        results[label] = audit.audit_one_run(planned(case, calibrated(case, mutate)), name="dp-sgd",
                                              engine=worlds.Module("ghost"), seed=5)
     assert results["honest"].runs == 400 and results["honest"].bound == "one-run"
     assert results["honest"].epsilon_lower_bound <= results["honest"].claimed_epsilon

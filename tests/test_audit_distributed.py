@@ -14,7 +14,7 @@ import torch
 from dpopt import audit
 from dpopt.audit import bounds, worlds
 from dpopt.distributed import TorchDistributed, launch
-from tests.test_audit import Case, calibrated, honest, noise_divided_by
+from tests.test_audit import Case, calibrated, honest, noise_divided_by, planned
 
 SHARDED = Case("dp-sgd", honest, steps=20, n=99, batch=50, runs=4_000, engine=worlds.DataParallel())
 #: DIFF2-GD, one restart round, 10 clients of 5 records (the canary in the first client's shard).
@@ -31,11 +31,11 @@ def audit_on_rank() -> dict[str, Any]:
     found = {}
     for label, mutate in (("honest", honest), ("noise/2", noise_divided_by(2))):
         found[f"sharded {label}"] = audit.audit(
-            calibrated(SHARDED, mutate), name="dp-sgd", steps=SHARDED.steps, dataset_size=SHARDED.n,
-            runs=SHARDED.runs, engine=SHARDED.engine, seed=11).to_dict()
+            planned(SHARDED, calibrated(SHARDED, mutate)), name="dp-sgd", runs=SHARDED.runs, engine=SHARDED.engine,
+            seed=11).to_dict()
         found[f"diff2 {label}"] = audit.audit(
-            calibrated(FEDERATED, on_ranks(mutate)), name="diff2-gd", steps=1, dataset_size=FEDERATED.n, runs=FEDERATED.runs,
-            delta=FEDERATED.delta, bound=FEDERATED.bound, seed=11).to_dict()
+            planned(FEDERATED, calibrated(FEDERATED, on_ranks(mutate))), name="diff2-gd", runs=FEDERATED.runs,
+            bound=FEDERATED.bound, seed=11).to_dict()
     return found
 
 

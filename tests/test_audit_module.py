@@ -44,10 +44,10 @@ from torch.utils.data import TensorDataset
 from dpopt import audit
 from dpopt._validate import DpoptError
 from dpopt.accounting import calibrate
-from dpopt.algorithms.by_name import build
+from dpopt.algorithms.registry import build
 from dpopt.audit import bounds, worlds
 from dpopt.oracles import TorchModel, ghost
-from dpopt.tuning.private import calibrate_tuning, tune
+from dpopt.tuning.private import tune, tuning_plan
 from dpopt.tuning.space import Space
 from dpopt.tuning.trials import TruncatedNegativeBinomial
 
@@ -277,8 +277,7 @@ class Tuning:
         return state.theta
 
     def planned_event(self, n: int, steps: int) -> dpa.DpEvent:
-        trial = calibrate_tuning(self.trial, trials=self.trials, epsilon=TARGET, delta=1e-5, n=n, steps=1)
-        return self.trials.wrap(trial.planned_event(n, 1))
+        return tuning_plan(self.trial, trials=self.trials, epsilon=TARGET, delta=1e-5, n=n, steps=1).event
 
 
 def tuning_audit(public_seed: int | None) -> audit.AuditResult:

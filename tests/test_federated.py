@@ -25,7 +25,7 @@ import torch.distributed as dist
 import dpopt
 from dpopt import train
 from dpopt.accounting import Ledger
-from dpopt.algorithms._common import Batch
+from dpopt.base import Batch
 from dpopt.distributed import HOST, Local, TorchDistributed, launch
 from dpopt.sampling import Clients
 from dpopt.mechanisms import SeededNoise

@@ -11,7 +11,8 @@ from torch.utils.data import Dataset, TensorDataset
 
 import dpopt
 from dpopt._validate import DpoptError
-from dpopt.algorithms.by_name import build, steps_for_epochs
+from dpopt.algorithms.registry import build
+from dpopt.plan import steps_for_epochs
 from dpopt.oracles import TorchModel
 
 

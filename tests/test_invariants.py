@@ -27,9 +27,9 @@ from hypothesis import strategies as st
 import dpopt
 from dpopt import clipping, mechanisms, sampling
 from dpopt.accounting import epsilon_of
-from dpopt.algorithms._common import Batch
+from dpopt.base import Batch
 from dpopt.mechanisms import SeededNoise
-from dpopt.algorithms.by_name import NAMES, NON_PRIVATE
+from dpopt.algorithms.registry import NAMES, PRIVATE
 
 PROPERTY = settings(derandomize=True, max_examples=40, deadline=None, database=None)
 SPECIAL = [0.0, 1e300, -1e300, 1e-300, 5e-324, 1.7e308, math.nan, math.inf, -math.inf]
@@ -104,7 +104,7 @@ def test_the_cases_cover_every_gradient_releasing_algorithm():
     """DP-AGD (full batch, zCDP filter) has its own clipping tests in tests/algorithms/test_dp_agd.py;
     zeroth-order O2NC's per-record vectors are two-point estimates from function values (a table
     of gradients cannot stand for them), clipped and released by the code o2nc-first runs here."""
-    assert set(NAMES) - set(NON_PRIVATE) - {"dp-agd", "o2nc-zeroth"} <= set(CASES)
+    assert set(PRIVATE) - {"dp-agd", "o2nc-zeroth"} <= set(CASES)
 
 
 def one_step(case: Released, rows: torch.Tensor, indices: torch.Tensor, z: float = 0.0,
@@ -175,11 +175,11 @@ def test_the_nan_policy_counts_what_it_drops():
 
 
 @settings(derandomize=True, max_examples=12, deadline=None, database=None)
-@given(name=st.sampled_from(sorted(set(NAMES) - set(NON_PRIVATE) - {"dp-agd"})), steps=st.integers(1, 30))
+@given(name=st.sampled_from(sorted(set(PRIVATE) - {"dp-agd"})), steps=st.integers(1, 30))
 def test_planned_epsilon_is_monotone_in_steps(name, steps):
     """(DP-AGD is a privacy filter: its plan is the budget whatever the steps; its ledger is
     checked against it step by step in tests/contracts.)"""
-    algo = dpopt.algorithms.by_name.build(name, n=200, batch_size=20)
+    algo = dpopt.algorithms.registry.build(name, n=200, batch_size=20)
     relation = algo.relation()
     before = epsilon_of(algo.planned_event(200, steps), 1e-5, relation)
     after = epsilon_of(algo.planned_event(200, steps + 1), 1e-5, relation)

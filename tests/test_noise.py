@@ -153,9 +153,9 @@ def test_discrete_noise_refuses_sampled_batches():
     with pytest.raises(DpoptError, match="noise='fast' must be dpopt.mechanisms.CONTINUOUS or dpopt.mechanisms.DISCRETE"):
         dpopt.dp_gd(lr=0.1, clip=1.0, noise_multiplier=1.0, noise="fast")
     with pytest.raises(DpoptError, match="noise='fast' must be one of: torch, secure, discrete"):
-        dpopt.algorithms.by_name.build("dp-gd", n=10, batch_size=2, noise="fast")
+        dpopt.algorithms.registry.build("dp-gd", n=10, batch_size=2, noise="fast")
     with pytest.raises(DpoptError, match="noise='discrete' must be one of: torch, secure"):
-        dpopt.algorithms.by_name.build("storm", n=10, batch_size=2, noise="discrete")
+        dpopt.algorithms.registry.build("storm", n=10, batch_size=2, noise="discrete")
 
 
 def _problem() -> dpopt.oracles.Logistic:
@@ -173,9 +173,9 @@ def test_calibrated_runs_with_hardened_noise_account_their_plan(name, noise):
     seed differ). DP-AGD is a privacy filter: what it spends, and where it moves, depends on its
     noisy choices, so only the budget is asserted."""
     oracle = _problem()
-    algo = accounting.calibrate(dpopt.algorithms.by_name.build(name, n=oracle.n, noise=noise), epsilon=1.0,
+    algo = accounting.calibrate(dpopt.algorithms.registry.build(name, n=oracle.n, noise=noise), epsilon=1.0,
                                 delta=1e-5, n=oracle.n, steps=10)
-    source = dpopt.algorithms.by_name.noise_of(noise)[1]
+    source = dpopt.mechanisms.source_named(noise)
     first = dpopt.run(algo, oracle, steps=10, seed=0, noise_source=source)
     second = dpopt.run(algo, oracle, steps=10, seed=0, noise_source=source)
     assert first.final["epsilon"] <= 1.0 and second.final["epsilon"] <= 1.0

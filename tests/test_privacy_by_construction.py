@@ -14,7 +14,7 @@ import torch
 import dpopt
 from dpopt import outputs, sampling, train
 from dpopt._validate import DpoptError
-from dpopt.algorithms._common import Batch
+from dpopt.base import Batch
 from dpopt.cli import main
 from dpopt.mechanisms import SeededNoise, SystemNoise
 from tests.contracts.test_algorithms import CLIENTS, DIM, TABLE, oracle

@@ -17,7 +17,8 @@ import dpopt
 from dpopt import accounting, checkpoint, journal
 from dpopt._validate import DpoptError
 from dpopt.accounting import canonical
-from dpopt.algorithms.by_name import build, steps_for_epochs
+from dpopt.algorithms.registry import build
+from dpopt.plan import steps_for_epochs
 from dpopt.oracles import TorchModel
 
 N, DELTA = 200, 1e-5
@@ -405,7 +406,7 @@ def test_delta_of_at_least_one_over_n_is_refused_unless_allowed_and_a_huge_epsil
     """δ ≥ 1/n (here 1/200) is refused by default; ε > 100 is calibrated to, with a warning."""
     X, y = data()
     with pytest.raises(DpoptError, match=r"^delta=0.005 must be < 1/n = 0.005 for n=200 records: .* or "
-                                         r"allow_large_delta=True to accept this knowingly$"):
+                                         r"allow_large_delta=True \(--allow-large-delta\) to accept this knowingly$"):
         dpopt.Private(model(), loss, (X, y), epsilon=1.0, delta=0.005, steps=3, batch_size=40)
     private = dpopt.Private(model(), loss, (X, y), epsilon=1.0, delta=0.005, steps=3, batch_size=40,
                             allow_large_delta=True)

@@ -13,7 +13,7 @@ from dp_accounting import NeighboringRelation
 import dpopt
 from dpopt import sampling
 from dpopt._validate import DpoptError
-from dpopt.algorithms._common import Batch
+from dpopt.base import Batch, Sampler
 from dpopt.oracles import Logistic
 from dpopt.mechanisms import SeededNoise
 
@@ -155,7 +155,7 @@ def test_wrap_events_relations_and_divisors():
     assert sampling.Poisson.of(400, 20) == poisson
     assert sampling.FixedSize.of(400, 20) == fixed
     assert sampling.FullBatch.of(400, 20) == full
-    assert all(isinstance(s, sampling.Sampler) for s in (poisson, fixed, full, sampling.SinglePass(400, 0, 20),
+    assert all(isinstance(s, Sampler) for s in (poisson, fixed, full, sampling.SinglePass(400, 0, 20),
                                                          sampling.Clients(400, 4)))
 
 

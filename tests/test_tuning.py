@@ -144,8 +144,9 @@ def test_the_trials_check_catches_a_sampler_other_than_the_accounted_one(mutant)
 
 def test_tune_runs_exactly_the_trials_it_drew(monkeypatch):
     runs = []
-    real = train.run
-    monkeypatch.setattr(train, "run", lambda *a, **k: runs.append(k["seed"]) or real(*a, **k))
+    real = train.train  # every trial is one run of the tuning's plan
+    monkeypatch.setattr(train, "train", lambda plan, oracle, options, theta0: runs.append(options.seed)
+                        or real(plan, oracle, options, theta0))
     data = oracle()
     tuned = tune(lambda c: DPSGD(lr=c["lr"], clip=1.0, noise_multiplier=1.0, batch_size=40), data, space=SPACE,
                  trials=TruncatedNegativeBinomial(3.0), epsilon=1.0, delta=DELTA, steps=5, seed=4,
@@ -173,7 +174,7 @@ def test_default_randomness_is_secret_and_a_seed_makes_the_tuning_reproducible()
 
 def test_a_delta_of_at_least_one_over_n_is_refused_unless_allowed():
     with pytest.raises(DpoptError, match=r"^delta=0.01 must be < 1/n = 0.0025 for n=400 records: .* or "
-                                         r"allow_large_delta=True to accept this knowingly$"):
+                                         r"allow_large_delta=True \(--allow-large-delta\) to accept this knowingly$"):
         small_tune(1, delta=0.01)
     assert small_tune(1, delta=0.01, allow_large_delta=True).delta == 0.01
 

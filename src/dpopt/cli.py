@@ -347,37 +347,35 @@ def _summary(algorithm: str, dataset: str, history: Any, described: Any) -> str:
 
 
 def _audit(args: argparse.Namespace) -> dict[str, Any]:
-    """Calibrate ``--algorithm`` to (--epsilon, --delta) on the canary world's n + 1 records, then audit it
+    """Plan ``--algorithm`` at (--epsilon, --delta) on the canary world's n + 1 records, then audit it
     (a progress bar on a terminal). It is built for the records of D, so that its batch sizes fit
     both worlds: under add/remove-one D has the n background records alone."""
     from dp_accounting import NeighboringRelation
 
     from . import audit
-    from .accounting import calibrate
-    from .algorithms.by_name import build as build_algorithm
+    from .algorithms import registry
+    from .plan import plan_for
 
-    _validate.one_of("algorithm", args.algorithm, ALGORITHMS)
+    entry = registry.entry(args.algorithm)
     epsilon = _validate.positive("epsilon", args.epsilon)
     n = _validate.positive_int("dataset_size", args.dataset_size)
 
     def built(records: int) -> Any:
-        return build_algorithm(args.algorithm, n=records, batch_size=args.batch_size, lr=args.lr, clip=args.clip,
-                               sampling=args.sampling, noise=args.noise)
+        return registry.build(args.algorithm, n=records, batch_size=args.batch_size, lr=args.lr, clip=args.clip,
+                              sampling=args.sampling, noise=args.noise)
 
     algorithm = built(n + 1)
     if algorithm.relation() == NeighboringRelation.ADD_OR_REMOVE_ONE:
         algorithm = built(n)
-    if args.algorithm not in NON_PRIVATE:
-        algorithm = calibrate(algorithm, epsilon=epsilon, delta=_validate.open_unit("delta", args.delta), n=n + 1,
-                              steps=_validate.positive_int("steps", args.steps))
+    # an audit's δ is the δ its claim is checked at, whatever the world's n
+    plan = plan_for(algorithm, n=n + 1, steps=args.steps, delta=args.delta,
+                    epsilon=epsilon if entry.private else None, allow_large_delta=True)
     engine = audit.ENGINES[_validate.one_of("engine", args.engine, audit.ENGINES)]
     progress = not args.json and sys.stderr.isatty()
     if args.one_run:
-        return audit.audit_one_run(algorithm, name=args.algorithm, steps=args.steps, dataset_size=n, delta=args.delta,
-                                   confidence=args.confidence, engine=engine, seed=args.seed,
-                                   progress=progress).to_dict()
-    result = audit.audit(algorithm, name=args.algorithm, steps=args.steps, dataset_size=n, runs=args.runs,
-                         delta=args.delta, confidence=args.confidence, seed=args.seed,
+        return audit.audit_one_run(plan, name=args.algorithm, confidence=args.confidence, engine=engine,
+                                   seed=args.seed, progress=progress).to_dict()
+    result = audit.audit(plan, name=args.algorithm, runs=args.runs, confidence=args.confidence, seed=args.seed,
                          threat_model=audit.THREAT_MODELS[_validate.one_of("threat_model", args.threat_model,
                                                                            audit.THREAT_MODELS)],
                          bound=audit.KINDS[_validate.one_of("bound", args.bound, audit.KINDS)], engine=engine,

@@ -12,25 +12,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 from dp_accounting import NeighboringRelation
 from torch import Tensor
 
+from .base import PerRecord
 from .mechanisms import _CLIPPING_TOKEN, Bounded
-
-
-class PerRecord(Protocol):
-    """Per-record vectors of one batch, possibly in a lazy form."""
-
-    def norms(self) -> Tensor:
-        """``[B]``: the L2 norm of each record's vector."""
-
-    def weighted_sum(self, weights: Tensor) -> Tensor:
-        """``Σ_i w_i · row_i`` as a new ``[d]`` tensor (the caller may modify it in place); rows
-        with ``w_i = 0`` contribute exactly 0."""
-
 
 _NORM_CHUNK = 1 << 18  # columns per float64 chunk in Dense.norms
 

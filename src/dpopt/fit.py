@@ -27,10 +27,10 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset
 
 from . import _validate
-from .algorithms.by_name import NON_PRIVATE
+from .algorithms import registry
 from .oracles import TorchModel, ghost, records
 from .private import Private
-from .train import DIAGNOSTIC_SAMPLE, History, drive
+from .train import DIAGNOSTIC_SAMPLE, History, Options, drive
 
 #: Test records classified per forward pass.
 TEST_CHUNK = 4096
@@ -64,8 +64,9 @@ def fit(model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], train_dat
         allow_large_delta: bool = False, **options: Any) -> History:
     """Train ``model`` with ``algorithm`` at (``epsilon``, ``delta``) for ``epochs`` passes.
 
-    ``options`` go to :func:`dpopt.algorithms.by_name.build` (``clip_diff``, ``gamma``,
-    ``sampling``, ``radius``, ``obj_clip``). Randomness comes from the operating system unless
+    ``options`` are more hyper-parameters of the algorithm by name
+    (:class:`dpopt.algorithms.registry.Knobs`: ``clip_diff``, ``gamma``, ``sampling``, ``radius``,
+    ``obj_clip``, …). Randomness comes from the operating system unless
     ``seed`` is given (see :func:`dpopt.run`). ``log_every``: steps between log points (default:
     one per epoch). ``diagnostics=True``: the non-private diagnostics of :func:`dpopt.run`, the
     training objective and gradient norm on ``diagnostic_sample`` records (None: all) unless
@@ -75,7 +76,7 @@ def fit(model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], train_dat
     Returns the run's History (its ``final`` holds the guarantee ε and, with ``test_data``, the
     test error); the module holds the output θ.
     """
-    if algorithm in NON_PRIVATE:
+    if not registry.entry(algorithm).private:
         raise _validate.DpoptError(f"algorithm={algorithm!r} is not private (ε = ∞) and cannot meet epsilon={epsilon!r}: "
                                    "train it with dpopt.run as a non-private reference")
     _validate.positive("epsilon", epsilon)
@@ -87,10 +88,10 @@ def fit(model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], train_dat
                       **options)
     if log_every is None:
         log_every = max(1, round(private.steps / epochs))
-    history = drive(private.stepper, seed=seed, delta=delta, theta0=private.theta0,
-                    test_error=None if test_data is None else test_error(private.oracle, test_data),
-                    log_every=log_every, checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every,
-                    progress=progress, diagnostics=diagnostics, train_metrics=train_metrics,
-                    diagnostic_sample=diagnostic_sample)
+    run_options = Options(seed=seed, test_error=None if test_data is None else test_error(private.oracle, test_data),
+                          log_every=log_every, checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every,
+                          progress=progress, diagnostics=diagnostics, train_metrics=train_metrics,
+                          diagnostic_sample=diagnostic_sample)
+    history = drive(private.stepper, run_options, private.theta0)
     private.oracle.load(history.theta)
     return history

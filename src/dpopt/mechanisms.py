@@ -17,12 +17,13 @@ import os
 import random
 from dataclasses import InitVar, dataclass, field, replace
 from fractions import Fraction
-from typing import Protocol, runtime_checkable
 
 import dp_accounting as dpa
 import numpy as np
 import torch
 from torch import Tensor
+
+from .base import NoiseSource
 
 _CLIPPING_TOKEN = object()
 
@@ -45,25 +46,6 @@ class Bounded:
             raise TypeError("Bounded values are made only by dpopt.clipping")
         if not self.sensitivity >= 0:
             raise ValueError(f"sensitivity={self.sensitivity} must be >= 0")
-
-
-@runtime_checkable
-class NoiseSource(Protocol):
-    """Where the randomness of a run comes from: the noise of every release and the other
-    random draws the guarantee relies on (random points, directions, output picks).
-
-    The guarantee needs this randomness to be secret: whoever can predict the noise can
-    subtract it. :class:`SeededNoise` is reproducible from its seed (so the seed must stay
-    secret); :class:`SystemNoise` draws the release noise from the operating system's CSPRNG.
-    """
-
-    generator: torch.Generator  #: the other draws of the run (saved in checkpoints)
-
-    def gaussian(self, like: Tensor, std: float) -> Tensor:
-        """N(0, std² I) shaped like ``like``, in its dtype and on its device."""
-
-    def gumbel(self, like: Tensor, scale: float) -> Tensor:
-        """i.i.d. Gumbel(0, scale) shaped like ``like`` (−scale·log(−log U), U uniform on (0, 1))."""
 
 
 def _gumbel(uniform: Tensor, scale: float) -> Tensor:
@@ -365,3 +347,10 @@ class TreeAggregator:
         noised = total + sum(noise for _, _, noise in nodes)
         return (replace(self, tree=tree, count=count, total=total, live=tuple(nodes), committed=settings), noised,
                 event)
+
+
+def source_named(name: str) -> NoiseSource | None:
+    """The noise source a run's noise named ``name`` comes from: the OS CSPRNG for "secure"; None
+    (the run's seeded generator) for "torch" and "discrete" (the discrete Gaussian draws from the OS
+    CSPRNG itself)."""
+    return SystemNoise() if name == "secure" else None

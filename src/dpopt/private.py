@@ -83,11 +83,11 @@ import torch
 from torch import Tensor, nn
 
 from . import _validate, checkpoint, journal
-from .accounting import Ledger, calibrate
-from .algorithms._common import Directed
-from .algorithms.by_name import NON_PRIVATE, build, steps_for_epochs
-from .mechanisms import NoiseSource
+from .accounting import Ledger
+from .algorithms import registry
+from .base import Algorithm, Directed, NoiseSource
 from .oracles import TorchModel, ghost, records
+from .plan import plan_for, steps_for_epochs
 from .train import Stepper, randomness
 
 #: The keys of a :meth:`Private.save` checkpoint.
@@ -101,7 +101,7 @@ class Private:
     one loss per record (``reduction="none"``). ``data``: a map-style dataset of ``(x, y)``
     pairs (``__getitem__``/``__len__``, e.g. a ``torch.utils.data.Dataset``; read lazily, only the
     records of each batch), a ``TensorDataset`` or a pair of tensors. ``algorithm``: a name of
-    :mod:`dpopt.algorithms.by_name` (built with ``batch_size``, ``clip`` and ``options``; ``lr``
+    :mod:`dpopt.algorithms.registry` (built with ``batch_size``, ``clip`` and ``options``; ``lr``
     matters only to ``step()``) or an algorithm object. ``epsilon``: calibrate the noise to
     (ε, ``delta``) for the planned steps (``epochs`` or ``steps``); None keeps an algorithm
     object's noise multipliers. ``seed``: None draws the sampling and the noise from a seed
@@ -119,38 +119,48 @@ class Private:
                  seed: int | None = None, accountant: str = "pld", engine: str = "ghost", microbatch_size: int = 512,
                  known_layers: ghost.Registry = ghost.KNOWN_LAYERS, noise_source: NoiseSource | None = None,
                  allow_large_delta: bool = False, **options: Any) -> None:
-        _validate.open_unit("delta", delta)
         if (epochs is None) == (steps is None):
             raise _validate.DpoptError(f"epochs={epochs!r}, steps={steps!r}: give exactly one of them")
         self.module = module
         self.oracle = TorchModel(module, loss_fn, records.of(data), engine=engine, microbatch_size=microbatch_size,
                                  known_layers=known_layers)
         n = self.oracle.n
-        _validate.meaningful_delta(delta, n, allow_large_delta=allow_large_delta, override="allow_large_delta=True")
         if isinstance(algorithm, str):
-            if algorithm in NON_PRIVATE:
+            entry = registry.entry(algorithm)
+            if not entry.private:
                 raise _validate.DpoptError(f"algorithm={algorithm!r} is not private (ε = ∞): train it with dpopt.run as "
                                            "a non-private reference")
             if epsilon is None:
                 raise _validate.DpoptError(f"epsilon=None keeps the noise multipliers of an algorithm object; "
                                            f"algorithm={algorithm!r} by name needs an epsilon to calibrate to")
-            algorithm = build(algorithm, n=n, batch_size=batch_size, lr=lr, clip=clip, **options)
+            algorithm = entry.build(registry.Knobs.of(n, batch_size=batch_size, lr=lr, clip=clip, **options))
         elif options:
             raise _validate.DpoptError(f"options {sorted(options)} build an algorithm by name; algorithm="
                                        f"{type(algorithm).__name__} is already built")
         if steps is None:
             steps = steps_for_epochs(algorithm, n, epochs)
-        self.steps = _validate.positive_int("steps", steps)
-        if epsilon is not None:
-            _validate.positive("epsilon", epsilon)
-            algorithm = calibrate(algorithm, epsilon=epsilon, delta=delta, n=n, steps=self.steps, accountant=accountant)
-        self.algorithm, self.delta, self.seed = algorithm, delta, seed
+        self.plan = plan_for(algorithm, n=n, steps=steps, delta=delta, epsilon=epsilon, accountant=accountant,
+                             allow_large_delta=allow_large_delta)
+        self.seed = seed
         self.run_id = journal.new_run()
         self.theta0 = self.oracle.flat_params().to(torch.float64)
-        self.stepper = Stepper.start(algorithm, self.oracle, steps=self.steps, theta0=self.theta0, seed=seed,
-                                     noise_source=noise_source, accountant=accountant)
+        self.stepper = Stepper.start(self.plan, self.oracle, theta0=self.theta0, seed=seed, noise_source=noise_source)
         self._params = [p for name, p in module.named_parameters() if name in set(self.oracle.layout.names)]
         self._own_update: bool | None = None  # step() (True) or backward() (False), fixed by the first call
+
+    @property
+    def algorithm(self) -> Algorithm[Any]:
+        """The plan's algorithm, its noise calibrated."""
+        return self.plan.algorithm
+
+    @property
+    def steps(self) -> int:
+        """The planned steps."""
+        return self.plan.steps
+
+    @property
+    def delta(self) -> float:
+        return self.plan.delta
 
     # ------------------------------------------------------------------------------ the loop
 
@@ -225,7 +235,7 @@ class Private:
     def epsilon(self) -> float:
         """The guarantee ε(δ) of the steps so far (a privacy filter: its total), the ledger
         checked against the planned event."""
-        return self.stepper.epsilon(self.delta)
+        return self.stepper.epsilon()
 
     def output(self) -> Tensor:
         """The algorithm's output θ (flat, float64): its output rule (last iterate, RRPSGD's
@@ -271,8 +281,7 @@ class Private:
         if not (isinstance(saved, dict) and set(saved) == KEYS):
             raise _validate.DpoptError(f"{name} is not a checkpoint of dpopt.Private; it was not used")
         resuming.check_settings(name, saved["private"], self._described())
-        ledger = resuming.checked_ledger(name, saved["ledger"], saved["step"], self.algorithm, n=self.oracle.n,
-                                         steps=self.steps, stop_at=self.steps)
+        ledger = resuming.checked_ledger(name, saved["ledger"], saved["step"], self.plan, stop_at=self.steps)
         journal.resume(saved["run"], saved["step"], name, once=True)
         self.stepper.state, self.stepper.t, self.stepper.ledger = saved["state"], saved["step"], ledger
         self.run_id = saved["run"]

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dp_accounting as dpa
 
 from ._validate import DpoptError
 from .accounting import Ledger, PlanMismatch, compose, count_steps, guarantee, is_filter, run_length
+
+if TYPE_CHECKING:
+    from .plan import Plan
 
 #: What a checkpoint holds (:func:`dpopt.train.run` writes these keys).
 KEYS = frozenset({"settings", "step", "state", "visited", "expected", "records", "diagnostics", "sample_gen",
@@ -44,8 +47,7 @@ def describe(algorithm: Any, oracle: Any, **settings: Any) -> dict[str, str]:
     } | {name: repr(value) for name, value in settings.items()}
 
 
-def check(path: Path, saved: dict[str, Any], described: dict[str, str], algorithm: Any, *, n: int, steps: int,
-          stop_at: int) -> Ledger:
+def check(path: Path, saved: dict[str, Any], described: dict[str, str], plan: Plan[Any], *, stop_at: int) -> Ledger:
     """The ledger of checkpoint ``saved`` (read from ``path``), once it is known to belong to this
     run (settings ``described``) and to record what the plan spends in its ``saved["step"]`` steps.
 
@@ -58,30 +60,28 @@ def check(path: Path, saved: dict[str, Any], described: dict[str, str], algorith
     if not (isinstance(saved, dict) and set(saved) == KEYS):
         raise DpoptError(f"{name} is not a checkpoint of dpopt.run (it holds other data); it was not used")
     check_settings(name, saved["settings"], described)
-    return checked_ledger(name, saved["ledger"], saved["step"], algorithm, n=n, steps=steps, stop_at=stop_at)
+    return checked_ledger(name, saved["ledger"], saved["step"], plan, stop_at=stop_at)
 
 
-def checked_ledger(name: str, state: Any, done: Any, algorithm: Any, *, n: int, steps: int, stop_at: int) -> Ledger:
+def checked_ledger(name: str, state: Any, done: Any, plan: Plan[Any], *, stop_at: int) -> Ledger:
     """The ledger saved as ``state`` after ``done`` steps, refused (naming checkpoint ``name``)
-    unless it records what ``algorithm``'s plan for ``steps`` steps spends in those steps
-    (:func:`check` says how)."""
+    unless it records what ``plan`` spends in those steps (:func:`check` says how)."""
     if type(done) is not int or not 0 <= done <= stop_at:
         raise DpoptError(f"{name} records step={done!r}, not a step in [0, {stop_at}] of this run")
     try:
         ledger = Ledger.from_state(state)
     except (KeyError, TypeError, ValueError) as err:
         raise DpoptError(f"{name} holds no ledger ({err}); it was not used") from None
-    relation = algorithm.relation()
-    plan = algorithm.planned_event(n, steps)
+    relation, planned = plan.relation, plan.run_event
     if ledger.relation != relation:
         raise DpoptError(f"{name} records a ledger under {ledger.neighboring_relation} adjacency, this run's is "
                          f"{Ledger(relation).neighboring_relation}; it was not used")
-    if is_filter(plan):
+    if is_filter(planned):
         try:
-            guarantee(ledger.event(), plan)
+            guarantee(ledger.event(), planned)
         except PlanMismatch as err:
             raise DpoptError(f"{name}: {err}; it was not used") from None
-    elif ledger.event() != compose(_prefix(run_length([plan]), _atoms(algorithm, n, done))):
+    elif ledger.event() != compose(_prefix(run_length([planned]), _atoms(plan, done))):
         raise DpoptError(f"{name} records a ledger of {ledger.steps} events after {done} steps that is not what "
                          f"the plan spends in those steps; it was not used")
     return ledger
@@ -102,14 +102,14 @@ def _shown(value: str | None) -> str:
     return "not set" if value is None else value if len(value) <= 100 else value[:97] + "..."
 
 
-def _atoms(algorithm: Any, n: int, done: int) -> int:
+def _atoms(plan: Plan[Any], done: int) -> int:
     """How many atomic events the plan spends in its first ``done`` steps: those of
     ``planned_event(n, done)``; one per step for a plan that exists only for its whole length
     (R-AClip's stages). A wrong count fails closed: the genuine checkpoint is refused."""
     if done == 0:
         return 0
     try:
-        return count_steps(algorithm.planned_event(n, done))
+        return count_steps(plan.algorithm.planned_event(plan.n, done))
     except DpoptError:
         return done
 

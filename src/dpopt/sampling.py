@@ -12,7 +12,6 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
 
 import dp_accounting as dpa
 import torch
@@ -332,21 +331,6 @@ class Clients:
 
     def wrap(self, event: dpa.DpEvent) -> dpa.DpEvent:
         return event
-
-
-@runtime_checkable
-class Sampler(Protocol):
-    """Which records a step sees: the relation its guarantee is under, the public divisor of a
-    noised sum, the draw, and the amplification the draw buys (the only place it enters)."""
-
-    relation: NeighboringRelation
-
-    @property
-    def expected_size(self) -> float: ...
-
-    def sample(self, gen: torch.Generator) -> Tensor: ...
-
-    def wrap(self, event: dpa.DpEvent) -> dpa.DpEvent: ...
 
 
 #: How a batch algorithm draws its batches: one of these classes, passed in (``sampling=Poisson``);

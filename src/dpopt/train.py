@@ -1,8 +1,13 @@
-"""The one training loop: ``run(...) -> History``, with checkpoint/resume and the ledger.
+"""The one training loop: ``train(plan, oracle, options) -> History``, with checkpoint/resume and
+the ledger.
 
-Each step t asks the algorithm for its sampler, draws the batch from the run's sampling
-generator, calls ``algorithm.step`` and records the event it returns in the :class:`Ledger`
-(double entry: after the run the ledger equals ``algorithm.planned_event(n, steps)``).
+A :class:`~dpopt.plan.Plan` says what is released (the algorithm, n, the steps, δ, the
+accountant); :class:`Options` say how the run goes (its randomness, logging, checkpoints,
+diagnostics), none of which changes the plan. Each step t asks the algorithm for its sampler,
+draws the batch from the run's sampling generator, calls ``algorithm.step`` and records the event
+it returns in the :class:`~dpopt.accounting.Ledger` (double entry: the ledger is checked against
+the plan's event after every logged step). :func:`run` is the same loop for an algorithm object
+and keyword arguments.
 A checkpoint holds θ and the algorithm state, both generators, the step, the ledger, the
 history so far and the run's id, written atomically (:mod:`dpopt.checkpoint`) under the lock of
 the checkpoint (:mod:`dpopt.lock`) and tagged under the user's checkpoint key
@@ -31,11 +36,11 @@ from torch import Tensor
 from tqdm import tqdm
 
 from . import _validate, checkpoint, journal, lock, resume
-from .accounting import Ledger, accountant_note, epsilon_of, guarantee
-from .algorithms._common import Batch
-from .mechanisms import Discrete, NoiseSource, SeededNoise
+from .accounting import Ledger, accountant_note
+from .base import Algorithm, Averaged, Batch, ClosedForm, NoiseSource, Oracle, SelfDiagnosing, SharedNoise
+from .mechanisms import Discrete, SeededNoise
 from .outputs import NOT_PRIVATE
-from .oracles import Oracle
+from .plan import Plan
 
 @dataclasses.dataclass
 class History:
@@ -108,32 +113,16 @@ def randomness(seed: int | None, noise_source: NoiseSource | None = None) -> tup
     return sample_gen, SeededNoise(int(noise_seed)), origin(seed)
 
 
-def affordable_steps(algorithm: Any, n: int, steps: int, delta: float, max_epsilon: float, accountant: str) -> int:
-    """The largest t ≤ steps whose planned ε(δ) stays ≤ ``max_epsilon`` (bisection; ε grows with t)."""
-    relation = algorithm.relation()
-
-    def fits(t: int) -> bool:
-        return epsilon_of(algorithm.planned_event(n, t), delta, relation, accountant) <= max_epsilon
-
-    if fits(steps):
-        return steps
-    lo, hi = 0, steps
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
-
-
-def step(algorithm: Any, oracle: Oracle, state: Any, t: int, ledger: Ledger,
-         sample_gen: torch.Generator, source: NoiseSource) -> tuple[Any, int]:
+def step(algorithm: Algorithm[Any], oracle: Oracle, state: Any, t: int, ledger: Ledger,
+         sample_gen: torch.Generator, source: NoiseSource, *, inference: bool = False) -> tuple[Any, int]:
     """Step t of a run: draw the batch, let the algorithm step, record its event in ``ledger``.
 
-    Returns the new state and the batch size. This is everything :func:`run` does per step
-    besides timing, logging and checkpointing.
+    Returns the new state and the batch size. This is everything :func:`train` does per step
+    besides timing, logging and checkpointing. ``inference``: step in inference mode, for an
+    oracle whose gradients are closed-form (:class:`~dpopt.base.ClosedForm`): its many small
+    tensor operations then skip autograd's dispatch (about a fifth of a GLM step).
     """
-    # An oracle whose gradients are closed-form (uses_autograd = False) steps in inference mode:
-    # its many small tensor operations skip autograd's dispatch (about a fifth of a GLM step).
-    with torch.inference_mode(not getattr(oracle, "uses_autograd", True)):
+    with torch.inference_mode(inference):
         sampler = algorithm.sampler(t, oracle.n)
         indices = sampler.sample(sample_gen)
         state, event = algorithm.step(state, Batch(t, indices, sampler), oracle, source)
@@ -186,15 +175,14 @@ class StepClock:
 
 @dataclasses.dataclass
 class Stepper:
-    """The moving parts of one run: the algorithm and its state, the oracle, the ledger, the
-    sampling generator and the noise source, and the next step ``t`` of ``steps`` planned.
+    """The moving parts of one run of ``plan``: the algorithm's state, the oracle, the ledger, the
+    sampling generator and the noise source, and the next step ``t``.
 
-    :meth:`step` is step t of the run (:func:`step`); :func:`run` and :class:`dpopt.Private` (so
+    :meth:`step` is step t of the run (:func:`step`); :func:`train` and :class:`dpopt.Private` (so
     :func:`dpopt.fit`) drive the same object, so every release comes from one code path."""
 
-    algorithm: Any
+    plan: Plan[Any]
     oracle: Oracle
-    steps: int
     state: Any
     ledger: Ledger
     sample_gen: torch.Generator
@@ -203,138 +191,155 @@ class Stepper:
     t: int = 0
 
     @classmethod
-    def start(cls, algorithm: Any, oracle: Oracle, *, steps: int, theta0: Tensor, seed: int | None = None,
-              noise_source: NoiseSource | None = None, accountant: str = "pld") -> Stepper:
-        """Step 0 of a run from ``theta0``, its randomness as :func:`randomness` says."""
+    def start(cls, plan: Plan[Any], oracle: Oracle, *, theta0: Tensor, seed: int | None = None,
+              noise_source: NoiseSource | None = None) -> Stepper:
+        """Step 0 of a run of ``plan`` on ``oracle`` from ``theta0``, its randomness as
+        :func:`randomness` says. The oracle must hold the plan's n records."""
+        if oracle.n != plan.n:
+            raise _validate.DpoptError(f"the plan is for n={plan.n} records and the oracle holds {oracle.n}")
         sample_gen, source, origin = randomness(seed, noise_source)
-        state = algorithm.init(theta0, steps, sample_gen)
-        return cls(algorithm, oracle, steps, state, Ledger(algorithm.relation(), accountant), sample_gen, source,
-                   origin)
+        state = plan.algorithm.init(theta0, plan.steps, sample_gen)
+        return cls(plan, oracle, state, plan.ledger(), sample_gen, source, origin)
+
+    @property
+    def algorithm(self) -> Algorithm[Any]:
+        return self.plan.algorithm
+
+    @property
+    def steps(self) -> int:
+        return self.plan.steps
 
     @functools.cached_property
-    def planned(self) -> Any:
-        """``algorithm.planned_event(n, steps)``: the second entry the ledger is checked against."""
-        return self.algorithm.planned_event(self.oracle.n, self.steps)
+    def inference(self) -> bool:
+        """Whether steps run in inference mode (a closed-form oracle), asked once."""
+        return isinstance(self.oracle, ClosedForm)
 
     def step(self) -> int:
         """Step t: draw its batch, let the algorithm step, record the event; returns the batch size."""
-        self.state, size = step(self.algorithm, self.oracle, self.state, self.t, self.ledger, self.sample_gen,
-                                self.source)
+        self.state, size = step(self.plan.algorithm, self.oracle, self.state, self.t, self.ledger, self.sample_gen,
+                                self.source, inference=self.inference)
         self.t += 1
         return size
 
-    def epsilon(self, delta: float) -> float:
-        """The guarantee ε(δ) so far (:func:`dpopt.accounting.guarantee`: the ledger, checked
-        against the plan; a privacy filter's total)."""
-        return epsilon_of(guarantee(self.ledger.event(), self.planned), delta, self.ledger.relation,
-                          self.ledger.accountant)
+    def epsilon(self, delta: float | None = None) -> float:
+        """The guarantee ε(δ) so far (the plan's δ by default): the ledger, checked against the
+        plan (:meth:`dpopt.plan.Plan.guarantee`; a privacy filter's total)."""
+        return self.plan.guarantee(self.ledger, delta)
 
 
-def run(algorithm: Any, oracle: Oracle, *, steps: int, seed: int | None = None, delta: float = 1e-5,
-        theta0: Tensor | None = None, accountant: str = "pld", noise_source: NoiseSource | None = None,
-        test_error: Callable[[Tensor], float] | None = None, log_every: int | None = None,
-        checkpoint_path: str | Path | None = None, checkpoint_every: int | None = None,
-        max_epsilon: float | None = None, progress: bool | None = None, diagnostics: bool = False,
-        train_metrics: bool = True, diagnostic_sample: int | None = DIAGNOSTIC_SAMPLE,
-        log_metrics: Callable[[Tensor], dict[str, float]] | None = None, allow_large_delta: bool = False) -> History:
-    """Train ``algorithm`` on ``oracle`` for ``steps`` steps and return the :class:`History`.
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """How a run goes, none of which changes its plan or what it releases.
 
-    ``delta`` must be below 1/n (n = ``oracle.n``) unless ``allow_large_delta``
-    (:func:`dpopt._validate.meaningful_delta` says why).
+    ``seed``: None draws the sampling and the noise from the operating system (secret); with a
+    seed they are reproducible, and the guarantee rests on the seed staying secret.
+    ``noise_source`` (e.g. :class:`~dpopt.mechanisms.SystemNoise`) replaces the seeded release noise.
+    ``test_error(θ)``: measured at every log point and at the output (data outside the training
+    set). ``log_every``: steps between log points (default ~50 points). ``checkpoint_path``: resume
+    from that file if it exists and write it every ``checkpoint_every`` steps. ``max_epsilon``: stop
+    before the first step whose planned ε would exceed it. ``progress``: a progress bar (None: when
+    standard error is a terminal). ``diagnostics``: also measure, labelled NOT PRIVATE, F(θ) and
+    ‖∇F(θ)‖ on the training data (unless ``train_metrics`` is False; on ``diagnostic_sample`` records
+    spread evenly, None: all), the realised passes, the times, ``log_metrics(θ)`` and the algorithm's
+    own diagnostics."""
 
-    Randomness: without ``seed`` the sampling and the noise are seeded from the operating system
-    (secret); with it, from the seed (reproducible: the guarantee then rests on the seed staying
-    secret). ``noise_source`` (e.g. :class:`~dpopt.mechanisms.SystemNoise`) replaces the seeded
-    release noise.
+    seed: int | None = None
+    noise_source: NoiseSource | None = None
+    test_error: Callable[[Tensor], float] | None = None
+    log_every: int | None = None
+    checkpoint_path: str | Path | None = None
+    checkpoint_every: int | None = None
+    max_epsilon: float | None = None
+    progress: bool | None = None
+    diagnostics: bool = False
+    train_metrics: bool = True
+    diagnostic_sample: int | None = DIAGNOSTIC_SAMPLE
+    log_metrics: Callable[[Tensor], dict[str, float]] | None = None
 
-    Logged every ``log_every`` steps (default ~50 points) and at the end, the private
-    :data:`~dpopt.outputs.PRIVATE_METRICS`: the guarantee ε(δ) so far, ``test_error(θ_t)`` (θ_t:
-    ``algorithm.running_output(state)`` for an algorithm that outputs an average, else the
-    current iterate; the test data must lie outside the training set) and the expected data
-    passes. ``final`` holds the same at the algorithm's output. After every logged step the
-    ledger is checked against ``algorithm.planned_event(n, steps)`` (:func:`dpopt.accounting.guarantee`).
 
-    ``diagnostics=True`` adds, at the same log points, apart and labelled as not private
-    (:attr:`History.diagnostics`): F(θ_t) and ‖∇F(θ_t)‖ on the training data (unless
-    ``train_metrics=False``; on ``diagnostic_sample`` records spread evenly over the data set, by
-    default :data:`DIAGNOSTIC_SAMPLE`, or on all records for None: each then costs a full pass),
-    the realised data passes
-    Σ|B_t|/n, the CPU and wall time of training so far, ``log_metrics(θ) -> {name: value}``
-    (measurement only: it must not touch the generators) and the algorithm's own
-    ``diagnostics(state)`` (O2NC: how often its clips bit). Nothing of this is computed without
-    ``diagnostics=True``. ``progress``: a progress bar (None: when standard error is a terminal).
+def train(plan: Plan[Any], oracle: Oracle, options: Options | None = None, theta0: Tensor | None = None) -> History:
+    """Run ``plan`` on ``oracle`` from ``theta0`` (default 0) as ``options`` say; the :class:`History`.
 
-    With ``checkpoint_path`` the run resumes from that file if it exists and writes it every
-    ``checkpoint_every`` steps. With ``max_epsilon`` it stops before the first step whose planned
-    ε would exceed it.
+    Logged every ``options.log_every`` steps and at the end, the private
+    :data:`~dpopt.outputs.PRIVATE_METRICS`: the guarantee ε(δ) so far, ``test_error(θ_t)`` (θ_t: the
+    algorithm's running output where it outputs an average, :class:`~dpopt.base.Averaged`, else the
+    current iterate) and the expected data passes. ``final`` holds the same at the algorithm's
+    output. After every logged step the ledger is checked against the plan (a mismatch stops the run
+    as a privacy bug). Diagnostics (NOT PRIVATE) only when ``options.diagnostics``.
 
     Divergence: after every step θ_t is checked for non-finite entries (a function of the released
     iterates, so the check releases nothing more); the first failure is logged and stops the run,
     with ``History.diverged_at`` = t and ``stopped`` saying why. The checkpoint then holds that step
     (its ledger covers every step taken), and resuming it does not step again.
     """
-    _validate.positive_int("steps", steps)
-    _validate.meaningful_delta(delta, oracle.n, allow_large_delta=allow_large_delta,
-                               override="allow_large_delta=True")
-    if getattr(oracle, "shares_noise", False) and (
-            not isinstance(noise_source, SeededNoise | None) or isinstance(getattr(algorithm, "noise", None), Discrete)):
+    options = Options() if options is None else options
+    if isinstance(oracle, SharedNoise) and (not isinstance(options.noise_source, SeededNoise | None)
+                                            or isinstance(getattr(plan.algorithm, "noise", None), Discrete)):
         raise _validate.DpoptError(
-            f"noise_source={noise_source!r} / noise={getattr(algorithm, 'noise', None)!r} draws independently in "
-            "every process: a data-parallel oracle needs the seeded noise, one draw shared by every rank")
+            f"noise_source={options.noise_source!r} / noise={getattr(plan.algorithm, 'noise', None)!r} draws "
+            "independently in every process: a data-parallel oracle needs the seeded noise, one draw shared by every "
+            "rank")
     theta0 = torch.zeros(oracle.dim, dtype=torch.float64) if theta0 is None else theta0.to(torch.float64)
-    stepper = Stepper.start(algorithm, oracle, steps=steps, theta0=theta0, seed=seed, noise_source=noise_source,
-                            accountant=accountant)
-    return drive(stepper, seed=seed, delta=delta, theta0=theta0, test_error=test_error, log_every=log_every,
-                 checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, max_epsilon=max_epsilon,
-                 progress=progress, diagnostics=diagnostics, train_metrics=train_metrics,
-                 diagnostic_sample=diagnostic_sample, log_metrics=log_metrics)
+    stepper = Stepper.start(plan, oracle, theta0=theta0, seed=options.seed, noise_source=options.noise_source)
+    return drive(stepper, options, theta0)
 
 
-def drive(stepper: Stepper, *, seed: int | None, delta: float, theta0: Tensor,
-          test_error: Callable[[Tensor], float] | None = None, log_every: int | None = None,
-          checkpoint_path: str | Path | None = None, checkpoint_every: int | None = None,
-          max_epsilon: float | None = None, progress: bool | None = False, diagnostics: bool = False,
-          train_metrics: bool = True, diagnostic_sample: int | None = DIAGNOSTIC_SAMPLE,
-          log_metrics: Callable[[Tensor], dict[str, float]] | None = None) -> History:
-    """:func:`run`'s loop over ``stepper`` (at step 0, started from ``theta0`` with ``seed``):
-    logging, diagnostics, checkpoints and divergence as :func:`run` documents them."""
-    algorithm, oracle, steps = stepper.algorithm, stepper.oracle, stepper.steps
-    _validate.open_unit("delta", delta)
-    log_every = max(1, steps // 50) if log_every is None else _validate.positive_int("log_every", log_every)
-    if diagnostic_sample is not None:
-        _validate.positive_int("diagnostic_sample", diagnostic_sample)
+def run(algorithm: Algorithm[Any], oracle: Oracle, *, steps: int, seed: int | None = None, delta: float = 1e-5,
+        theta0: Tensor | None = None, accountant: str = "pld", noise_source: NoiseSource | None = None,
+        test_error: Callable[[Tensor], float] | None = None, log_every: int | None = None,
+        checkpoint_path: str | Path | None = None, checkpoint_every: int | None = None,
+        max_epsilon: float | None = None, progress: bool | None = None, diagnostics: bool = False,
+        train_metrics: bool = True, diagnostic_sample: int | None = DIAGNOSTIC_SAMPLE,
+        log_metrics: Callable[[Tensor], dict[str, float]] | None = None, allow_large_delta: bool = False) -> History:
+    """Train ``algorithm`` (its noise multipliers as they are) on ``oracle`` for ``steps`` steps:
+    :func:`train` of the plan ``Plan(algorithm, n=oracle.n, steps, delta, accountant)`` with the
+    :class:`Options` the other arguments name. ``delta`` must be below 1/n unless
+    ``allow_large_delta`` (:class:`~dpopt.plan.Plan` says why)."""
+    plan = Plan(algorithm, n=oracle.n, steps=steps, delta=delta, accountant=accountant,
+                allow_large_delta=allow_large_delta)
+    options = Options(seed=seed, noise_source=noise_source, test_error=test_error, log_every=log_every,
+                      checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, max_epsilon=max_epsilon,
+                      progress=progress, diagnostics=diagnostics, train_metrics=train_metrics,
+                      diagnostic_sample=diagnostic_sample, log_metrics=log_metrics)
+    return train(plan, oracle, options, theta0)
+
+
+def drive(stepper: Stepper, options: Options, theta0: Tensor) -> History:
+    """:func:`train`'s loop over ``stepper`` (at step 0, started from ``theta0`` with
+    ``options.seed``): logging, diagnostics, checkpoints and divergence as :func:`train` says.
+    With a checkpoint, its lock is held for the whole loop."""
+    plan, oracle = stepper.plan, stepper.oracle
+    log_every = (max(1, plan.steps // 50) if options.log_every is None
+                 else _validate.positive_int("log_every", options.log_every))
+    if options.diagnostic_sample is not None:
+        _validate.positive_int("diagnostic_sample", options.diagnostic_sample)
     n = oracle.n
-    for t in sorted({0, 1, steps - 1}):
-        _validate.positive_int("batch_size", int(algorithm.sampler(t, n).expected_size), maximum=n, maximum_name="n")
-    stop_at = steps
-    if max_epsilon is not None:
-        _validate.positive("max_epsilon", max_epsilon)
-        stop_at = affordable_steps(algorithm, n, steps, delta, max_epsilon, stepper.ledger.accountant)
-    path = Path(checkpoint_path) if checkpoint_path else None
+    for t in sorted({0, 1, plan.steps - 1}):
+        _validate.positive_int("batch_size", int(plan.algorithm.sampler(t, n).expected_size), maximum=n,
+                               maximum_name="n")
+    stop_at = plan.steps if options.max_epsilon is None else plan.affordable_steps(options.max_epsilon)
+    path = Path(options.checkpoint_path) if options.checkpoint_path else None
     described: dict[str, str] = {}
     if path is not None:  # the settings a checkpoint must match (the data digest is one pass over the data)
         theta0_digest = hashlib.sha256(theta0.cpu().numpy().tobytes()).hexdigest()
         described = resume.describe(
-            algorithm, oracle, steps=steps, seed="from the operating system" if seed is None else seed, delta=delta,
-            theta0=theta0_digest, accountant=stepper.ledger.accountant, max_epsilon=max_epsilon, log_every=log_every,
-            noise_source=type(stepper.source).__name__,
-            diagnostics=diagnostics)
-    if progress is None:
-        progress = sys.stderr.isatty()
+            plan.algorithm, oracle, steps=plan.steps,
+            seed="from the operating system" if options.seed is None else options.seed, delta=plan.delta,
+            theta0=theta0_digest, accountant=stepper.ledger.accountant, max_epsilon=options.max_epsilon,
+            log_every=log_every, noise_source=type(stepper.source).__name__, diagnostics=options.diagnostics)
+    progress = sys.stderr.isatty() if options.progress is None else options.progress
     with lock.held(path) if path is not None else contextlib.nullcontext():
-        return _train(stepper, stop_at=stop_at, delta=delta, test_error=test_error, log_every=log_every, path=path,
-                      checkpoint_every=checkpoint_every, max_epsilon=max_epsilon, progress=progress,
-                      diagnostics=diagnostics, train_metrics=train_metrics, diagnostic_sample=diagnostic_sample,
-                      log_metrics=log_metrics, described=described)
+        return _train(stepper, options, stop_at=stop_at, log_every=log_every, path=path, progress=progress,
+                      described=described)
 
 
-def _train(stepper: Stepper, *, stop_at: int, delta: float, test_error: Callable[[Tensor], float] | None,
-           log_every: int, path: Path | None, checkpoint_every: int | None, max_epsilon: float | None,
-           progress: bool, diagnostics: bool, train_metrics: bool, diagnostic_sample: int | None,
-           log_metrics: Callable[[Tensor], dict[str, float]] | None, described: dict[str, str]) -> History:
+def _train(stepper: Stepper, options: Options, *, stop_at: int, log_every: int, path: Path | None, progress: bool,
+           described: dict[str, str]) -> History:
     """:func:`drive` once its arguments are checked (and with ``path``, its lock held)."""
-    algorithm, oracle, steps = stepper.algorithm, stepper.oracle, stepper.steps
-    n = oracle.n
+    plan, oracle = stepper.plan, stepper.oracle
+    algorithm, steps, delta, n = plan.algorithm, plan.steps, plan.delta, oracle.n
+    test_error, diagnostics, train_metrics = options.test_error, options.diagnostics, options.train_metrics
+    log_metrics, diagnostic_sample = options.log_metrics, options.diagnostic_sample
     records: list[dict[str, float]] = []
     logged: list[dict[str, float]] = []
     visited, expected, spent, diverged_at = 0, 0.0, (0.0, 0.0), None
@@ -344,7 +349,7 @@ def _train(stepper: Stepper, *, stop_at: int, delta: float, test_error: Callable
         key = journal.key()
     if path is not None and path.exists():
         saved = checkpoint.load(path, key)
-        stepper.ledger = resume.check(path, saved, described, algorithm, n=n, steps=steps, stop_at=stop_at)
+        stepper.ledger = resume.check(path, saved, described, plan, stop_at=stop_at)
         # resumed exactly (same generators): a replayed step releases what it released before
         run_id = saved["run"]
         journal.resume(run_id, saved["step"], f"checkpoint={str(path)!r}", once=False)
@@ -358,7 +363,7 @@ def _train(stepper: Stepper, *, stop_at: int, delta: float, test_error: Callable
         0, n - 1, diagnostic_sample).round().long()
 
     # what is logged: the algorithm's output so far where it defines one (averaging), else θ_t
-    current = getattr(algorithm, "running_output", lambda state: state.theta)
+    current = algorithm.running_output if isinstance(algorithm, Averaged) else (lambda state: state.theta)
 
     def measure(theta: Tensor) -> dict[str, float]:
         return {"epsilon": stepper.epsilon(delta), "test_error": test_error(theta) if test_error else math.nan,
@@ -398,7 +403,7 @@ def _train(stepper: Stepper, *, stop_at: int, delta: float, test_error: Callable
             if not finite:
                 diverged_at = t + 1
                 break
-        if path is not None and checkpoint_every and (t + 1) % checkpoint_every == 0:
+        if path is not None and options.checkpoint_every and (t + 1) % options.checkpoint_every == 0:
             with clock.paused():
                 save(t + 1)
     clock.stop()
@@ -409,12 +414,12 @@ def _train(stepper: Stepper, *, stop_at: int, delta: float, test_error: Callable
     theta = algorithm.output(stepper.state)
     report = None
     if diagnostics:
-        own = algorithm.diagnostics(stepper.state) if hasattr(algorithm, "diagnostics") else {}
+        own = dict(algorithm.diagnostics(stepper.state)) if isinstance(algorithm, SelfDiagnosing) else {}
         report = {"label": NOT_PRIVATE, "records": logged, "final": diagnose(theta) | own}
     if diverged_at is not None:
         stopped = f"diverged at step {diverged_at}: θ has non-finite entries"
     else:
-        stopped = None if stop_at == steps else f"max_epsilon={max_epsilon} reached"
+        stopped = None if stop_at == steps else f"max_epsilon={options.max_epsilon} reached"
     ledger = stepper.ledger
     note = None if ledger.accountant == ledger.requested_accountant else accountant_note(
         ledger.event(), ledger.relation, ledger.requested_accountant)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import dpopt
 from dpopt import accounting, cli, clipping, sampling
 from dpopt._validate import DpoptError
-from dpopt.algorithms._common import Batch
+from dpopt.base import Batch
 from dpopt.algorithms.aclip import paper_noise
 from dpopt.oracles import LeastSquares
 from dpopt.mechanisms import SeededNoise

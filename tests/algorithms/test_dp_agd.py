@@ -11,7 +11,7 @@ import torch
 from dpopt import accounting, clipping, mechanisms, train
 from dpopt._validate import DpoptError
 from dpopt.algorithms import DPAGD
-from dpopt.algorithms._common import Batch
+from dpopt.base import Batch
 from dpopt.algorithms.dp_agd import _candidate_scores, _round
 from dpopt.mechanisms import SeededNoise
 from dpopt.oracles import Logistic, NonconvexLogistic

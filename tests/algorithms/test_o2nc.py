@@ -14,7 +14,7 @@ from dp_accounting import NeighboringRelation
 import dpopt
 from dpopt import accounting, mechanisms
 from dpopt._validate import DpoptError
-from dpopt.algorithms._common import Batch
+from dpopt.base import Batch
 from dpopt.oracles import zeroth_order as zo
 from dpopt.mechanisms import SeededNoise
 from tests.contracts.test_algorithms import DELTA, DIM, N, TABLE, oracle, replay

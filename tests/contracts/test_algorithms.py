@@ -27,9 +27,9 @@ import dpopt
 from dpopt import accounting, train
 from dpopt._validate import DpoptError
 from dpopt.accounting import Ledger, canonical, epsilon_of
-from dpopt.algorithms._common import Algorithm, Batch
-from dpopt.mechanisms import NoiseSource, SeededNoise
-from dpopt.sampling import FixedSize, FullBatch, Poisson, Sampler
+from dpopt.base import Algorithm, Batch, NoiseSource, Sampler
+from dpopt.mechanisms import SeededNoise
+from dpopt.sampling import FixedSize, FullBatch, Poisson
 from dpopt.oracles import NonconvexLogistic
 from dpopt.oracles import zeroth_order as zo
 
@@ -557,7 +557,7 @@ def test_every_algorithm_implements_the_protocols(name):
     algo = TABLE[name].make(1.0, 1.0)
     assert isinstance(algo, Algorithm)
     assert all(isinstance(algo.sampler(t, N), Sampler) for t in range(3))
-    assert isinstance(oracle(), dpopt.oracles.Oracle)
+    assert isinstance(oracle(), dpopt.base.Oracle)
     assert isinstance(train.randomness(0)[1], NoiseSource) and isinstance(dpopt.SystemNoise(), NoiseSource)
 
 

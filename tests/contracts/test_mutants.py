@@ -35,8 +35,8 @@ import torch
 
 from dpopt import accounting, clipping, mechanisms, train
 from dpopt.accounting import Ledger, canonical
-from dpopt.algorithms._common import Batch
 from dpopt.audit import worlds
+from dpopt.base import Batch
 from dpopt.clipping import relation_factor
 from dpopt.oracles import TorchModel
 

@@ -13,6 +13,7 @@ from dpopt.accounting import calibrate, epsilon_of
 from dpopt.algorithms import DIFF2
 from dpopt.experiments._runner import Method, Problem
 from dpopt.experiments.patience_tuning import patience_run, patience_tune
+from dpopt.plan import Plan
 from dpopt.experiments.reproduce import reproduce
 from dpopt.oracles import LeastSquares
 from dpopt.sampling import Clients
@@ -58,12 +59,14 @@ def _diff2(n: int, p: dict) -> tuple[DIFF2, int]:
 def test_patience_run_abandons_a_diverging_step_size_and_completes_a_good_one():
     problem = _ridge()
     algorithm, steps = _diff2(400, {"lr": 0.5, "clip": 100.0})
-    clean = dataclasses.replace(algorithm, noise_multiplier1=0.0, noise_multiplier2=0.0)
-    loss, ledger, rounds = patience_run(clean, problem, steps, seed=0, check_every=2)
+    clean = Plan(dataclasses.replace(algorithm, noise_multiplier1=0.0, noise_multiplier2=0.0), n=problem.oracle.n,
+                 steps=steps, delta=1e-5)
+    loss, ledger, rounds = patience_run(clean, problem, seed=0, check_every=2)
     assert rounds == steps and loss < 0.1 and ledger.steps == steps
     # η = 4 on this quadratic (curvature ≈ 1) grows every round: each check from the second one is a
     # strike (loss > 1.05 × best), the fifth strike abandons the run at the sixth check
-    loss, ledger, rounds = patience_run(dataclasses.replace(clean, lr=4.0), problem, steps, seed=0, check_every=2)
+    faster = clean.with_algorithm(dataclasses.replace(clean.algorithm, lr=4.0))
+    loss, ledger, rounds = patience_run(faster, problem, seed=0, check_every=2)
     assert math.isnan(loss) and rounds == 12 and ledger.steps == 12
 
 

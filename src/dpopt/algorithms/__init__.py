@@ -1,19 +1,35 @@
-"""Algorithms: one file per paper algorithm, each a frozen dataclass of hyper-parameters.
+"""Algorithms: one file per paper algorithm, each a frozen dataclass of hyper-parameters that
+follows :class:`dpopt.base.Algorithm`; :mod:`~dpopt.algorithms.registry` builds them by name.
 
-Each is an :class:`~dpopt.algorithms._common.Algorithm` (an explicit protocol: ``relation()``,
-``sampler(t, n)``, ``init``, ``step(state, batch, oracle, source) -> (state, DpEvent)`` with the
-event its mechanisms returned, ``output``, ``planned_event(n, steps)``, ``NOISE_FIELDS`` and
-``noise_ratios``).
+The classes are imported on first use, so that the registry (and ``dpopt --help``) needs no torch.
 """
 
-from .aclip import AClip, RestartedAClip, Stage
-from .diff2 import DIFF2, LocalSteps
-from .dp_agd import DPAGD
-from .dp_sgd import DPSGD, dp_gd
-from .dp_srm import DPSRM
-from .o2nc import O2NC, O2NCMulti
-from .rrpsgd import rrpsgd
-from .storm import Storm
+from __future__ import annotations
 
-__all__ = ["AClip", "DIFF2", "LocalSteps", "DPAGD", "DPSGD", "DPSRM", "O2NC", "O2NCMulti", "RestartedAClip", "Stage", "Storm", "dp_gd",
-           "rrpsgd"]
+import importlib
+from typing import Any
+
+#: Public name -> the module that defines it.
+_EXPORTS = {
+    **dict.fromkeys(("AClip", "RestartedAClip", "Stage"), "aclip"),
+    **dict.fromkeys(("DIFF2", "LocalSteps"), "diff2"),
+    "DPAGD": "dp_agd",
+    **dict.fromkeys(("DPSGD", "dp_gd", "rrpsgd"), "dp_sgd"),
+    "DPSRM": "dp_srm",
+    **dict.fromkeys(("O2NC", "O2NCMulti"), "o2nc"),
+    "Storm": "storm",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

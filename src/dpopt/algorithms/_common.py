@@ -3,70 +3,18 @@ rules, noise checks."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
-from dp_accounting import DpEvent, NeighboringRelation
 from torch import Tensor
 
 from .. import _validate, mechanisms
-from ..sampling import BatchSampling, FullBatch, Sampler
+from ..sampling import BatchSampling, FullBatch, by_name
+
+if TYPE_CHECKING:
+    from .registry import Knobs
 
 OUTPUT_RULES = ("last", "uniform")
-
-
-@runtime_checkable
-class Algorithm(Protocol):
-    """A private optimiser: a frozen dataclass of hyper-parameters, validated in ``__post_init__``.
-
-    ``step`` returns the new state and the event of everything it released, built only from what
-    its mechanisms returned (wrapped by the batch's sampler); ``planned_event(n, steps)`` is the
-    independent description of the whole run that calibrates the noise and that the ledger is
-    checked against (:func:`dpopt.accounting.guarantee`). ``NOISE_FIELDS`` name the noise
-    multipliers :func:`dpopt.accounting.calibrate` scales, in the ratios ``noise_ratios``.
-    """
-
-    NOISE_FIELDS: tuple[str, ...]
-    noise_ratios: tuple[float, ...]
-
-    def relation(self) -> NeighboringRelation: ...
-
-    def sampler(self, t: int, n: int) -> Sampler: ...
-
-    def init(self, theta0: Tensor, steps: int, gen: torch.Generator) -> Any: ...
-
-    def step(self, state: Any, batch: Batch, oracle: Any, source: mechanisms.NoiseSource) -> tuple[Any, DpEvent]: ...
-
-    def output(self, state: Any) -> Tensor: ...
-
-    def planned_event(self, n: int, steps: int) -> DpEvent: ...
-
-
-@runtime_checkable
-class Directed(Protocol):
-    """An algorithm whose update is θ_{t+1} = θ_t − η_t·g̃_t, with g̃_t its private gradient estimate
-    (its noised release after its own post-processing, e.g. momentum): ``direction(state)`` is
-    the g̃_t of the step that produced ``state``, and ``moved(state, theta)`` is that state with
-    θ_{t+1} replaced by ``theta`` (what another update rule, e.g. a ``torch.optim`` optimizer,
-    made of g̃_t: post-processing, no privacy cost). The state's other parts (momentum, output
-    rule, averages) then follow ``theta``. :class:`dpopt.Private` hands g̃_t to the user's optimizer
-    through these two methods and nothing else: the estimate comes from ``step``, the code path
-    of :func:`dpopt.run`."""
-
-    def direction(self, state: Any) -> Tensor: ...
-
-    def moved(self, state: Any, theta: Tensor) -> Any: ...
-
-
-@dataclass(frozen=True)
-class Batch:
-    """The records step ``t`` sees and the sampler that chose them (for ``wrap`` and the
-    public divisor ``sampler.expected_size``)."""
-
-    t: int
-    indices: Tensor
-    sampler: Sampler
 
 
 class Output(NamedTuple):
@@ -104,3 +52,16 @@ def check_noise(noise: mechanisms.Noise, sampling: BatchSampling) -> None:
     if not noise.amplifiable and sampling is not FullBatch:
         raise _validate.DpoptError(f"noise={noise!r} needs sampling=FullBatch, not sampling={sampling!r}: the discrete "
                                    "Gaussian is accounted as zCDP, which dp_accounting cannot amplify by sampling")
+
+
+def noise_kind(knobs: Knobs) -> mechanisms.Noise:
+    """The kind of noise ``knobs.noise`` names: the exact discrete Gaussian for "discrete", else
+    continuous Gaussian noise (whose source, the run's seeded generator or the OS CSPRNG, is the
+    run's: :func:`dpopt.mechanisms.source_named`)."""
+    return mechanisms.DISCRETE if knobs.noise == "discrete" else mechanisms.CONTINUOUS
+
+
+def batch_sampling(knobs: Knobs) -> BatchSampling:
+    """The batch sampling ``knobs.sampling`` names, with ``knobs.batch_size`` checked against n."""
+    _validate.positive_int("batch_size", knobs.batch_size, maximum=knobs.n, maximum_name="n (training records)")
+    return by_name(knobs.sampling)

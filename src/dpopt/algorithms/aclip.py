@@ -28,15 +28,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import dp_accounting as dpa
 import torch
 from torch import Tensor
 
 from .. import _validate, accounting, clipping, mechanisms, sampling
-from ..oracles import Oracle
-from ._common import Batch, check_noise
+from ..base import Batch, NoiseSource, Oracle, Sampler
+from ._common import check_noise, noise_kind
+
+if TYPE_CHECKING:
+    from .registry import Knobs
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,7 @@ def _project(theta: Tensor, radius: float) -> Tensor:
     return theta * (radius / norm) if norm > radius else theta
 
 
-def _aclip_step(state: AClipState, batch: Batch, oracle: Oracle, source: mechanisms.NoiseSource, *, lr: float,
+def _aclip_step(state: AClipState, batch: Batch, oracle: Oracle, source: NoiseSource, *, lr: float,
                 clip: float, noise_multiplier: float, radius: float,
                 noise: mechanisms.Noise) -> tuple[AClipState, dpa.DpEvent]:
     """One AClipped-dpSGD step with step size ``lr`` and clip ``clip`` (the mechanism shared by
@@ -116,14 +119,14 @@ class AClip:
     def relation(self) -> dpa.NeighboringRelation:
         return dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
 
-    def sampler(self, t: int, n: int) -> sampling.Sampler:
+    def sampler(self, t: int, n: int) -> Sampler:
         return sampling.Poisson.of(n, self.batch_size)
 
     def init(self, theta0: Tensor, steps: int, gen: torch.Generator) -> AClipState:
         return _start(_project(theta0, self.radius))
 
     def step(self, state: AClipState, batch: Batch, oracle: Oracle,
-             source: mechanisms.NoiseSource) -> tuple[AClipState, dpa.DpEvent]:
+             source: NoiseSource) -> tuple[AClipState, dpa.DpEvent]:
         return _aclip_step(state, batch, oracle, source, lr=self.lr, clip=self.clip,
                            noise_multiplier=self.noise_multiplier, radius=self.radius, noise=self.noise)
 
@@ -184,7 +187,7 @@ class RestartedAClip:
     def relation(self) -> dpa.NeighboringRelation:
         return dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
 
-    def sampler(self, t: int, n: int) -> sampling.Sampler:
+    def sampler(self, t: int, n: int) -> Sampler:
         return sampling.Poisson.of(n, self._stage_of(t)[0].batch_size)
 
     def init(self, theta0: Tensor, steps: int, gen: torch.Generator) -> AClipState:
@@ -193,7 +196,7 @@ class RestartedAClip:
         return _start(_project(theta0, self.radius))
 
     def step(self, state: AClipState, batch: Batch, oracle: Oracle,
-             source: mechanisms.NoiseSource) -> tuple[AClipState, dpa.DpEvent]:
+             source: NoiseSource) -> tuple[AClipState, dpa.DpEvent]:
         stage, last = self._stage_of(batch.t)
         state, event = _aclip_step(state, batch, oracle, source, lr=stage.lr, clip=stage.clip,
                                    noise_multiplier=self.noise_multiplier, radius=self.radius, noise=self.noise)
@@ -254,3 +257,10 @@ def paper_noise(*, epsilon: float, delta: float, n: int, batch_size: int, steps:
             "stage_epsilon": stage_epsilon, "stage_delta": stage_delta, "steps_per_stage": steps,
             "sampling_rate": rate, "sigma_over_lambda": per_unit_clip, "rows": rows, "accountant": "pld",
             "neighboring_relation": "add_or_remove_one"}
+
+
+def from_knobs(knobs: Knobs) -> AClip:
+    """``aclip`` by name: ``lr``, ``clip`` (λ), ``batch_size``, ``radius``, ``noise``."""
+    _validate.positive_int("batch_size", knobs.batch_size, maximum=knobs.n, maximum_name="n (training records)")
+    return AClip(lr=knobs.lr, clip=knobs.clip, noise_multiplier=1.0, batch_size=knobs.batch_size, radius=knobs.radius,
+                 noise=noise_kind(knobs))

@@ -10,15 +10,14 @@ from typing import Any
 from .. import _validate
 from ..mechanisms import CONTINUOUS, DISCRETE, Noise, NoiseSource, SystemNoise
 from ..names import ALGORITHMS as NAMES
-from ..names import NON_PRIVATE, NOISES
+from ..names import NOISES, NON_PRIVATE
 from ..sampling import Clients, by_name
 from .aclip import AClip
 from .diff2 import DIFF2, LocalSteps
 from .dp_agd import DPAGD
-from .dp_sgd import DPSGD, dp_gd
+from .dp_sgd import DPSGD, dp_gd, rrpsgd
 from .dp_srm import DPSRM
 from .o2nc import O2NC, O2NCMulti
-from .rrpsgd import rrpsgd
 from .storm import Storm
 
 __all__ = ["NAMES", "NON_PRIVATE", "NOISES", "build", "noise_of", "steps_for_epochs"]

@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import dp_accounting as dpa
 import torch
@@ -49,10 +49,12 @@ from torch import Tensor
 
 from .. import _validate, clipping, mechanisms, sampling
 from ..accounting import PlanMismatch
-from ..clipping import PerRecord
+from ..base import Batch, NoiseSource, Oracle, PerRecord
 from ..distributed import Local
-from ..oracles import Oracle
-from ._common import OUTPUT_RULES, Batch, Output, output_init, output_track, output_value
+from ._common import OUTPUT_RULES, Output, output_init, output_track, output_value
+
+if TYPE_CHECKING:
+    from .registry import Knobs
 
 
 class DIFF2State(NamedTuple):
@@ -176,7 +178,7 @@ class DIFF2:
         return t % self.restart == 0
 
     def estimate(self, state: DIFF2State, t: int, oracle: Oracle,
-                 source: mechanisms.NoiseSource) -> tuple[Tensor, dpa.DpEvent]:
+                 source: NoiseSource) -> tuple[Tensor, dpa.DpEvent]:
         """ṽ_r on the server (zeros elsewhere: a client never sees it) and the event of the
         server's release (the Gaussian mechanism's; a client gets it with x_r)."""
         indices = self.clients.records(self.backend.hosted(self.clients.count))
@@ -201,7 +203,7 @@ class DIFF2:
         return oracle.per_record(theta, indices)
 
     def local_steps(self, state: DIFF2State, estimate: Tensor, t: int, oracle: Oracle,
-                    source: mechanisms.NoiseSource) -> tuple[Tensor, Tensor, list[dpa.DpEvent]]:
+                    source: NoiseSource) -> tuple[Tensor, Tensor, list[dpa.DpEvent]]:
         """The routine after the server's estimate: (x_r, x^out_r, the local releases' events
         that round t + 1 records). GD: x_r = x_{r−1} − η ṽ_r, no release."""
         theta = state.theta - self.lr * estimate
@@ -236,7 +238,7 @@ class DIFF2:
         return self.local.sampler(self.clients).wrap(dpa.GaussianDpEvent(self.noise_multiplier3))
 
     def step(self, state: DIFF2State, batch: Batch, oracle: Oracle,
-             source: mechanisms.NoiseSource) -> tuple[DIFF2State, dpa.DpEvent]:
+             source: NoiseSource) -> tuple[DIFF2State, dpa.DpEvent]:
         estimate, event = self.estimate(state, batch.t, oracle, source)
         out = output_track(state.out, batch.t, state.theta_out)
         theta, theta_out, local_events = self.local_steps(state, estimate, batch.t, oracle, source)
@@ -285,3 +287,26 @@ def _scaled_clip(clip: float, move: Tensor) -> float:
         return math.inf
     norm = float(move.norm())
     return clip * norm if math.isfinite(norm) else 0.0
+
+
+def _diff2(knobs: Knobs, **local: Any) -> DIFF2:
+    split = sampling.Clients(knobs.n, knobs.clients)
+    backend = {} if knobs.backend is None else {"backend": knobs.backend}
+    if local:
+        local = {"local": LocalSteps(knobs.local_steps, min(knobs.batch_size, split.size), knobs.clip_diff),
+                 "noise_multiplier3": 1.0}
+    return DIFF2(lr=knobs.lr, clip=knobs.clip, clip_diff=knobs.clip_diff, restart=knobs.restart, noise_multiplier1=1.0,
+                 noise_multiplier2=1.0, clients=split, output_rule=knobs.output_rule, noise_ratios=knobs.noise_ratios,
+                 **backend, **local)
+
+
+def gd_from_knobs(knobs: Knobs) -> DIFF2:
+    """``diff2-gd`` by name: C1 = ``clip``, C2 = ``clip_diff``, T = ``restart``, P = ``clients`` (an
+    i.i.d. equal split, seed 0), ``backend``, ``output_rule``, ``noise_ratios``."""
+    return _diff2(knobs)
+
+
+def bvr_from_knobs(knobs: Knobs) -> DIFF2:
+    """``diff2-bvr`` by name: as ``diff2-gd``, with K = ``local_steps`` local steps on batches of
+    ``batch_size`` (at most a shard) clipped at C3 = ``clip_diff``."""
+    return _diff2(knobs, local=True)

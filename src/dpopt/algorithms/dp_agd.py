@@ -75,16 +75,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import dp_accounting as dpa
 import torch
 from torch import Tensor
 
 from .. import _validate, clipping, mechanisms, sampling
+from ..base import Batch, NoiseSource, Oracle, Sampler
 from ..mechanisms import Bounded
-from ..oracles import Oracle
-from ._common import Batch, check_noise
+from ._common import check_noise, noise_kind
+
+if TYPE_CHECKING:
+    from .registry import Knobs
 
 
 class DPAGDState(NamedTuple):
@@ -155,7 +158,7 @@ class DPAGD:
     def relation(self) -> dpa.NeighboringRelation:
         return sampling.FullBatch.relation
 
-    def sampler(self, t: int, n: int) -> sampling.Sampler:
+    def sampler(self, t: int, n: int) -> Sampler:
         return sampling.FullBatch(n)
 
     def init(self, theta0: Tensor, steps: int, gen: torch.Generator) -> DPAGDState:
@@ -163,7 +166,7 @@ class DPAGD:
         return DPAGDState(theta0.clone(), rho, self.grad_fraction * rho, self.max_step, (), False)
 
     def step(self, state: DPAGDState, batch: Batch, oracle: Oracle,
-             source: mechanisms.NoiseSource) -> tuple[DPAGDState, dpa.DpEvent]:
+             source: NoiseSource) -> tuple[DPAGDState, dpa.DpEvent]:
         if state.exhausted:
             return state, dpa.NoOpDpEvent()
         n = batch.sampler.expected_size
@@ -200,7 +203,7 @@ class DPAGD:
         new_state = DPAGDState(theta, remaining, rho_g, max_step, chosen, last)
         return new_state, events[0] if len(events) == 1 else dpa.ComposedDpEvent(events)
 
-    def _gaussian(self, clipped: mechanisms.Bounded, rho: float, source: mechanisms.NoiseSource,
+    def _gaussian(self, clipped: mechanisms.Bounded, rho: float, source: NoiseSource,
                   events: list[dpa.DpEvent]) -> Tensor:
         """The Gaussian mechanism at zCDP budget ρ (multiplier 1/√(2ρ)); appends its event."""
         z = 1 / math.sqrt(2 * rho) if self.private else 0.0
@@ -245,3 +248,8 @@ def _candidate_scores(oracle: Oracle, thetas: Tensor, indices: Tensor, obj_clip:
     losses = oracle.per_record_loss(thetas, indices)
     regulariser = torch.stack([oracle.regulariser(theta) for theta in thetas])
     return clipping.clip_loss_sums(losses, obj_clip, public_offset=n * regulariser)
+
+
+def from_knobs(knobs: Knobs) -> DPAGD:
+    """``dp-agd`` by name: ``clip``, ``obj_clip``, ``noise``."""
+    return DPAGD(clip=knobs.clip, obj_clip=knobs.obj_clip, noise_multiplier=1.0, noise=noise_kind(knobs))

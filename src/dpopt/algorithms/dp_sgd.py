@@ -17,15 +17,27 @@ With z = 0 and C = ∞ this is plain minibatch SGD.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import dp_accounting as dpa
 import torch
 from torch import Tensor
 
 from .. import _validate, clipping, mechanisms, sampling
-from ..oracles import Oracle
-from ._common import OUTPUT_RULES, Batch, Output, check_noise, output_init, output_track, output_value
+from ..base import Batch, NoiseSource, Oracle, Sampler
+from ._common import (
+    OUTPUT_RULES,
+    Output,
+    batch_sampling,
+    check_noise,
+    noise_kind,
+    output_init,
+    output_track,
+    output_value,
+)
+
+if TYPE_CHECKING:
+    from .registry import Knobs
 
 
 class DPSGDState(NamedTuple):
@@ -66,7 +78,7 @@ class DPSGD:
     def relation(self) -> dpa.NeighboringRelation:
         return self.sampling.relation
 
-    def sampler(self, t: int, n: int) -> sampling.Sampler:
+    def sampler(self, t: int, n: int) -> Sampler:
         return self.sampling.of(n, self.batch_size)
 
     def init(self, theta0: Tensor, steps: int, gen: torch.Generator) -> DPSGDState:
@@ -74,7 +86,7 @@ class DPSGD:
                           1.0)
 
     def step(self, state: DPSGDState, batch: Batch, oracle: Oracle,
-             source: mechanisms.NoiseSource) -> tuple[DPSGDState, dpa.DpEvent]:
+             source: NoiseSource) -> tuple[DPSGDState, dpa.DpEvent]:
         rows = oracle.per_record(state.theta, batch.indices)
         clipped, _ = clipping.clip_sum([clipping.Term(1.0, rows, self.clip)], batch.sampler.relation)
         noised, event = mechanisms.gaussian(clipped, self.noise_multiplier, source, self.noise)
@@ -105,3 +117,30 @@ def dp_gd(*, lr: float, clip: float, noise_multiplier: float, output_rule: str =
     """DP-GD: DP-SGD on the full batch every step (replace-one adjacency)."""
     return DPSGD(lr=lr, clip=clip, noise_multiplier=noise_multiplier, sampling=sampling.FullBatch, output_rule=output_rule,
                  noise=noise)
+
+
+def rrpsgd(*, lr: float, clip: float, noise_multiplier: float, batch_size: int,
+           sampling: sampling.BatchSampling = sampling.Poisson, noise: mechanisms.Noise = mechanisms.CONTINUOUS) -> DPSGD:
+    """RRPSGD (Zhang, Zheng, Mou, Wang 2017, "random round private SGD"): DP-SGD whose output is
+    the iterate of a uniformly random round R. R is drawn up front, independently of the data, so
+    the output rule costs no privacy; the noise is calibrated, and the ledger charged, for all T
+    rounds (the most R can be)."""
+    return DPSGD(lr=lr, clip=clip, noise_multiplier=noise_multiplier, batch_size=batch_size, sampling=sampling,
+                 output_rule="uniform", noise=noise)
+
+
+def dp_sgd_from_knobs(knobs: Knobs) -> DPSGD:
+    """``dp-sgd`` by name: ``lr``, ``clip``, ``batch_size``, ``sampling``, ``noise``."""
+    return DPSGD(lr=knobs.lr, clip=knobs.clip, noise_multiplier=1.0, batch_size=knobs.batch_size,
+                 sampling=batch_sampling(knobs), noise=noise_kind(knobs))
+
+
+def dp_gd_from_knobs(knobs: Knobs) -> DPSGD:
+    """``dp-gd`` by name: ``lr``, ``clip``, ``noise``."""
+    return dp_gd(lr=knobs.lr, clip=knobs.clip, noise_multiplier=1.0, noise=noise_kind(knobs))
+
+
+def rrpsgd_from_knobs(knobs: Knobs) -> DPSGD:
+    """``rrpsgd`` by name: ``lr``, ``clip``, ``batch_size``, ``sampling``, ``noise``."""
+    return rrpsgd(lr=knobs.lr, clip=knobs.clip, noise_multiplier=1.0, batch_size=knobs.batch_size,
+                  sampling=batch_sampling(knobs), noise=noise_kind(knobs))

@@ -21,15 +21,27 @@ With σ0 = σ = 0 and C1 = C2 = ∞ this is STORM with constant momentum a = γ 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import dp_accounting as dpa
 import torch
 from torch import Tensor
 
 from .. import _validate, clipping, mechanisms, sampling
-from ..oracles import Oracle
-from ._common import OUTPUT_RULES, Batch, Output, check_noise, output_init, output_track, output_value
+from ..base import Batch, NoiseSource, Oracle, Sampler
+from ._common import (
+    OUTPUT_RULES,
+    Output,
+    batch_sampling,
+    check_noise,
+    noise_kind,
+    output_init,
+    output_track,
+    output_value,
+)
+
+if TYPE_CHECKING:
+    from .registry import Knobs
 
 STEP_RULES = ("plain", "normalized")
 
@@ -46,8 +58,9 @@ class DPSRM:
     """Hyper-parameters (keyword-only): ``lr`` (η), ``clip`` (C1), ``clip_diff`` (C2),
     ``gamma`` (γ, the paper sets γ = C2), ``noise_multiplier0`` (σ0), ``noise_multiplier``
     (σ), ``batch_size0`` (b0), ``batch_size`` (b), ``sampling``, ``step_rule`` ("plain" or
-    "normalized" with ``zeta``, ``n0``, ``smoothness`` = L), ``output_rule`` and ``noise`` (the kind
-    of noise, :data:`dpopt.mechanisms.Noise`; not discrete: the batches are sampled)."""
+    "normalized" with ``zeta``, ``n0``, ``smoothness`` = L), ``output_rule``, ``noise`` (the kind
+    of noise, :data:`dpopt.mechanisms.Noise`; not discrete: the batches are sampled) and ``noise_ratios``
+    (σ0 : σ, fixed while calibration scales both)."""
 
     lr: float
     clip: float
@@ -64,9 +77,9 @@ class DPSRM:
     smoothness: float = 1.0
     output_rule: str = "last"
     noise: mechanisms.Noise = mechanisms.CONTINUOUS
+    noise_ratios: tuple[float, float] = (1.0, 1.0)
 
     NOISE_FIELDS = ("noise_multiplier0", "noise_multiplier")
-    noise_ratios = (1.0, 1.0)
 
     def __post_init__(self) -> None:
         _validate.positive("lr", self.lr)
@@ -75,6 +88,9 @@ class DPSRM:
         _validate.unit_interval("gamma", self.gamma)
         _validate.non_negative("noise_multiplier0", self.noise_multiplier0)
         _validate.non_negative("noise_multiplier", self.noise_multiplier)
+        if len(self.noise_ratios) != 2:
+            raise _validate.DpoptError(f"noise_ratios={self.noise_ratios!r} must be two numbers (σ0 : σ)")
+        object.__setattr__(self, "noise_ratios", tuple(_validate.positive("noise_ratios", r) for r in self.noise_ratios))
         _validate.positive_int("batch_size0", self.batch_size0)
         _validate.positive_int("batch_size", self.batch_size)
         sampling.check("sampling", self.sampling, (sampling.Poisson, sampling.FixedSize))
@@ -87,7 +103,7 @@ class DPSRM:
     def relation(self) -> dpa.NeighboringRelation:
         return self.sampling.relation
 
-    def sampler(self, t: int, n: int) -> sampling.Sampler:
+    def sampler(self, t: int, n: int) -> Sampler:
         return self.sampling.of(n, self.batch_size0 if t == 0 else self.batch_size)
 
     def init(self, theta0: Tensor, steps: int, gen: torch.Generator) -> DPSRMState:
@@ -95,7 +111,7 @@ class DPSRM:
         return DPSRMState(theta0.clone(), theta0.clone(), zeros, output_init(self.output_rule, theta0, steps, gen))
 
     def step(self, state: DPSRMState, batch: Batch, oracle: Oracle,
-             source: mechanisms.NoiseSource) -> tuple[DPSRMState, dpa.DpEvent]:
+             source: NoiseSource) -> tuple[DPSRMState, dpa.DpEvent]:
         grads = oracle.per_record(state.theta, batch.indices)
         if batch.t == 0:
             terms = [clipping.Term(1.0, grads, self.clip)]
@@ -133,3 +149,12 @@ class DPSRM:
         first = self.sampler(0, n).wrap(self.noise.event(self.noise_multiplier0))
         rest = self.sampler(1, n).wrap(self.noise.event(self.noise_multiplier))
         return dpa.ComposedDpEvent([first, dpa.SelfComposedDpEvent(rest, steps - 1)])
+
+
+def from_knobs(knobs: Knobs) -> DPSRM:
+    """``dp-srm`` by name: ``lr``, ``clip`` (C1), ``clip_diff`` (C2), ``gamma``, ``batch_size`` (b; b0 =
+    ``knobs.first_batch``), ``sampling``, ``noise`` and ``noise_ratio`` (σ0/σ)."""
+    return DPSRM(lr=knobs.lr, clip=knobs.clip, clip_diff=knobs.clip_diff, gamma=knobs.gamma, noise_multiplier0=1.0,
+                 noise_multiplier=1.0, batch_size0=knobs.first_batch, batch_size=knobs.batch_size,
+                 sampling=batch_sampling(knobs), noise=noise_kind(knobs),
+                 noise_ratios=(_validate.positive("noise_ratio", knobs.noise_ratio), 1.0))

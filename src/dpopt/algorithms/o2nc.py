@@ -45,16 +45,18 @@ the theorems, with every hidden constant explicit: :mod:`dpopt.algorithms.o2nc_p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import dp_accounting as dpa
 import torch
 from torch import Tensor
 
 from .. import _validate, clipping, mechanisms, sampling
-from ..oracles import Oracle
+from ..base import Batch, NoiseSource, Oracle, Sampler
 from ..oracles import zeroth_order as zo
-from ._common import Batch
+
+if TYPE_CHECKING:
+    from .registry import Knobs
 
 ESTIMATORS = ("zeroth", "first")
 
@@ -105,7 +107,7 @@ def _estimates(algo: O2NC | O2NCMulti, oracle: Oracle, point: Tensor, indices: T
 
 
 def _outer_step(algo: O2NC | O2NCMulti, state: O2NCState, batch: Batch, oracle: Oracle,
-                source: mechanisms.NoiseSource) -> tuple[O2NCState, dpa.DpEvent]:
+                source: NoiseSource) -> tuple[O2NCState, dpa.DpEvent]:
     """Step t of the conversion: s_t, x_t, z_t, the per-record rows at z_t (a fresh estimate at a
     period start, else the difference from z_{t−1}), the oracle's release g̃_t (``algo.release``),
     then Δ_{t+1} = clip(Δ_t − η g̃_t, D) and the window sum."""
@@ -150,7 +152,7 @@ class _Conversion:
         return _init(self, theta0, steps, gen)
 
     def step(self, state: O2NCState, batch: Batch, oracle: Oracle,
-             source: mechanisms.NoiseSource) -> tuple[O2NCState, dpa.DpEvent]:
+             source: NoiseSource) -> tuple[O2NCState, dpa.DpEvent]:
         return _outer_step(self, state, batch, oracle, source)
 
     def output(self, state: O2NCState) -> Tensor:
@@ -200,7 +202,7 @@ class O2NC(_Conversion):
         starts = -(-steps // self.period)
         return starts * self.batch_size0 + (steps - starts) * self.batch_size
 
-    def sampler(self, t: int, n: int) -> sampling.Sampler:
+    def sampler(self, t: int, n: int) -> Sampler:
         size = self.batch_size0 if t % self.period == 0 else self.batch_size
         return sampling.SinglePass(n, self.records_used(t), size, self.order_seed)
 
@@ -224,7 +226,7 @@ class O2NC(_Conversion):
 
 
     def release(self, state: O2NCState, batch: Batch, rows: clipping.Dense, start: bool,
-                source: mechanisms.NoiseSource) -> tuple[Tensor, mechanisms.TreeAggregator, dpa.DpEvent]:
+                source: NoiseSource) -> tuple[Tensor, mechanisms.TreeAggregator, dpa.DpEvent]:
         """g̃_t: the tree's noisy prefix sum of the increments (1/B)Σ clip(·, C) of this period."""
         tree = state.tree or mechanisms.TreeAggregator(tuple(self.period_lengths(state.steps)), self.noise_multiplier,
                                                        self.tree_sensitivity())
@@ -270,7 +272,7 @@ class O2NCMulti(_Conversion):
     def relation(self) -> dpa.NeighboringRelation:
         return sampling.FullBatch.relation
 
-    def sampler(self, t: int, n: int) -> sampling.Sampler:
+    def sampler(self, t: int, n: int) -> Sampler:
         return sampling.FullBatch(n)
 
     def _multiplier(self, t: int) -> float:
@@ -282,7 +284,7 @@ class O2NCMulti(_Conversion):
 
 
     def release(self, state: O2NCState, batch: Batch, rows: clipping.Dense, start: bool,
-                source: mechanisms.NoiseSource) -> tuple[Tensor, None, dpa.DpEvent]:
+                source: NoiseSource) -> tuple[Tensor, None, dpa.DpEvent]:
         """g̃_t = (Σ_i clip(·, C1) + N(0, (z0·2C1)²))/n at a period start, else
         g̃_{t−1} + (Σ_i clip(diff_i, C2) + N(0, (z·2C2)²))/n."""
         bounded, _ = clipping.clip_sum([clipping.Term(1.0, rows, self.clip0 if start else self.clip)],
@@ -290,3 +292,26 @@ class O2NCMulti(_Conversion):
         noised, event = mechanisms.gaussian(bounded, self._multiplier(batch.t), source)
         increment = noised / batch.sampler.expected_size
         return (increment if start else state.released + increment), None, event
+
+
+def _o2nc_settings(knobs: Knobs) -> dict[str, Any]:
+    """The settings every O2NC variant reads: period Σ = ``batch_size``, clips C1 = ``clip`` and
+    C2 = ``clip_diff``, smoothing ``alpha``, m = ``directions``, M = ``window``, D = ``o2nc_radius``."""
+    _validate.positive_int("batch_size", knobs.batch_size, maximum=knobs.n, maximum_name="n (training records)")
+    return dict(lr=knobs.lr, radius=knobs.o2nc_radius, window=knobs.window, alpha=knobs.alpha, period=knobs.batch_size,
+                clip0=knobs.clip, clip=knobs.clip_diff, noise_multiplier=1.0, directions=knobs.directions)
+
+
+def zeroth_from_knobs(knobs: Knobs) -> O2NC:
+    """``o2nc-zeroth`` by name: the single pass with the zeroth-order oracle (B1 = Σ, B2 = 1)."""
+    return O2NC(**_o2nc_settings(knobs), estimator="zeroth", batch_size0=knobs.batch_size, batch_size=1)
+
+
+def first_from_knobs(knobs: Knobs) -> O2NC:
+    """``o2nc-first`` by name: the single pass with the first-order oracle (B1 = Σ, B2 = 1)."""
+    return O2NC(**_o2nc_settings(knobs), estimator="first", batch_size0=knobs.batch_size, batch_size=1)
+
+
+def multi_from_knobs(knobs: Knobs) -> O2NCMulti:
+    """``o2nc-multi`` by name: every record every step."""
+    return O2NCMulti(**_o2nc_settings(knobs))

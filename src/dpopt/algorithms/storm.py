@@ -12,16 +12,18 @@ step, so the ledger's ε is ∞. DP-SRM with zero noise and no clipping equals "
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import dp_accounting as dpa
 import torch
 from torch import Tensor
 
 from .. import _validate, sampling
-from ..mechanisms import NoiseSource
-from ..oracles import Oracle
-from ._common import Batch
+from ..base import Batch, NoiseSource, Oracle, Sampler
+from ._common import batch_sampling
+
+if TYPE_CHECKING:
+    from .registry import Knobs
 
 STEP_RULES = ("constant", "adaptive")
 
@@ -64,7 +66,7 @@ class Storm:
     def relation(self) -> dpa.NeighboringRelation:
         return self.sampling.relation
 
-    def sampler(self, t: int, n: int) -> sampling.Sampler:
+    def sampler(self, t: int, n: int) -> Sampler:
         return self.sampling.of(n, self.batch_size0 if t == 0 else self.batch_size)
 
     def init(self, theta0: Tensor, steps: int, gen: torch.Generator) -> StormState:
@@ -94,3 +96,9 @@ class Storm:
 
     def planned_event(self, n: int, steps: int) -> dpa.DpEvent:
         return dpa.SelfComposedDpEvent(dpa.NonPrivateDpEvent(), steps)
+
+
+def from_knobs(knobs: Knobs) -> Storm:
+    """``storm`` by name (non-private): ``lr``, ``gamma`` (momentum), ``batch_size``, ``sampling``."""
+    return Storm(lr=knobs.lr, momentum=knobs.gamma, batch_size0=knobs.first_batch, batch_size=knobs.batch_size,
+                 sampling=batch_sampling(knobs))

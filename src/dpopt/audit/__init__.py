@@ -31,7 +31,9 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from .. import _validate, train
-from ..accounting import Ledger, calibrate, epsilon_of
+from ..algorithms import registry
+from ..base import Algorithm
+from ..plan import Plan, plan_for
 from ..oracles import ghost, records
 from . import bounds, one_run
 from .bounds import KINDS, BoundKind, ClopperPearson, GaussianDP, clopper_pearson_upper
@@ -94,19 +96,20 @@ def _number(value: float) -> str:
     return "∞" if math.isinf(value) else f"{value:.3g}"
 
 
-def observations(algorithm: Any, place: Pair, engine: Engine, threat: ThreatModel, *,
-                 present: bool | Sequence[bool], steps: int, runs: int, seed: int,
-                 bar: tqdm | None = None) -> np.ndarray:
+def observations(plan: Plan[Any], place: Pair, engine: Engine, threat: ThreatModel, *,
+                 present: bool | Sequence[bool], runs: int, seed: int, bar: tqdm | None = None) -> np.ndarray:
     """What the adversary sees of ``runs`` canary slots of D′ (``present``) or D: trajectories
     [runs, steps + 1, k] or outputs [runs, k] of the k watched coordinates, from ⌈runs / slots⌉
-    training runs seeded seed, seed+1, …, each step counted on ``bar``."""
+    training runs of ``plan`` seeded seed, seed+1, …, each step counted on ``bar``. The runs are
+    :func:`dpopt.train.step`'s, on D′'s n records or, under add/remove-one, on D's one fewer."""
+    algorithm, steps = plan.algorithm, plan.steps
     oracle = engine.oracle(*place.records(present=present))
     theta0 = engine.start(oracle)
     seen = []
     for r in range(math.ceil(runs / place.slots)):
         sample_gen, source, _ = train.randomness(seed + r)
         state = algorithm.init(theta0, steps, sample_gen)
-        ledger = Ledger(algorithm.relation())
+        ledger = plan.ledger()
         path = [place.seen(observe(threat, algorithm, state))] if threat.observes_steps() else []
         for t in range(steps):
             state, _ = train.step(algorithm, oracle, state, t, ledger, sample_gen, source)
@@ -123,25 +126,23 @@ def _bar(name: str, steps: int, progress: bool) -> tqdm:
     return tqdm(total=steps, desc=f"audit {name}", unit="step", leave=False, disable=not progress, dynamic_ncols=True)
 
 
-def _inclusion_rate(algorithm: Any, n: int) -> float:
+def _inclusion_rate(algorithm: Algorithm[Any], n: int) -> float:
     """q: the probability that a step's batch holds a given record (1 for full batches)."""
     return min(1.0, algorithm.sampler(0, n).expected_size / n)
 
 
-def audit(algorithm: Any, *, name: str, steps: int, dataset_size: int, runs: int = 10_000, delta: float = 1e-5,
-          confidence: float = 0.95, threat_model: ThreatModel = Releases(), bound: BoundKind = GaussianDP(),
-          engine: Engine = ClosedForm(), canary: Canary | None = None, seed: int = 0,
-          progress: bool = False) -> AuditResult:
-    """Audit ``algorithm`` (already calibrated, built for ``dataset_size`` + 1 records) on the
-    audit's own linear world (:func:`dpopt.audit.worlds.world`): ``runs`` canary slots on each of
-    D and D′ (:func:`observations`), scored under ``threat_model`` and turned into an ε lower
-    bound at δ of the kind ``bound``, beside the claimed ε(δ) of its ``planned_event`` and the
-    smallest ε this configuration refutes. ``progress``: a bar of the training steps on stderr."""
-    n = _validate.positive_int("dataset_size", dataset_size) + 1
-    steps = _checked(steps, runs, delta, confidence)
-    place = world(algorithm, name, n, steps, canary)
-    return _audit(algorithm, place, engine, name=name, steps=steps, runs=runs, delta=delta, confidence=confidence,
-                  threat_model=threat_model, bound=bound, seed=seed, progress=progress)
+def audit(plan: Plan[Any], *, name: str, runs: int = 10_000, confidence: float = 0.95,
+          threat_model: ThreatModel = Releases(), bound: BoundKind = GaussianDP(), engine: Engine = ClosedForm(),
+          canary: Canary | None = None, seed: int = 0, progress: bool = False) -> AuditResult:
+    """Audit ``plan`` (its algorithm calibrated, for D′'s n = ``plan.n`` records) on the audit's own
+    linear world (:func:`dpopt.audit.worlds.world`): ``runs`` canary slots on each of D and D′
+    (:func:`observations`), scored under ``threat_model`` and turned into an ε lower bound at the
+    plan's δ of the kind ``bound``, beside the plan's claimed ε(δ) and the smallest ε this
+    configuration refutes. ``progress``: a bar of the training steps on stderr."""
+    _checked(runs, confidence)
+    place = world(plan.algorithm, name, plan.n, plan.steps, canary)
+    return _audit(plan, place, engine, name=name, runs=runs, confidence=confidence, threat_model=threat_model,
+                  bound=bound, seed=seed, progress=progress)
 
 
 def audit_module(module: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], data: Any, *,
@@ -173,10 +174,9 @@ def audit_module(module: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor],
         raise _validate.DpoptError(f"epsilon=None keeps the noise multipliers of an algorithm object; "
                                    f"algorithm={algorithm!r} by name needs an epsilon to calibrate to")
     built = _built(algorithm, len(X), batch_size=batch_size, lr=lr, clip=clip, options=options)
-    steps = _checked(steps, runs, delta, confidence)
-    place = worlds.neighbours(built, X, y, steps, canary)
-    if epsilon is not None:
-        built = calibrate(built, epsilon=_validate.positive("epsilon", epsilon), delta=delta, n=place.n, steps=steps)
+    _checked(runs, confidence)
+    place = worlds.neighbours(built, X, y, _validate.positive_int("steps", steps), canary)
+    plan = plan_for(built, n=place.n, steps=steps, delta=delta, epsilon=epsilon, allow_large_delta=True)
     parameters = sum(p.numel() for p in module.parameters() if p.requires_grad)
     observed = runs * (steps + 1 if threat_model.observes_steps() else 1) * parameters
     if observed > MAX_OBSERVED:
@@ -184,10 +184,9 @@ def audit_module(module: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor],
                                    f"numbers per world exceed {MAX_OBSERVED:,}: audit a smaller module, fewer runs "
                                    "or steps, or with threat_model=Final()")
     user: Engine = UserModule(module, loss_fn, engine, microbatch_size, known_layers)
-    return _audit(built, place, user if prepare is None else Prepared(user, prepare),
-                  name=algorithm if isinstance(algorithm, str) else type(algorithm).__name__, steps=steps, runs=runs,
-                  delta=delta, confidence=confidence, threat_model=threat_model, bound=bound, seed=seed,
-                  progress=progress)
+    return _audit(plan, place, user if prepare is None else Prepared(user, prepare),
+                  name=algorithm if isinstance(algorithm, str) else type(algorithm).__name__, runs=runs,
+                  confidence=confidence, threat_model=threat_model, bound=bound, seed=seed, progress=progress)
 
 
 def _tensors(data: Any) -> tuple[Tensor, Tensor]:
@@ -199,7 +198,8 @@ def _tensors(data: Any) -> tuple[Tensor, Tensor]:
     return held.X, held.y
 
 
-def _built(algorithm: str | Any, n: int, *, batch_size: int, lr: float, clip: float, options: dict[str, Any]) -> Any:
+def _built(algorithm: str | Algorithm[Any], n: int, *, batch_size: int, lr: float, clip: float,
+           options: dict[str, Any]) -> Algorithm[Any]:
     """The algorithm object: by name, built for D's n records (as :class:`dpopt.Private` builds it
     for the user's data), else as given."""
     if not isinstance(algorithm, str):
@@ -207,30 +207,24 @@ def _built(algorithm: str | Any, n: int, *, batch_size: int, lr: float, clip: fl
             raise _validate.DpoptError(f"options {sorted(options)} build an algorithm by name; algorithm="
                                        f"{type(algorithm).__name__} is already built")
         return algorithm
-    from ..algorithms.by_name import build
-
-    return build(algorithm, n=n, batch_size=batch_size, lr=lr, clip=clip, **options)
+    return registry.build(algorithm, n=n, batch_size=batch_size, lr=lr, clip=clip, **options)
 
 
-def _checked(steps: int, runs: int, delta: float, confidence: float) -> int:
-    steps = _validate.positive_int("steps", steps)
+def _checked(runs: int, confidence: float) -> None:
     if _validate.positive_int("runs", runs) < 4:
         raise _validate.DpoptError(f"runs={runs} must be >= 4 (half of them choose the test)")
-    _validate.open_unit("delta", delta)
     _validate.open_unit("confidence", confidence)
-    return steps
 
 
-def _audit(algorithm: Any, place: Pair, engine: Engine, *, name: str, steps: int, runs: int, delta: float,
-           confidence: float, threat_model: ThreatModel, bound: BoundKind, seed: int, progress: bool) -> AuditResult:
-    """The audit of ``algorithm`` on the pair ``place`` (see :func:`audit`)."""
-    relation = algorithm.relation()
-    claimed = epsilon_of(algorithm.planned_event(place.n, steps), delta, relation)
+def _audit(plan: Plan[Any], place: Pair, engine: Engine, *, name: str, runs: int, confidence: float,
+           threat_model: ThreatModel, bound: BoundKind, seed: int, progress: bool) -> AuditResult:
+    """The audit of ``plan`` on the pair ``place`` (see :func:`audit`)."""
+    claimed, delta = plan.epsilon(), plan.delta
     start = time.perf_counter()
-    with _bar(name, 2 * math.ceil(runs / place.slots) * steps, progress) as bar:
-        out, inside = (observations(algorithm, place, engine, threat_model, present=present, steps=steps, runs=runs,
-                                    seed=seed + offset, bar=bar) for present, offset in ((False, 0), (True, runs)))
-    q = _inclusion_rate(algorithm, place.n)
+    with _bar(name, 2 * math.ceil(runs / place.slots) * plan.steps, progress) as bar:
+        out, inside = (observations(plan, place, engine, threat_model, present=present, runs=runs, seed=seed + offset,
+                                    bar=bar) for present, offset in ((False, 0), (True, runs)))
+    q = _inclusion_rate(plan.algorithm, place.n)
     found = {kind.name: bounds.lower_bound(kind, out, inside, delta, confidence,
                                           lambda o, i: threat_model.scores(o, i, q)) for kind in KINDS.values()}
     chosen = found[bound.name]
@@ -244,10 +238,8 @@ def _audit(algorithm: Any, place: Pair, engine: Engine, *, name: str, steps: int
         seconds=time.perf_counter() - start)
 
 
-def audit_one_run(algorithm: Any, *, name: str, steps: int, dataset_size: int, canaries: int | None = None,
-                  delta: float = 1e-5,
-                  confidence: float = 0.95, engine: Engine = ClosedForm(), seed: int = 0,
-                  progress: bool = False) -> AuditResult:
+def audit_one_run(plan: Plan[Any], *, name: str, canaries: int | None = None, confidence: float = 0.95,
+                  engine: Engine = ClosedForm(), seed: int = 0, progress: bool = False) -> AuditResult:
     """One-run audit (Steinke, Nasr, Jagielski 2023; :mod:`dpopt.audit.one_run`): ``canaries``
     slots (default: every record the run uses), each holding the canary with probability ½ (the auditor's coin, from ``seed``), one
     training run, each slot scored by −output_r; the guesses k₊ = k₋ are planned from the claim
@@ -256,19 +248,17 @@ def audit_one_run(algorithm: Any, *, name: str, steps: int, dataset_size: int, c
     For models where many runs cost too much. It is weaker than many runs (ε-randomized-response
     guesses, no trade-off curve): ``smallest_refutable_epsilon`` says how much. ``progress``: a
     bar of the run's steps on stderr."""
-    n = _validate.positive_int("dataset_size", dataset_size) + 1
-    steps = _validate.positive_int("steps", steps)
-    _validate.open_unit("delta", delta)
+    algorithm, n, steps, delta = plan.algorithm, plan.n, plan.steps, plan.delta
     _validate.open_unit("confidence", confidence)
-    claimed = epsilon_of(algorithm.planned_event(n, steps), delta, algorithm.relation())
+    claimed = plan.epsilon()
     start = time.perf_counter()
     if canaries is None:
         canaries = len(worlds.used_positions(algorithm, n, steps))
     place = world(algorithm, name, n, steps, slots=_validate.positive_int("canaries", canaries))
     included = np.random.default_rng(seed).random(place.slots) < 0.5
     with _bar(name, steps, progress) as bar:
-        outputs = observations(algorithm, place, engine, Final(), present=included.tolist(), steps=steps,
-                               runs=place.slots, seed=seed + 1, bar=bar)[:, 0]
+        outputs = observations(plan, place, engine, Final(), present=included.tolist(), runs=place.slots,
+                               seed=seed + 1, bar=bar)[:, 0]
     separation = bounds.gaussian_mu(claimed, delta) if math.isfinite(claimed) else 10.0
     k, _ = one_run.plan_guesses(place.slots, separation, delta, confidence)
     guessed_in, guessed_out = one_run.guesses(-outputs, k, k)

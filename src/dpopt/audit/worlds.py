@@ -42,7 +42,8 @@ from dp_accounting import NeighboringRelation
 from torch import Tensor, nn
 
 from .._validate import DpoptError
-from ..oracles import Oracle, Ridge, TorchModel, ghost
+from ..base import Oracle
+from ..oracles import Ridge, TorchModel, ghost
 
 #: The canary's target: its gradient ≈ M·e_r dwarfs any clip norm and the whole background.
 CANARY_PULL = 1e12

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .._validate import DpoptError
-from ..clipping import PerRecord
+from ..base import PerRecord
 from .group import collective
 
 
@@ -98,7 +98,7 @@ class TorchDistributed:
 
 @dataclass(frozen=True)
 class ToServer:
-    """A :class:`~dpopt.clipping.PerRecord` of a client rank whose weighted sum goes to the server."""
+    """A :class:`~dpopt.base.PerRecord` of a client rank whose weighted sum goes to the server."""
 
     local: PerRecord
     backend: TorchDistributed

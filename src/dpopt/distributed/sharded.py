@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..clipping import PerRecord
+from ..base import PerRecord
 from .group import collective
 
 
@@ -116,7 +116,7 @@ class Sharded:
 
 @dataclass(frozen=True)
 class ShardedRows:
-    """A :class:`~dpopt.clipping.PerRecord` of one rank: ``local`` holds this rank's share of a
+    """A :class:`~dpopt.base.PerRecord` of one rank: ``local`` holds this rank's share of a
     batch of ``size`` records (``local_size`` of them).
 
     ``norms()`` are the local records' norms (``[local_size]``); ``weighted_sum(w)`` is the

@@ -1,8 +1,8 @@
 """Shared machinery of the reproductions: methods, tuning by training objective, seeds, tests.
 
 A :class:`Method` builds an (uncalibrated) algorithm and its number of steps from the data size,
-the privacy target and its hyper-parameters; private methods are calibrated with
-:func:`dpopt.accounting.calibrate` on their planned event before every run.
+the privacy target and its hyper-parameters; the runs of a private method take its
+:class:`~dpopt.plan.Plan` calibrated to the target.
 """
 
 from __future__ import annotations
@@ -29,11 +29,12 @@ from scipy import stats
 from tqdm import tqdm
 
 from .. import _validate, checkpoint
-from ..accounting import calibrate
+from ..accounting import scaled
 from ..outputs import NOT_PRIVATE
 from ..report import Curve, summarise
 from ..resume import describe
-from ..train import History, run
+from ..plan import Plan
+from ..train import History, Options, train
 
 Params = dict[str, Any]
 
@@ -76,12 +77,13 @@ class Problem:
     train_metrics: bool = True
     log_metrics: Callable[[Any], dict[str, float]] | None = None
 
-    def run(self, algorithm: Any, seed: int, settings: dict[str, Any]) -> History:
-        # a reproduction runs at its paper's δ (AClip's is 1/n), which its results state beside every row
-        history = with_diagnostics(run(algorithm, self.oracle, seed=seed, test_error=self.test_error,
-                                       theta0=self.theta0, diagnostics=True, train_metrics=self.train_metrics,
-                                       log_metrics=self.log_metrics, progress=False, diagnostic_sample=None,
-                                       allow_large_delta=True, **settings))
+    def run(self, plan: Plan[Any], seed: int, log_every: int) -> History:
+        """One run of ``plan`` on ``seed``, logged every ``log_every`` steps, with the papers'
+        non-private measurements (labelled) merged in (:func:`with_diagnostics`)."""
+        options = Options(seed=seed, test_error=self.test_error, log_every=log_every, progress=False,
+                          diagnostics=True, train_metrics=self.train_metrics, diagnostic_sample=None,
+                          log_metrics=self.log_metrics)
+        history = with_diagnostics(train(plan, self.oracle, options, self.theta0))
         if self.extra_metrics is not None:
             history.final.update(self.extra_metrics(history.theta))
         if self.history_metrics is not None:
@@ -121,17 +123,18 @@ def start_seeds(method: Method, params: Params, problem: Problem, *, epsilon: fl
     Without a pool they run now."""
     algorithm, steps = method.build(problem.oracle.n, params)
     steps = max(1, round(steps * step_fraction))
+    # a reproduction runs at its paper's δ (AClip's is 1/n), which its results state beside every row
+    plan = Plan(algorithm, n=problem.oracle.n, steps=steps, delta=delta, allow_large_delta=True)
     if method.private:
-        algorithm = calibrate(algorithm, epsilon=epsilon, delta=delta, n=problem.oracle.n, steps=steps)
+        plan = plan.calibrated(epsilon)
         if method.noise_scale != 1.0:
-            algorithm = dataclasses.replace(algorithm, **{
-                name: getattr(algorithm, name) * method.noise_scale for name in algorithm.NOISE_FIELDS})
-    settings = {"steps": steps, "delta": delta, "log_every": max(1, steps // log_points)}
+            plan = plan.with_algorithm(scaled(plan.algorithm, method.noise_scale, plan.algorithm.noise_ratios))
+    log_every = max(1, steps // log_points)
     seeds = list(seeds)[:1] if method.deterministic else list(seeds)
     if pool is not None:
-        futures = pool.submit(problem, algorithm, settings, seeds, key)
+        futures = pool.submit(problem, plan, log_every, seeds, key)
         return lambda: [future.result() for future in futures]
-    histories = [problem.run(algorithm, seed, settings) for seed in seeds]
+    histories = [problem.run(plan, seed, log_every) for seed in seeds]
     return lambda: histories
 
 
@@ -169,22 +172,23 @@ class Job(Protocol):
 
 @dataclass(frozen=True)
 class Training:
-    """A reproduction's job: one training run of the calibrated ``algorithm`` with ``settings``
-    (:func:`dpopt.train.run`'s) on ``seed``; its result is the :class:`~dpopt.train.History`."""
+    """A reproduction's job: one training run of the calibrated ``plan`` on ``seed``, logged every
+    ``log_every`` steps; its result is the :class:`~dpopt.train.History`."""
 
-    algorithm: Any
-    settings: dict[str, Any]
+    plan: Plan[Any]
+    log_every: int
     seed: int
 
     def run(self, problem: Problem) -> History:
-        return problem.run(self.algorithm, self.seed, self.settings)
+        return problem.run(self.plan, self.seed, self.log_every)
 
     def described(self, problem: Problem) -> dict[str, str]:
-        """The problem's oracle and starting point, the calibrated algorithm, the settings and seed."""
+        """The problem's oracle and starting point, the calibrated plan, the logging and the seed."""
         theta0 = None if problem.theta0 is None else hashlib.sha256(
             problem.theta0.detach().cpu().numpy().tobytes()).hexdigest()
-        return describe(self.algorithm, problem.oracle, seed=self.seed, theta0=theta0,
-                        train_metrics=problem.train_metrics, **self.settings)
+        return describe(self.plan.algorithm, problem.oracle, seed=self.seed, theta0=theta0,
+                        train_metrics=problem.train_metrics, steps=self.plan.steps, delta=self.plan.delta,
+                        log_every=self.log_every)
 
 
 @dataclass(frozen=True)
@@ -238,10 +242,10 @@ class Pool:
         self.bar.total += runs
         self.bar.refresh()
 
-    def submit(self, problem: Problem, algorithm: Any, settings: dict[str, Any], seeds: Sequence[int],
+    def submit(self, problem: Problem, plan: Plan[Any], log_every: int, seeds: Sequence[int],
                key: Any = None) -> list[Future]:
-        """One training run per seed (:class:`Training`); their futures give the histories."""
-        return [self.start(Training(algorithm, settings, seed), problem, key) for seed in seeds]
+        """One training run of ``plan`` per seed (:class:`Training`); their futures give the histories."""
+        return [self.start(Training(plan, log_every, seed), problem, key) for seed in seeds]
 
     def start(self, job: Job, problem: Any, key: Any = None) -> Future:
         """``job`` on ``problem`` (named ``key`` in the workers): loaded if saved, else queued in

@@ -29,40 +29,40 @@ import torch
 from tqdm import tqdm
 
 from .. import train
-from ..accounting import Ledger, calibrate, epsilon_of
+from ..accounting import Ledger, epsilon_of
 from ..outputs import NOT_PRIVATE
+from ..plan import Plan
 from ._runner import Method, Problem, grid_points
 
 #: η = 0.5^i, i = 0 … 9, from large to small.
 STEP_SIZES = tuple(0.5**i for i in range(10))
 
 
-def patience_run(algorithm: Any, problem: Problem, steps: int, seed: int, *, check_every: int = 20,
+def patience_run(plan: Plan[Any], problem: Problem, seed: int, *, check_every: int = 20,
                  patience: int = 5, factor: float = 1.05) -> tuple[float, Ledger, int]:
-    """One tuning run (``dpopt.run``'s loop, by :func:`dpopt.train.step`) with the abandon rule.
+    """One tuning run of ``plan`` (the loop of :func:`dpopt.train.train`, by its
+    :class:`~dpopt.train.Stepper`) with the abandon rule.
 
     Returns (final training loss, or NaN if abandoned; the run's ledger; rounds run)."""
     oracle = problem.oracle
-    sample_gen, noise_gen, _ = train.randomness(seed)
     theta0 = torch.zeros(oracle.dim, dtype=torch.float64) if problem.theta0 is None else problem.theta0.double()
-    state = algorithm.init(theta0, steps, sample_gen)
-    ledger = Ledger(algorithm.relation())
+    stepper = train.Stepper.start(plan, oracle, theta0=theta0, seed=seed)
     best, strikes, loss = math.inf, 0, math.nan
-    for t in range(steps):
-        state, _ = train.step(algorithm, oracle, state, t, ledger, sample_gen, noise_gen)
-        if (t + 1) % check_every and t + 1 < steps:
+    for t in range(plan.steps):
+        stepper.step()
+        if (t + 1) % check_every and t + 1 < plan.steps:
             continue
-        loss = float(oracle.loss(state.theta))
+        loss = float(oracle.loss(stepper.state.theta))
         if not math.isfinite(loss):
-            return math.nan, ledger, t + 1
+            return math.nan, stepper.ledger, t + 1
         if loss > factor * best:
             strikes += 1
             if strikes >= patience:
-                return math.nan, ledger, t + 1
+                return math.nan, stepper.ledger, t + 1
         elif loss < best:
             strikes = 0
         best = min(best, loss)
-    return loss, ledger, steps
+    return loss, stepper.ledger, plan.steps
 
 
 def patience_tune(method: Method, problem: Problem, *, epsilon: float, delta: float, seeds: Sequence[int],
@@ -81,12 +81,13 @@ def patience_tune(method: Method, problem: Problem, *, epsilon: float, delta: fl
     for point in tqdm(grid_points(method.grid), desc=f"tune {method.name} ε={epsilon}", disable=not progress,
                       leave=False):
         algorithm, steps = method.build(n, {**point, "lr": step_sizes[0]})
+        plan = Plan(algorithm, n=n, steps=steps, delta=delta, allow_large_delta=True)  # the paper's δ
         if method.private:  # η does not change the noise: one calibration per point
-            algorithm = calibrate(algorithm, epsilon=epsilon, delta=delta, n=n, steps=steps)
+            plan = plan.calibrated(epsilon)
         score: dict[str, Any] = {"params": point, "objective": math.inf, "lr": None, "abandoned": []}
         for lr in step_sizes:
-            loss, ledger, ran = patience_run(dataclasses.replace(algorithm, lr=lr), problem, steps, seeds[0],
-                                             check_every=check_every, patience=patience, factor=factor)
+            loss, ledger, ran = patience_run(plan.with_algorithm(dataclasses.replace(plan.algorithm, lr=lr)), problem,
+                                             seeds[0], check_every=check_every, patience=patience, factor=factor)
             ledgers.append(ledger)
             rounds += ran
             if math.isfinite(loss):

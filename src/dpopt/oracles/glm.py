@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
 from .. import _validate
-from ..clipping import PerRecord
 from .digest import sha256_of
 
 #: Products with fewer entries than this run on one thread (see :func:`product`).
@@ -48,26 +46,6 @@ def product(a: Tensor, b: Tensor) -> Tensor:
         return a @ b
     finally:
         torch.set_num_threads(threads)
-
-
-@runtime_checkable
-class Oracle(Protocol):
-    """What an algorithm may ask about the training data."""
-
-    n: int
-    dim: int
-
-    def per_record(self, theta: Tensor, indices: Tensor) -> PerRecord: ...
-
-    def loss(self, theta: Tensor, indices: Tensor | None = None) -> Tensor: ...
-
-    def per_record_loss(self, thetas: Tensor, indices: Tensor) -> Tensor: ...
-
-    def regulariser(self, theta: Tensor) -> Tensor: ...
-
-    def gradient(self, theta: Tensor) -> Tensor: ...
-
-    def gradient_sum(self, theta: Tensor, indices: Tensor | None) -> Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -121,7 +99,7 @@ class GLM:
     """
 
     #: gradients are closed-form: training steps run under ``torch.inference_mode``
-    uses_autograd = False
+    closed_form = True  #: dpopt.base.ClosedForm: steps run in inference mode
 
     def __init__(self, X: Tensor, y: Tensor, *, reg: float = 0.0) -> None:
         self.X = torch.as_tensor(X, dtype=torch.float64)

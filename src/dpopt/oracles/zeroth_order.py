@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .glm import Oracle
+from ..base import Oracle
 
 
 def sphere(gen: torch.Generator, records: int, count: int, dim: int, dtype: torch.dtype = torch.float64) -> Tensor:

@@ -4,7 +4,7 @@ guarantee (Papernot & Steinke 2022). See :func:`dpopt.tuning.private.tune`."""
 from .select import Outcome, Selection, repeat_and_select
 from .space import Choice, LogUniform, Space
 from .trials import Poisson, Trials, TruncatedNegativeBinomial
-from .private import Tuned, calibrate_tuning, tune
+from .private import Tuned, tuning_plan, tune
 
 __all__ = ["Choice", "LogUniform", "Outcome", "Poisson", "Selection", "Space", "Trials", "TruncatedNegativeBinomial",
-           "Tuned", "calibrate_tuning", "repeat_and_select", "tune"]
+           "Tuned", "tuning_plan", "repeat_and_select", "tune"]

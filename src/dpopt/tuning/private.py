@@ -25,16 +25,17 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 from torch import Tensor
 
 from .. import _validate, train
-from ..accounting import RELATION_NAMES, canonical, epsilon_of, scaled, solve_noise
+from ..accounting import canonical
+from ..base import Algorithm, Oracle
 from ..outputs import NOT_PRIVATE
-from ..oracles import Oracle
+from ..plan import Plan
 from .select import Outcome, repeat_and_select
 from .space import Space
 from .trials import Trials
@@ -43,16 +44,14 @@ from .trials import Trials
 ACCOUNTANT = "rdp"
 
 
-def calibrate_tuning(algorithm: Any, *, trials: Trials, epsilon: float, delta: float, n: int, steps: int,
-                     ratios: Sequence[float] | None = None) -> Any:
-    """``algorithm`` with its noise multipliers (common scale s, fixed ``ratios``) set so that the
-    best of K ~ ``trials`` runs of ``steps`` steps is (``epsilon``, ``delta``)-DP in total:
-    the smallest s with ε(δ) of ``trials.wrap(planned_event(n, steps))`` ≤ ``epsilon`` (RDP)."""
-    _validate.positive_int("steps", steps)
-    _validate.positive_int("n", n)
-    scale, _ = solve_noise(lambda s: trials.wrap(scaled(algorithm, s, ratios).planned_event(n, steps)),
-                           epsilon=epsilon, delta=delta, relation=algorithm.relation(), accountant=ACCOUNTANT)
-    return scaled(algorithm, scale, ratios)
+def tuning_plan(algorithm: Algorithm[Any], *, trials: Trials, epsilon: float, delta: float, n: int, steps: int,
+                allow_large_delta: bool = False) -> Plan[Any]:
+    """The plan of a private tuning: the best of K ~ ``trials`` runs of ``algorithm`` for ``steps``
+    steps, its noise multipliers (at their ratios) the smallest common scale with ε(δ) of
+    ``trials.wrap(planned_event(n, steps))`` ≤ ``epsilon`` (RDP: repeat-and-select has an RDP bound
+    only)."""
+    return Plan(algorithm, n=n, steps=steps, delta=delta, accountant=ACCOUNTANT, selection=trials,
+                allow_large_delta=allow_large_delta).calibrated(epsilon)
 
 
 @dataclasses.dataclass
@@ -105,38 +104,32 @@ def tune(build: Callable[[Mapping[str, Any]], Any], oracle: Oracle, *, space: Sp
     """Select hyper-parameters privately: the best of K ~ ``trials`` private runs, (ε, δ)-DP in total.
 
     ``build(candidate)`` returns the algorithm (noise multipliers at their ratios, as
-    :func:`dpopt.algorithms.by_name.build` leaves them) for a candidate drawn from ``space``;
+    :mod:`dpopt.algorithms.registry` leaves them) for a candidate drawn from ``space``;
     ``score(θ)`` (lower is better) must be computed on data outside the training set, e.g. the
     error on a held-out validation split; ``test_error(θ)`` is reported for the selected θ only.
-    ``delta`` must be below 1/n unless ``allow_large_delta`` (:func:`dpopt._validate.meaningful_delta`).
+    ``delta`` must be below 1/n unless ``allow_large_delta`` (:class:`dpopt.plan.Plan`).
     """
     started = time.perf_counter()
-    _validate.positive("epsilon", epsilon)
-    _validate.positive_int("steps", steps)
     n = oracle.n
-    _validate.meaningful_delta(delta, n, allow_large_delta=allow_large_delta, override="allow_large_delta=True")
-    reference = calibrate_tuning(build(space.reference()), trials=trials, epsilon=epsilon, delta=delta, n=n,
-                                 steps=steps)
-    planned = canonical(reference.planned_event(n, steps))
-    noise = {field: getattr(reference, field) for field in reference.NOISE_FIELDS}
+    plan = tuning_plan(build(space.reference()), trials=trials, epsilon=epsilon, delta=delta, n=n, steps=steps,
+                       allow_large_delta=allow_large_delta)
+    planned = canonical(plan.run_event)
+    noise = {field: getattr(plan.algorithm, field) for field in plan.algorithm.NOISE_FIELDS}
     rng, run_seed = _seeds(seed)
 
     def trial(candidate: dict[str, Any], i: int) -> Outcome[tuple[Tensor, Any]]:
-        algorithm = dataclasses.replace(build(candidate), **noise)
-        if canonical(algorithm.planned_event(n, steps)) != planned:
+        trial_plan = plan.with_algorithm(dataclasses.replace(build(candidate), **noise))
+        if canonical(trial_plan.run_event) != planned:
             raise _validate.DpoptError(f"space: the candidate {candidate} changes the privacy event of a trial; "
                                        "tune only hyper-parameters that leave it unchanged (e.g. lr, clip), with "
                                        "batch size and steps fixed")
-        history = train.run(algorithm, oracle, steps=steps, seed=run_seed(i), delta=delta, theta0=theta0,
-                            accountant=ACCOUNTANT, log_every=steps, progress=progress,
-                            allow_large_delta=allow_large_delta)
-        return Outcome(float(score(history.theta)), (history.theta, algorithm))
+        history = train.train(trial_plan, oracle, train.Options(seed=run_seed(i), log_every=steps, progress=progress),
+                              theta0)
+        return Outcome(float(score(history.theta)), (history.theta, trial_plan.algorithm))
 
     selection = repeat_and_select(trial, space, trials, rng)
-    relation = reference.relation()
-    passes = sum(reference.sampler(t, n).expected_size for t in range(steps)) / n
-    final = {"epsilon": epsilon_of(trials.wrap(planned), delta, relation, ACCOUNTANT),
-             "expected_passes": trials.mean * passes}
+    passes = sum(plan.algorithm.sampler(t, n).expected_size for t in range(steps)) / n
+    final = {"epsilon": plan.epsilon(), "expected_passes": trials.mean * passes}
     theta = algorithm = None
     if selection.best is not None:
         theta, algorithm = selection.best.result
@@ -144,8 +137,8 @@ def tune(build: Callable[[Mapping[str, Any]], Any], oracle: Oracle, *, space: Sp
         if test_error is not None:
             final["test_error"] = float(test_error(theta))
     return Tuned(theta=theta, hyperparameters=selection.candidate, algorithm=algorithm, final=final, delta=delta,
-                 trial_epsilon=epsilon_of(planned, delta, relation, ACCOUNTANT), trials=repr(trials),
-                 accountant=ACCOUNTANT, neighboring_relation=RELATION_NAMES[relation],
+                 trial_epsilon=dataclasses.replace(plan, selection=None).epsilon(), trials=repr(trials),
+                 accountant=ACCOUNTANT, neighboring_relation=plan.relation_name,
                  randomness=train.origin(seed),
                  diagnostics={"label": NOT_PRIVATE, "trials_run": selection.trials_run,
                               "wall_time_s": time.perf_counter() - started} if diagnostics else None)

@@ -1,0 +1,154 @@
+"""Every algorithm by name: the one registry the command line, ``Private``, ``fit``, ``tune``,
+``audit`` and ``bench`` build from.
+
+An :class:`Entry` names the function that builds the algorithm from a :class:`Knobs` value
+(``"module:function"``, imported on first use, so that this module and ``dpopt --help`` import
+neither torch nor dp_accounting) and says what the algorithm is: private or not, federated or
+not. Each builder reads the knobs it needs and ignores the rest; noise multipliers are left at 1
+for :meth:`dpopt.plan.Plan.calibrated` to scale.
+
+Adding an algorithm: write its file under ``dpopt/algorithms/`` with a ``from_knobs(knobs)``
+function, and add one :class:`Entry` line here (``tests/contracts/test_algorithms.py`` then asks
+for its contract row).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .. import _validate
+
+if TYPE_CHECKING:
+    from ..base import Algorithm
+
+#: Noise by name: "torch" (the run's seeded generator), "secure" (the OS CSPRNG), "discrete" (the
+#: exact discrete Gaussian, unsampled releases only).
+NOISES = ("torch", "secure", "discrete")
+#: Accountants by name: privacy loss distributions (the default, tightest) or Rényi DP.
+ACCOUNTANTS = ("pld", "rdp")
+#: How batches are drawn, by name (:data:`dpopt.sampling.BATCH_SAMPLINGS`).
+SAMPLINGS = ("poisson", "fixed")
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """Every hyper-parameter an algorithm can be built with by name, for ``n`` training records.
+
+    ``batch_size`` is the expected batch (DP-SRM's and STORM's first batch is twice it, capped at
+    n; O2NC's period Σ = B1; DIFF2-BVR's local batch b); ``clip`` is C (DP-SGD, DP-SRM's C1,
+    DIFF2's C1, DP-AGD, O2NC's C1) or λ (AClip); ``clip_diff`` is DP-SRM's and DIFF2's C2 (DIFF2-BVR's
+    C3 too) and O2NC's C2; ``gamma`` DP-SRM's γ and STORM's momentum; ``noise_ratio`` DP-SRM's
+    σ0/σ, fixed while calibrating; ``sampling`` "poisson" or "fixed"; ``obj_clip`` DP-AGD's clip of
+    per-record losses; ``radius`` AClip's constraint ball; ``noise`` the kind of noise by name
+    (:data:`NOISES`); O2NC: smoothing ``alpha``, m = ``directions``, M = ``window``, D =
+    ``o2nc_radius``; DIFF2: P = ``clients`` (an i.i.d. equal split, seed 0), T = ``restart``, K =
+    ``local_steps``, ``backend`` (a distributed backend, None: in this process), ``output_rule``
+    and ``noise_ratios`` z1 : z2 [: z3]."""
+
+    n: int
+    batch_size: int = 256
+    lr: float = 0.5
+    clip: float = 1.0
+    clip_diff: float = 0.01
+    gamma: float = 0.01
+    noise_ratio: float = 1.0
+    sampling: str = "poisson"
+    obj_clip: float = 1.0
+    radius: float = math.inf
+    noise: str = "torch"
+    alpha: float = 0.1
+    directions: int = 8
+    window: int = 10
+    o2nc_radius: float = 0.01
+    clients: int = 10
+    restart: int = 20
+    local_steps: int = 2
+    backend: Any = dataclasses.field(default=None, compare=False)
+    output_rule: str = "uniform"
+    noise_ratios: tuple[float, ...] | None = None
+
+    @classmethod
+    def of(cls, n: int, **given: Any) -> Knobs:
+        """The knobs for ``n`` records with the hyper-parameters ``given`` by name (the others at their
+        defaults); an unknown name is refused with the list of known ones."""
+        known = {field.name for field in dataclasses.fields(cls)} - {"n"}
+        unknown = sorted(set(given) - known)
+        if unknown:
+            raise _validate.DpoptError(f"options {unknown} are not hyper-parameters of any algorithm; known: "
+                                       f"{', '.join(sorted(known))}")
+        return cls(n=n, **given)
+
+    @property
+    def first_batch(self) -> int:
+        """The first batch of the momentum methods (DP-SRM, STORM): twice the batch, capped at n."""
+        return min(self.n, 2 * self.batch_size)
+
+    def replace(self, **changes: Any) -> Knobs:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """An algorithm by name: ``builder`` (``"module:function"``, the function taking
+    :class:`Knobs`), a one-line ``summary``, whether it is ``private`` (a non-private reference
+    has nothing to calibrate and cannot meet an ε), whether it is ``federated`` (clients and a
+    server: ``--backend torch`` runs it across processes) and which ``noises`` it takes."""
+
+    name: str
+    builder: str
+    summary: str
+    private: bool = True
+    federated: bool = False
+    noises: tuple[str, ...] = NOISES
+
+    def build(self, knobs: Knobs) -> Algorithm[Any]:
+        """The algorithm for ``knobs`` (its noise multipliers at 1)."""
+        _validate.one_of("noise", knobs.noise, self.noises)
+        module, function = self.builder.split(":")
+        make: Callable[[Knobs], Algorithm[Any]] = getattr(importlib.import_module(module), function)
+        return make(knobs)
+
+
+_CONTINUOUS = ("torch", "secure")
+ENTRIES = (
+    Entry("dp-sgd", "dpopt.algorithms.dp_sgd:dp_sgd_from_knobs", "DP-SGD: Poisson batches, per-record clipping"),
+    Entry("dp-gd", "dpopt.algorithms.dp_sgd:dp_gd_from_knobs", "DP-GD: DP-SGD on the full data every step"),
+    Entry("dp-srm", "dpopt.algorithms.dp_srm:from_knobs", "DP-SRM: private recursive momentum"),
+    Entry("rrpsgd", "dpopt.algorithms.dp_sgd:rrpsgd_from_knobs", "RRPSGD: DP-SGD output at a random round"),
+    Entry("dp-agd", "dpopt.algorithms.dp_agd:from_knobs", "DP-AGD: adaptive budget, noisy step-size choice"),
+    Entry("aclip", "dpopt.algorithms.aclip:from_knobs", "AClipped-dpSGD: clip the batch mean once"),
+    Entry("storm", "dpopt.algorithms.storm:from_knobs", "STORM: non-private recursive momentum (reference)",
+          private=False, noises=_CONTINUOUS),
+    Entry("o2nc-zeroth", "dpopt.algorithms.o2nc:zeroth_from_knobs", "DP-O2NC, single pass, zeroth-order oracle",
+          noises=_CONTINUOUS),
+    Entry("o2nc-first", "dpopt.algorithms.o2nc:first_from_knobs", "DP-O2NC, single pass, first-order oracle",
+          noises=_CONTINUOUS),
+    Entry("o2nc-multi", "dpopt.algorithms.o2nc:multi_from_knobs", "DP-O2NC, every record every step",
+          noises=_CONTINUOUS),
+    Entry("diff2-gd", "dpopt.algorithms.diff2:gd_from_knobs", "DIFF2-GD: private gradient differences, P clients",
+          federated=True, noises=_CONTINUOUS),
+    Entry("diff2-bvr", "dpopt.algorithms.diff2:bvr_from_knobs", "DIFF2-BVR-L-SGD: DIFF2 with local steps",
+          federated=True, noises=_CONTINUOUS),
+)
+REGISTRY: dict[str, Entry] = {entry.name: entry for entry in ENTRIES}
+#: Every algorithm's name, in the registry's order.
+NAMES = tuple(REGISTRY)
+#: The private algorithms (a target ε can be met).
+PRIVATE = tuple(name for name, entry in REGISTRY.items() if entry.private)
+FEDERATED = tuple(name for name, entry in REGISTRY.items() if entry.federated)
+
+
+def entry(name: str) -> Entry:
+    """The registry's entry for ``name`` (a one-line error listing the names otherwise)."""
+    return REGISTRY[_validate.one_of("algorithm", name, NAMES)]
+
+
+def build(name: str, *, n: int, **given: Any) -> Algorithm[Any]:
+    """Algorithm ``name`` for ``n`` records with the hyper-parameters ``given`` by name
+    (:meth:`Knobs.of`), its noise multipliers at 1 for calibration."""
+    return entry(name).build(Knobs.of(n, **given))

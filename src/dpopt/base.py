@@ -1,0 +1,212 @@
+"""The seams of dpopt: read this module first.
+
+A private optimiser is four things composed, and each is a protocol here:
+
+* **where the data comes from**: a :class:`Sampler` draws the records of a step, states the
+  neighbouring relation its guarantee is under, the public divisor of a noised sum
+  (``expected_size``) and the amplification its draw buys (``wrap``: the only place sampling
+  enters the accounting);
+* **what is measured on it**: an :class:`Oracle` gives per-record vectors as a
+  :class:`PerRecord` (norms and weighted sums, possibly lazy) and losses; it knows nothing of
+  privacy;
+* **how it is made private**: :mod:`dpopt.clipping` turns per-record vectors into a
+  ``Bounded`` sum of known sensitivity, and a mechanism of :mod:`dpopt.mechanisms` adds noise
+  drawn from a :class:`NoiseSource` and returns the released value *with* the ``DpEvent`` of that
+  release;
+* **what is done with the private value**: an :class:`Algorithm`'s update rule, post-processing
+  that costs no privacy.
+
+The loop (:mod:`dpopt.train`) ties them together and records every event in a ledger, which is
+checked against the algorithm's independently written ``planned_event`` (double entry), the same
+description that calibrated its noise (:class:`dpopt.plan.Plan`).
+
+Optional capabilities are protocols too (:class:`Directed`, :class:`Averaged`,
+:class:`SelfDiagnosing`, :class:`ClosedForm`, :class:`SharedNoise`, :class:`Digested`): code asks
+``isinstance(x, Capability)`` instead of probing attributes.
+
+This module imports nothing of dpopt, so every other module may import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol, TypeVar, runtime_checkable
+
+import torch
+from dp_accounting import DpEvent, NeighboringRelation
+from torch import Tensor
+
+S = TypeVar("S")  #: an algorithm's state: a NamedTuple of tensors and numbers
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """Which records a step sees: the relation its guarantee is under, the public divisor of a
+    noised sum (never the realised, private batch size), the draw, and the amplification the draw
+    buys."""
+
+    relation: NeighboringRelation
+
+    @property
+    def expected_size(self) -> float: ...
+
+    def sample(self, gen: torch.Generator) -> Tensor:
+        """The indices of the records of this step, drawn from ``gen`` (the run's secret sampling
+        generator)."""
+        ...
+
+    def wrap(self, event: DpEvent) -> DpEvent:
+        """The event of a mechanism run on this step's records, amplified by the sampling."""
+        ...
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The records step ``t`` sees and the sampler that chose them (for ``wrap`` and the public
+    divisor ``sampler.expected_size``)."""
+
+    t: int
+    indices: Tensor
+    sampler: Sampler
+
+
+@runtime_checkable
+class PerRecord(Protocol):
+    """Per-record vectors of one batch, possibly in a lazy form (never materialised as ``[B, d]``)."""
+
+    def norms(self) -> Tensor:
+        """``[B]``: the L2 norm of each record's vector (an upper bound, never below it)."""
+        ...
+
+    def weighted_sum(self, weights: Tensor) -> Tensor:
+        """``Σ_i w_i · row_i`` as a new ``[d]`` tensor (the caller may modify it in place); rows
+        with ``w_i = 0`` contribute exactly 0."""
+        ...
+
+
+@runtime_checkable
+class Oracle(Protocol):
+    """What an algorithm may ask about the training data: per-record gradients and losses at θ.
+    Per-record results must depend on record i alone (that is what makes clipping bound a
+    record's influence)."""
+
+    n: int
+    dim: int
+
+    def per_record(self, theta: Tensor, indices: Tensor) -> PerRecord:
+        """∇f_i(θ) for the records ``indices``."""
+        ...
+
+    def loss(self, theta: Tensor, indices: Tensor | None = None) -> Tensor:
+        """F(θ) on ``indices`` (all records for None), regulariser included."""
+        ...
+
+    def per_record_loss(self, thetas: Tensor, indices: Tensor) -> Tensor:
+        """``[B, K]``: f_i at each of the K points ``thetas [K, d]``."""
+        ...
+
+    def regulariser(self, theta: Tensor) -> Tensor: ...
+
+    def gradient(self, theta: Tensor) -> Tensor:
+        """∇F(θ) on all records."""
+        ...
+
+    def gradient_sum(self, theta: Tensor, indices: Tensor | None) -> Tensor:
+        """Σ_{i ∈ indices} ∇f_i(θ) (all records for None)."""
+        ...
+
+
+@runtime_checkable
+class NoiseSource(Protocol):
+    """Where the randomness of a run comes from: the noise of every release and the other random
+    draws the guarantee relies on (random points, directions, output picks). The guarantee needs
+    it secret: whoever can predict the noise can subtract it."""
+
+    generator: torch.Generator  #: the other draws of the run (saved in checkpoints)
+
+    def gaussian(self, like: Tensor, std: float) -> Tensor:
+        """N(0, std² I) shaped like ``like``, in its dtype and on its device."""
+        ...
+
+    def gumbel(self, like: Tensor, scale: float) -> Tensor:
+        """i.i.d. Gumbel(0, scale) shaped like ``like``."""
+        ...
+
+
+@runtime_checkable
+class Algorithm(Protocol[S]):
+    """A private optimiser: a frozen dataclass of hyper-parameters, validated in ``__post_init__``.
+
+    ``step`` returns the new state and the event of everything it released, built only from what
+    its mechanisms returned (wrapped by the batch's sampler); ``planned_event(n, steps)`` is the
+    independent description of the whole run that calibrates the noise and that the ledger is
+    checked against. ``NOISE_FIELDS`` name the noise multipliers calibration scales, in the
+    ratios ``noise_ratios``.
+    """
+
+    NOISE_FIELDS: tuple[str, ...]
+    noise_ratios: tuple[float, ...]
+
+    def relation(self) -> NeighboringRelation: ...
+
+    def sampler(self, t: int, n: int) -> Sampler: ...
+
+    def init(self, theta0: Tensor, steps: int, gen: torch.Generator) -> S: ...
+
+    def step(self, state: S, batch: Batch, oracle: Oracle, source: NoiseSource) -> tuple[S, DpEvent]: ...
+
+    def output(self, state: S) -> Tensor: ...
+
+    def planned_event(self, n: int, steps: int) -> DpEvent: ...
+
+
+@runtime_checkable
+class Directed(Protocol[S]):
+    """An algorithm whose update is θ_{t+1} = θ_t − η_t·g̃_t, with g̃_t its private gradient
+    estimate (its noised release after its own post-processing): ``direction(state)`` is the g̃_t
+    of the step that produced ``state``; ``moved(state, theta)`` is that state with θ_{t+1}
+    replaced by ``theta`` (what another update rule made of g̃_t: post-processing)."""
+
+    def direction(self, state: S) -> Tensor: ...
+
+    def moved(self, state: S, theta: Tensor) -> S: ...
+
+
+@runtime_checkable
+class Averaged(Protocol[S]):
+    """An algorithm whose output is an average of its iterates: ``running_output(state)`` is that
+    output so far (what a log point measures instead of the current iterate)."""
+
+    def running_output(self, state: S) -> Tensor: ...
+
+
+@runtime_checkable
+class SelfDiagnosing(Protocol[S]):
+    """An algorithm that counts something about its own run (e.g. how often a clip bit): NOT
+    PRIVATE diagnostics, written only when asked for."""
+
+    def diagnostics(self, state: S) -> Mapping[str, float]: ...
+
+
+@runtime_checkable
+class ClosedForm(Protocol):
+    """An oracle whose gradients are closed-form (no autograd): steps run in inference mode."""
+
+    closed_form: bool
+
+
+@runtime_checkable
+class SharedNoise(Protocol):
+    """A data-parallel oracle: every process adds the same noise draw (one shared seed), so a
+    noise source that draws independently per process would add noise more than once."""
+
+    shares_noise: bool
+
+
+@runtime_checkable
+class Digested(Protocol):
+    """An oracle that can tell its training data from other data (checkpoints record it)."""
+
+    @property
+    def data_digest(self) -> str: ...
