@@ -8,8 +8,9 @@ not. Each builder reads the knobs it needs and ignores the rest; noise multiplie
 for :meth:`dpopt.plan.Plan.calibrated` to scale.
 
 Adding an algorithm: write its file under ``dpopt/algorithms/`` with a ``from_knobs(knobs)``
-function, and add one :class:`Entry` line here (``tests/contracts/test_algorithms.py`` then asks
-for its contract row).
+function, and add one :class:`Entry` line to :data:`ENTRIES` (``tests/contracts/test_algorithms.py``
+then asks for its contract row). The command line, ``Private``, ``fit``, ``tune`` and ``audit`` then
+offer it by name.
 """
 
 from __future__ import annotations
@@ -22,15 +23,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import _validate
+from ..names import NOISES
 
 if TYPE_CHECKING:
     from ..base import Algorithm
 
-#: Noise by name: "torch" (the run's seeded generator), "secure" (the OS CSPRNG), "discrete" (the
-#: exact discrete Gaussian, unsampled releases only).
-NOISES = ("torch", "secure", "discrete")
-#: Accountants by name: privacy loss distributions (the default, tightest) or Rényi DP.
-ACCOUNTANTS = ("pld", "rdp")
 #: How batches are drawn, by name (:data:`dpopt.sampling.BATCH_SAMPLINGS`).
 SAMPLINGS = ("poisson", "fixed")
 
@@ -135,17 +132,19 @@ ENTRIES = (
     Entry("diff2-bvr", "dpopt.algorithms.diff2:bvr_from_knobs", "DIFF2-BVR-L-SGD: DIFF2 with local steps",
           federated=True, noises=_CONTINUOUS),
 )
+#: Every algorithm by name.
 REGISTRY: dict[str, Entry] = {entry.name: entry for entry in ENTRIES}
-#: Every algorithm's name, in the registry's order.
-NAMES = tuple(REGISTRY)
-#: The private algorithms (a target ε can be met).
-PRIVATE = tuple(name for name, entry in REGISTRY.items() if entry.private)
-FEDERATED = tuple(name for name, entry in REGISTRY.items() if entry.federated)
+#: The name of every algorithm of :data:`ENTRIES`, in their order.
+NAMES = tuple(entry.name for entry in ENTRIES)
+#: The private algorithms of :data:`ENTRIES` (a target ε can be met).
+PRIVATE = tuple(entry.name for entry in ENTRIES if entry.private)
+#: The federated algorithms of :data:`ENTRIES` (``--backend torch`` runs them across processes).
+FEDERATED = tuple(entry.name for entry in ENTRIES if entry.federated)
 
 
 def entry(name: str) -> Entry:
     """The registry's entry for ``name`` (a one-line error listing the names otherwise)."""
-    return REGISTRY[_validate.one_of("algorithm", name, NAMES)]
+    return REGISTRY[_validate.one_of("algorithm", name, tuple(REGISTRY))]
 
 
 def build(name: str, *, n: int, **given: Any) -> Algorithm[Any]:
