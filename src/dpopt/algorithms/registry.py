@@ -10,7 +10,8 @@ for :meth:`dpopt.plan.Plan.calibrated` to scale.
 Adding an algorithm: write its file under ``dpopt/algorithms/`` with a ``from_knobs(knobs)``
 function, and add one :class:`Entry` line to :data:`ENTRIES` (``tests/contracts/test_algorithms.py``
 then asks for its contract row). The command line, ``Private``, ``fit``, ``tune`` and ``audit`` then
-offer it by name.
+offer it by name; ``tests/test_adding_an_algorithm.py`` does exactly this for a toy algorithm
+(:func:`register` adds an entry defined outside this file) and runs it through ``dpopt run``.
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ ENTRIES = (
     Entry("diff2-bvr", "dpopt.algorithms.diff2:bvr_from_knobs", "DIFF2-BVR-L-SGD: DIFF2 with local steps",
           federated=True, noises=_CONTINUOUS),
 )
-#: Every algorithm by name.
+#: Every algorithm by name: :data:`ENTRIES`, and those :func:`register` added.
 REGISTRY: dict[str, Entry] = {entry.name: entry for entry in ENTRIES}
 #: The name of every algorithm of :data:`ENTRIES`, in their order.
 NAMES = tuple(entry.name for entry in ENTRIES)
@@ -145,6 +146,15 @@ FEDERATED = tuple(entry.name for entry in ENTRIES if entry.federated)
 def entry(name: str) -> Entry:
     """The registry's entry for ``name`` (a one-line error listing the names otherwise)."""
     return REGISTRY[_validate.one_of("algorithm", name, tuple(REGISTRY))]
+
+
+def register(new: Entry) -> Entry:
+    """Add ``new`` to :data:`REGISTRY` under a name not yet taken: an algorithm defined outside
+    :data:`ENTRIES` (a test's, a user's) is then built, run and audited by name like the others."""
+    if new.name in REGISTRY:
+        raise _validate.DpoptError(f"algorithm={new.name!r} is registered already")
+    REGISTRY[new.name] = new
+    return new
 
 
 def build(name: str, *, n: int, **given: Any) -> Algorithm[Any]:
