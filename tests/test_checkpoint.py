@@ -327,6 +327,7 @@ def test_the_command_line_refuses_a_checkpoint_of_another_key_in_one_line(tmp_pa
     out = tmp_path / "out"
     argv = ["run", "--algorithm", "dp-sgd", "--dataset", "adult", "--epsilon", "1", "--steps", "5", "--out", str(out)]
     assert main(argv) == 0
+    (out / "history.json").unlink()  # an interrupted run: its checkpoint is what the next run resumes
     monkeypatch.setenv("DPOPT_STATE", str(tmp_path / "another user"))
     capsys.readouterr()
     assert main(argv) == 2
@@ -409,6 +410,7 @@ def test_the_command_line_refuses_a_truncated_checkpoint_in_one_line(tmp_path, c
     out = tmp_path / "out"
     argv = ["run", "--algorithm", "dp-sgd", "--dataset", "adult", "--epsilon", "1", "--steps", "5", "--out", str(out)]
     assert main(argv) == 0
+    (out / "history.json").unlink()  # an interrupted run: its checkpoint is what the next run resumes
     data = (out / "checkpoint.pt").read_bytes()
     (out / "checkpoint.pt").write_bytes(data[:len(data) // 2])
     capsys.readouterr()

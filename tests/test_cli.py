@@ -134,10 +134,10 @@ def test_run_writes_results_and_respects_max_epsilon(tmp_path: Path, capsys: pyt
 def test_a_value_starting_with_a_minus_sign_is_a_value_not_an_option(flag: str, value: str, dest: str) -> None:
     """Finding: `--feature-bounds -5:5` was read as an option (argparse takes only plain negative
     numbers as values); only `--feature-bounds=-5:5` worked."""
-    from dpopt.cli import _parser
+    from dpopt.cli import parser
 
     for command in ("run", "tune"):
-        args = _parser().parse_args([command, "--algorithm", "dp-sgd", "--epsilon", "1", flag, value])
+        args = parser().parse_args([command, "--algorithm", "dp-sgd", "--epsilon", "1", flag, value])
         assert str(getattr(args, dest)) == str(float(value) if dest == "lr" else value)
 
 

@@ -27,6 +27,7 @@ import dpopt
 from dpopt import accounting, train
 from dpopt._validate import DpoptError
 from dpopt.accounting import Ledger, canonical, epsilon_of
+from dpopt.algorithms import registry
 from dpopt.base import Algorithm, Batch, NoiseSource, Sampler
 from dpopt.mechanisms import SeededNoise
 from dpopt.sampling import FixedSize, FullBatch, Poisson
@@ -48,8 +49,10 @@ def oracle() -> NonconvexLogistic:
 
 @dataclass(frozen=True)
 class Case:
-    """One algorithm: ``make(noise, clip)`` builds it (noise 0 and clip ∞: its non-private form)."""
+    """One algorithm: ``make(noise, clip)`` builds it (noise 0 and clip ∞: its non-private form);
+    ``registered``: the name of the registry's algorithm it is a form of."""
 
+    registered: str
     make: Callable[[float, float], Any]
     steps: int
     adaptive: bool = False     # the ledger is adaptive (a privacy filter): compare ε only
@@ -59,32 +62,34 @@ class Case:
 INF = math.inf
 CLIENTS = dpopt.sampling.Clients(N, 4)  # P = 4 clients of m = 100 records
 TABLE: dict[str, Case] = {
-    "dpsgd-poisson": Case(lambda z, c: dpopt.DPSGD(lr=0.5, clip=c, noise_multiplier=z, batch_size=40), 30),
-    "dpsgd-fixed": Case(lambda z, c: dpopt.DPSGD(lr=0.5, clip=c, noise_multiplier=z, batch_size=40,
-                                                 sampling=FixedSize), 30),
-    "dp_gd": Case(lambda z, c: dpopt.dp_gd(lr=0.5, clip=c, noise_multiplier=z), 20),
-    "rrpsgd": Case(lambda z, c: dpopt.rrpsgd(lr=0.5, clip=c, noise_multiplier=z, batch_size=40), 30),
-    "dpsrm-poisson": Case(lambda z, c: dpopt.DPSRM(lr=0.5, clip=c, clip_diff=c / 10 if c < INF else INF, gamma=0.3,
-                                                   noise_multiplier0=z, noise_multiplier=z, batch_size0=80,
-                                                   batch_size=40), 30),
-    "dpsrm-fixed": Case(lambda z, c: dpopt.DPSRM(lr=0.5, clip=c, clip_diff=c / 10 if c < INF else INF, gamma=0.3,
-                                                 noise_multiplier0=z, noise_multiplier=z, batch_size0=80,
-                                                 batch_size=40, sampling=FixedSize), 30),
-    "storm": Case(lambda z, c: dpopt.Storm(lr=0.5, momentum=0.3, batch_size0=80, batch_size=40), 30, private=False),
-    "aclip": Case(lambda z, c: dpopt.AClip(lr=0.5, clip=c / 4, noise_multiplier=z, batch_size=40), 30),
-    "aclip-projected": Case(lambda z, c: dpopt.AClip(lr=0.5, clip=c / 10, noise_multiplier=z, batch_size=40,
-                                                     radius=0.3), 30),
-    "aclip-restarted": Case(lambda z, c: dpopt.RestartedAClip(
+    "dpsgd-poisson": Case("dp-sgd", lambda z, c: dpopt.DPSGD(lr=0.5, clip=c, noise_multiplier=z, batch_size=40), 30),
+    "dpsgd-fixed": Case("dp-sgd", lambda z, c: dpopt.DPSGD(lr=0.5, clip=c, noise_multiplier=z, batch_size=40,
+                                                           sampling=FixedSize), 30),
+    "dp_gd": Case("dp-gd", lambda z, c: dpopt.dp_gd(lr=0.5, clip=c, noise_multiplier=z), 20),
+    "rrpsgd": Case("rrpsgd", lambda z, c: dpopt.rrpsgd(lr=0.5, clip=c, noise_multiplier=z, batch_size=40), 30),
+    "dpsrm-poisson": Case("dp-srm", lambda z, c: dpopt.DPSRM(lr=0.5, clip=c, clip_diff=c / 10 if c < INF else INF,
+                                                             gamma=0.3, noise_multiplier0=z, noise_multiplier=z,
+                                                             batch_size0=80, batch_size=40), 30),
+    "dpsrm-fixed": Case("dp-srm", lambda z, c: dpopt.DPSRM(lr=0.5, clip=c, clip_diff=c / 10 if c < INF else INF,
+                                                           gamma=0.3, noise_multiplier0=z, noise_multiplier=z,
+                                                           batch_size0=80, batch_size=40, sampling=FixedSize), 30),
+    "storm": Case("storm", lambda z, c: dpopt.Storm(lr=0.5, momentum=0.3, batch_size0=80, batch_size=40), 30,
+                  private=False),
+    "aclip": Case("aclip", lambda z, c: dpopt.AClip(lr=0.5, clip=c / 4, noise_multiplier=z, batch_size=40), 30),
+    "aclip-projected": Case("aclip", lambda z, c: dpopt.AClip(lr=0.5, clip=c / 10, noise_multiplier=z, batch_size=40,
+                                                              radius=0.3), 30),
+    "aclip-restarted": Case("aclip", lambda z, c: dpopt.RestartedAClip(
         stages=(dpopt.Stage(12, 40, c / 4, 0.5), dpopt.Stage(18, 80, c / 8, 0.25)), noise_multiplier=z), 30),
-    "dpagd": Case(lambda z, c: dpopt.DPAGD(noise_multiplier=z, clip=c, obj_clip=2.0 if c < INF else INF,
-                                           grad_fraction=0.05, select_fraction=0.05, adapt_every=5), 40,
+    "dpagd": Case("dp-agd", lambda z, c: dpopt.DPAGD(noise_multiplier=z, clip=c, obj_clip=2.0 if c < INF else INF,
+                                                     grad_fraction=0.05, select_fraction=0.05, adapt_every=5), 40,
                   adaptive=True),
-    "diff2-gd": Case(lambda z, c: dpopt.DIFF2(lr=0.5, clip=c, clip_diff=2 * c, restart=5, noise_multiplier1=z,
-                                              noise_multiplier2=z, clients=CLIENTS), 20),
-    "diff2-bvr": Case(lambda z, c: dpopt.DIFF2(lr=0.5, clip=c, clip_diff=2 * c, restart=5, noise_multiplier1=z,
-                                               noise_multiplier2=z, clients=CLIENTS,
-                                               local=dpopt.LocalSteps(steps=3, batch=20, clip=2 * c),
-                                               noise_multiplier3=z), 20),
+    "diff2-gd": Case("diff2-gd", lambda z, c: dpopt.DIFF2(lr=0.5, clip=c, clip_diff=2 * c, restart=5,
+                                                          noise_multiplier1=z, noise_multiplier2=z,
+                                                          clients=CLIENTS), 20),
+    "diff2-bvr": Case("diff2-bvr", lambda z, c: dpopt.DIFF2(lr=0.5, clip=c, clip_diff=2 * c, restart=5,
+                                                            noise_multiplier1=z, noise_multiplier2=z, clients=CLIENTS,
+                                                            local=dpopt.LocalSteps(steps=3, batch=20, clip=2 * c),
+                                                            noise_multiplier3=z), 20),
 }
 
 
@@ -96,7 +101,8 @@ def o2nc(estimator: str, passes: str) -> Callable[[float, float], Any]:
                                    noise_multiplier=z, estimator=estimator, directions=3, batch_size0=40, batch_size=4)
 
 
-TABLE |= {f"o2nc-{estimator}-{passes}": Case(o2nc(estimator, passes), 30)
+TABLE |= {f"o2nc-{estimator}-{passes}": Case(f"o2nc-{estimator if passes == 'single' else passes}",
+                                            o2nc(estimator, passes), 30)
           for estimator, passes in (("zeroth", "single"), ("zeroth", "multi"), ("first", "single"))}
 NAMES = list(TABLE)
 PRIVATE = [name for name in NAMES if TABLE[name].private]
@@ -540,6 +546,17 @@ def test_factory_validation(factory, kwargs, field):
 def test_dpagd_budget_fractions_must_fit():
     with pytest.raises(DpoptError, match=r"grad_fraction=0.6 \+ select_fraction=0.6 must be <= 1"):
         dpopt.DPAGD(noise_multiplier=1.0, clip=1.0, obj_clip=1.0, grad_fraction=0.6, select_fraction=0.6)
+
+
+def test_every_registered_algorithm_has_a_case_and_every_case_a_registered_algorithm():
+    """The registry (what the command line, ``Private``, ``tune`` and ``audit`` build by name) and
+    this table cover the same algorithms; each registered one builds an object of a class its
+    cases check."""
+    assert {case.registered for case in TABLE.values()} == set(registry.NAMES)
+    for name in registry.NAMES:
+        built = registry.build(name, n=N, batch_size=40)
+        assert type(built) in {type(case.make(1.0, 1.0)) for case in TABLE.values() if case.registered == name}, name
+        assert registry.entry(name).private == all(case.private for case in TABLE.values() if case.registered == name)
 
 
 def test_the_table_covers_every_exported_algorithm():

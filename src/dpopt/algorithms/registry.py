@@ -8,8 +8,10 @@ not. Each builder reads the knobs it needs and ignores the rest; noise multiplie
 for :meth:`dpopt.plan.Plan.calibrated` to scale.
 
 Adding an algorithm: write its file under ``dpopt/algorithms/`` with a ``from_knobs(knobs)``
-function, and add one :class:`Entry` line here (``tests/contracts/test_algorithms.py`` then asks
-for its contract row).
+function, and add one :class:`Entry` line to :data:`ENTRIES` (``tests/contracts/test_algorithms.py``
+then asks for its contract row). The command line, ``Private``, ``fit``, ``tune`` and ``audit`` then
+offer it by name; ``tests/test_adding_an_algorithm.py`` does exactly this for a toy algorithm
+(:func:`register` adds an entry defined outside this file) and runs it through ``dpopt run``.
 """
 
 from __future__ import annotations
@@ -22,15 +24,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import _validate
+from ..names import NOISES
 
 if TYPE_CHECKING:
     from ..base import Algorithm
 
-#: Noise by name: "torch" (the run's seeded generator), "secure" (the OS CSPRNG), "discrete" (the
-#: exact discrete Gaussian, unsampled releases only).
-NOISES = ("torch", "secure", "discrete")
-#: Accountants by name: privacy loss distributions (the default, tightest) or Rényi DP.
-ACCOUNTANTS = ("pld", "rdp")
 #: How batches are drawn, by name (:data:`dpopt.sampling.BATCH_SAMPLINGS`).
 SAMPLINGS = ("poisson", "fixed")
 
@@ -135,17 +133,28 @@ ENTRIES = (
     Entry("diff2-bvr", "dpopt.algorithms.diff2:bvr_from_knobs", "DIFF2-BVR-L-SGD: DIFF2 with local steps",
           federated=True, noises=_CONTINUOUS),
 )
+#: Every algorithm by name: :data:`ENTRIES`, and those :func:`register` added.
 REGISTRY: dict[str, Entry] = {entry.name: entry for entry in ENTRIES}
-#: Every algorithm's name, in the registry's order.
-NAMES = tuple(REGISTRY)
-#: The private algorithms (a target ε can be met).
-PRIVATE = tuple(name for name, entry in REGISTRY.items() if entry.private)
-FEDERATED = tuple(name for name, entry in REGISTRY.items() if entry.federated)
+#: The name of every algorithm of :data:`ENTRIES`, in their order.
+NAMES = tuple(entry.name for entry in ENTRIES)
+#: The private algorithms of :data:`ENTRIES` (a target ε can be met).
+PRIVATE = tuple(entry.name for entry in ENTRIES if entry.private)
+#: The federated algorithms of :data:`ENTRIES` (``--backend torch`` runs them across processes).
+FEDERATED = tuple(entry.name for entry in ENTRIES if entry.federated)
 
 
 def entry(name: str) -> Entry:
     """The registry's entry for ``name`` (a one-line error listing the names otherwise)."""
-    return REGISTRY[_validate.one_of("algorithm", name, NAMES)]
+    return REGISTRY[_validate.one_of("algorithm", name, tuple(REGISTRY))]
+
+
+def register(new: Entry) -> Entry:
+    """Add ``new`` to :data:`REGISTRY` under a name not yet taken: an algorithm defined outside
+    :data:`ENTRIES` (a test's, a user's) is then built, run and audited by name like the others."""
+    if new.name in REGISTRY:
+        raise _validate.DpoptError(f"algorithm={new.name!r} is registered already")
+    REGISTRY[new.name] = new
+    return new
 
 
 def build(name: str, *, n: int, **given: Any) -> Algorithm[Any]:
