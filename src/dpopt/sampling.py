@@ -138,6 +138,12 @@ class CyclicPoisson:
 
     b = 1 is :class:`Poisson` of rate B/n: the same draws from the same generator (no key is used,
     none need be drawn), the same event.
+
+    Without its ``key`` (None, the default) a b > 1 sampler plans (relation, ``expected_size``,
+    ``rate``, ``wrap``: none of them depends on the key) but refuses to draw (:meth:`group`,
+    :meth:`sample`): a default key would make the assignment a public function of the index.
+    An algorithm keeps the key in its state and hands the keyed sampler to the loop
+    (:class:`dpopt.base.KeyedSampling`).
     """
 
     n: int
@@ -158,9 +164,6 @@ class CyclicPoisson:
                 f"one of {self.bands} groups of about n/bands records at rate bands·batch_size/n, which must be <= 1")
         if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 0:
             raise _validate.DpoptError(f"step={self.step!r} must be an integer >= 0")
-        if self.bands > 1 and self.key is None:  # a default key would make the assignment public
-            raise _validate.DpoptError(f"bands={self.bands} needs key=CyclicPoisson.secret_key(generator): the "
-                                       "group assignment must be secret")
 
     @staticmethod
     def secret_key(gen: torch.Generator) -> int:
@@ -179,6 +182,11 @@ class CyclicPoisson:
         """The sorted indices of the records of this step's group, t mod b."""
         if self.bands == 1:
             return torch.arange(self.n)
+        if self.key is None:  # a default key would make the assignment public
+            raise _validate.DpoptError(
+                f"bands={self.bands} needs key=CyclicPoisson.secret_key(generator): the group assignment must be "
+                "secret; a sampler without its key plans but cannot draw (a run's batches come from the sampler its "
+                "algorithm's state makes: dpopt.base.KeyedSampling.batch_sampler)")
         return _groups(self.n, self.bands, self.key)[self.step % self.bands]
 
     def sample(self, gen: torch.Generator) -> Tensor:

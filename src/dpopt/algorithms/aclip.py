@@ -141,6 +141,10 @@ class AClip:
         """g̃_k = clip(g_k, λ) + noise of the last step."""
         return state.direction
 
+    def release_variance(self, state: AClipState) -> float:
+        """Φ = (z·2λ)² per coordinate of g̃_k: the noise of the clipped mean (sensitivity 2λ)."""
+        return (self.noise_multiplier * 2 * self.clip) ** 2 if self.noise_multiplier > 0 else 0.0
+
     def moved(self, state: AClipState, theta: Tensor) -> AClipState:
         """x^{k+1} := ``theta`` (the average then counts ``theta``; no projection: the new rule is
         the caller's)."""

@@ -120,7 +120,8 @@ class ShardedRows:
     batch of ``size`` records (``local_size`` of them).
 
     ``norms()`` are the local records' norms (``[local_size]``); ``weighted_sum(w)`` is the
-    local weighted sum all-reduced over the ranks, i.e. the sum over the whole batch. ``w`` is
+    local weighted sum all-reduced over the ranks, i.e. the sum over the whole batch, and
+    ``batch_total(x)`` any other per-share total so summed (:class:`~dpopt.base.ShareOfBatch`). ``w`` is
     per local record (what :func:`~dpopt.clipping.clip_sum` passes, computed from ``norms()``)
     or per batch record (``[size]``, e.g. STORM's ones), then this rank's share of it is used.
     ``a - b`` (DP-SRM: the same records at two points) subtracts the local rows.
@@ -133,6 +134,11 @@ class ShardedRows:
 
     def norms(self) -> Tensor:
         return self.local.norms()
+
+    def batch_total(self, local: Tensor) -> Tensor:
+        """Σ over the ranks of ``local``, a total over this rank's records (e.g. adaptive clipping's
+        count): the total over the whole batch."""
+        return self.oracle.all_reduce(local.clone())
 
     def weighted_sum(self, weights: Tensor) -> Tensor:
         if len(weights) == self.size and self.size != self.local_size:
