@@ -375,11 +375,12 @@ class Case:
     twin_engine: worlds.Engine | None = None  # the honest twin's engine, if not the same
     canary: worlds.Canary | None = None
     twin: Callable[[Any], Any] = honest  # the honest version the mutant is compared with
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)  # more knobs of the algorithm by name
 
 
 def calibrated(case: Case, mutate: Callable[[Any], Any]) -> Any:
     """The (mutated) algorithm whose *claimed* ε(δ) is ``TARGET``: noise solved on the claim."""
-    base = build(case.name, n=case.n + 1, batch_size=case.batch, lr=1.0, clip=1.0)
+    base = build(case.name, n=case.n + 1, batch_size=case.batch, lr=1.0, clip=1.0, **case.options)
     scale, _ = accounting.solve_noise(
         lambda s: mutate(accounting.scaled(base, s)).planned_event(case.n + 1, case.steps),
         epsilon=TARGET, delta=case.delta, relation=base.relation())

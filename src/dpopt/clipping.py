@@ -9,6 +9,7 @@ adjacency and 2C under replace-one (one row swapped for another anywhere in the 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -127,8 +128,15 @@ def count_within(rows: PerRecord, clip: float, relation: NeighboringRelation) ->
     their own share and sum the counts over the processes."""
     norms = rows.norms()
     local = ((norms <= clip).sum(dtype=torch.float64) - 0.5 * len(norms)).reshape(1)
-    total = rows.batch_total(local) if isinstance(rows, ShareOfBatch) else local
+    total = rows.batch_total(local) if _shares(type(rows)) else local
     return Bounded(total, 0.5 * relation_factor(relation), _CLIPPING_TOKEN)
+
+
+@functools.cache
+def _shares(kind: type) -> bool:
+    """Whether rows of type ``kind`` are one process's share (:class:`~dpopt.base.ShareOfBatch`),
+    asked once per type (a protocol check costs tens of microseconds, every step would)."""
+    return issubclass(kind, ShareOfBatch)
 
 
 def clip_aggregate(value: Tensor, clip: float) -> Bounded:

@@ -98,7 +98,7 @@ class AdamBC:
     def __post_init__(self) -> None:
         if not (isinstance(self.inner, Directed) and isinstance(self.inner, NoiseVariance)):
             raise _validate.DpoptError(
-                f"inner={type(self.inner).__name__} must be an algorithm whose update is θ − η·g̃ and whose g̃ has a "
+                f"inner={self.inner!r} must be an algorithm whose update is θ − η·g̃ and whose g̃ has a "
                 "stated noise variance (DP-SGD, DP-GD, RRPSGD, AClip): DP-AdamBC subtracts that variance")
         check(self.lr, self.betas, self.eps, self.gamma)
         object.__setattr__(self, "_keyed", isinstance(self.inner, KeyedSampling))

@@ -36,7 +36,8 @@ import torch
 from torch import Tensor
 
 from ..correlation.events import banded_event
-from ..correlation.noise import BandedNoise, banded_gaussian, banded_noise
+from ..correlation import noise as correlated
+from ..correlation.noise import BandedNoise, banded_noise
 from ..correlation.strategy import BandedToeplitz, inverse_series
 from ..mechanisms import Bounded, NoiseSource
 from ..sampling import CyclicPoisson
@@ -65,7 +66,7 @@ def release(x: Bounded, noise_multiplier: float, state: Banded, source: NoiseSou
             t: int) -> tuple[Tensor, Banded, dpa.DpEvent]:
     """Step t's release ``x.value + z·Δ·x_t``, the next state and ``Gaussian(z)`` (the step's
     sampler wraps it into its group's round)."""
-    noised, noise, event = banded_gaussian(x, noise_multiplier, state.noise, source, step=t)
+    noised, noise, event = correlated.banded_gaussian(x, noise_multiplier, state.noise, source, step=t)
     return noised, state._replace(noise=noise), event
 
 

@@ -104,7 +104,7 @@ class DPSGD:
     def _check_banded(self) -> None:
         why = None
         if self.sampling is not sampling.Poisson:
-            why = f"sampling={self.sampling.__name__}: its batches are cyclic Poisson (sampling=Poisson)"
+            why = f"sampling={self.sampling!r}: its batches are cyclic Poisson (sampling=Poisson)"
         elif self.noise is not mechanisms.CONTINUOUS:
             why = f"noise={self.noise!r}: it correlates continuous Gaussian noise (noise=CONTINUOUS)"
         elif self.clip_quantile is not None:
@@ -121,9 +121,9 @@ class DPSGD:
             raise _validate.DpoptError(f"clip={self.clip!r} must be finite with clip_quantile: it is the first step's "
                                        "clip, which adaptive clipping scales from")
         if self.sampling is sampling.FullBatch:
-            raise _validate.DpoptError(f"clip_quantile={self.clip_quantile!r} needs sampled batches (sampling=Poisson or "
-                                       "FixedSize): the count and the gradient sum are accounted as one Gaussian on "
-                                       "the step's sampled batch")
+            raise _validate.DpoptError(f"sampling={self.sampling!r} is refused with clip_quantile={self.clip_quantile!r}: "
+                                       "the count and the gradient sum are accounted as one Gaussian on the step's "
+                                       "sampled batch (sampling=Poisson or FixedSize)")
         quantile.check(self.noise_multiplier, self.count_std, self.sampling.relation)
 
     @property
