@@ -87,7 +87,8 @@ def test_the_wrapper_moves_theta_by_adam_on_the_inner_release():
 
 def test_each_algorithm_states_the_variance_of_its_release():
     """Φ per coordinate of g̃: (z·f·C/b)² (f = 2 under replace-one); with bands, times Σ_{m≤t} d_m²,
-    the squared norm of row t of C⁻¹ (against the dense inverse); AClip's (z·2λ)²."""
+    the squared norm of row t of C⁻¹ (against the dense inverse); AClip's (z·2λ)², with bands times
+    the same row's."""
     theta0 = torch.zeros(5, dtype=torch.float64)
     fixed = DPSGD(lr=0.5, clip=0.7, noise_multiplier=1.3, batch_size=40, sampling=FixedSize)
     sampler = fixed.sampler(0, 400)
@@ -109,6 +110,11 @@ def test_each_algorithm_states_the_variance_of_its_release():
     assert rows[0] < rows[-1]  # the rows of C⁻¹ grow: Φ_t changes from step to step
     aclip = dpopt.AClip(lr=0.5, clip=0.25, noise_multiplier=1.3, batch_size=40)
     assert aclip.release_variance(aclip.init(theta0, 3, torch.Generator())) == (1.3 * 0.5) ** 2
+    aclip = dpopt.AClip(lr=0.5, clip=0.25, noise_multiplier=1.3, batch_size=40, bands=4)
+    stepper = dpopt.train.Stepper.start(Plan(aclip, n=400, steps=12, delta=1e-5), logistic(), theta0=theta0, seed=2)
+    for _ in range(7):
+        stepper.step()
+    assert aclip.release_variance(stepper.state) == pytest.approx((1.3 * 0.5) ** 2 * rows[6], rel=1e-12)
 
 
 def test_calibrating_the_wrapper_calibrates_the_inner_algorithm():

@@ -178,6 +178,8 @@ def test_the_registry_refuses_correlated_noise_where_the_argument_does_not_hold(
         build("dp-srm", n=N, batch_size=BATCH, bands=4)
     with pytest.raises(DpoptError, match="no groups to cycle through"):
         build("dp-gd", n=N, bands=2)
+    aclip = build("aclip", n=N, batch_size=BATCH, bands=4)  # its argument is DP-SGD's: one release of 2λ per step
+    assert aclip.bands == 4 and canonical(aclip.planned_event(N, 30)) == canonical(banded_event(1.0, 0.4, 30, 4))
     assert build("dp-bandmf", n=N, batch_size=BATCH).bands == 4 and build("dp-sgd", n=N, batch_size=BATCH).bands == 1
     assert build("dp-sgd", n=N, batch_size=BATCH, bands=3) == build("dp-bandmf", n=N, batch_size=BATCH, bands=3)
     assert math.isclose(build("rrpsgd", n=N, batch_size=BATCH, bands=2).sampler(0, N).rate, 2 * BATCH / N)

@@ -85,6 +85,8 @@ TABLE: dict[str, Case] = {
                                                  batch_size=40, sampling=FixedSize), 30),
     "storm": Case(lambda z, c: dpopt.Storm(lr=0.5, momentum=0.3, batch_size0=80, batch_size=40), 30, private=False),
     "aclip": Case(lambda z, c: dpopt.AClip(lr=0.5, clip=c / 4, noise_multiplier=z, batch_size=40), 30),
+    "aclip-banded": Case(lambda z, c: dpopt.AClip(lr=0.5, clip=c / 4, noise_multiplier=z, batch_size=40, bands=4), 30,
+                         atoms=8),
     "aclip-projected": Case(lambda z, c: dpopt.AClip(lr=0.5, clip=c / 10, noise_multiplier=z, batch_size=40,
                                                      radius=0.3), 30),
     "aclip-restarted": Case(lambda z, c: dpopt.RestartedAClip(

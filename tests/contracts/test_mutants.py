@@ -214,7 +214,8 @@ def violations(name: str, mutant: tuple[str, int, str] | None, monkeypatch: pyte
 
 def kinds(name: str) -> list[str]:
     return {"dpagd": ["gaussian", "argmin"], "o2nc-zeroth-single": ["tree"], "o2nc-first-single": ["tree"],
-            "dpsgd-banded": ["banded"], "dpsgd-banded-adambc": ["banded"]}.get(name, ["gaussian"])
+            "dpsgd-banded": ["banded"], "dpsgd-banded-adambc": ["banded"], "aclip-banded": ["banded"]}.get(
+        name, ["gaussian"])
 
 
 MUTANTS = [(name, kind, index, what) for name in PRIVATE for kind in kinds(name) for index in (0, 7)

@@ -1,4 +1,4 @@
-"""Banded matrix factorisation for an algorithm that releases one noised sum per step (DP-SGD): the
+"""Banded matrix factorisation for an algorithm that releases one noised sum per step (DP-SGD, AClip): the
 pieces it keeps and calls, so that its step stays its own.
 
 A run with b > 1 bands (Choquette-Choo et al., NeurIPS 2023, arXiv 2306.08153):

@@ -161,7 +161,7 @@ ENTRIES = (
     Entry("rrpsgd", "dpopt.algorithms.dp_sgd:rrpsgd_from_knobs", "RRPSGD: DP-SGD output at a random round",
           no_bands=None, no_clip_quantile=None),
     Entry("dp-agd", "dpopt.algorithms.dp_agd:from_knobs", "DP-AGD: adaptive budget, noisy step-size choice"),
-    Entry("aclip", "dpopt.algorithms.aclip:from_knobs", "AClipped-dpSGD: clip the batch mean once"),
+    Entry("aclip", "dpopt.algorithms.aclip:from_knobs", "AClipped-dpSGD: clip the batch mean once", no_bands=None),
     Entry("storm", "dpopt.algorithms.storm:from_knobs", "STORM: non-private recursive momentum (reference)",
           private=False, noises=_CONTINUOUS),
     Entry("o2nc-zeroth", "dpopt.algorithms.o2nc:zeroth_from_knobs", "DP-O2NC, single pass, zeroth-order oracle",
