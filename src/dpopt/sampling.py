@@ -120,8 +120,11 @@ class CyclicPoisson:
     algorithm's state so a resumed run has the same groups). Not by position (i mod b, or any
     public function of the index): removing one record shifts the index of every later one, so
     on the neighbouring data set many records would change group, and the argument below, which
-    holds the other records' groups fixed, would not apply. Independent draws do not depend on
-    the other records, so a record added or removed leaves every other group unchanged.
+    holds the other records' groups fixed, would not apply. The key's draws are taken in record
+    order too, so for one known key a removed record would shift the later records' draws; with
+    the key secret, every record's group is uniform and independent of the others' on D and on
+    D′ alike, and the two runs are coupled record by record (each keeps its group), which is what
+    the argument below holds fixed. So the key must stay secret: a leaked key voids it.
 
     The guarantee (Choquette-Choo et al., NeurIPS 2023, arXiv 2306.08153, amplification for
     b-banded matrices): for noise C⁻¹z with C lower-triangular, b-banded, of unit column norm, a
