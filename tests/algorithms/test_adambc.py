@@ -69,8 +69,8 @@ def logistic() -> dpopt.oracles.Logistic:
 
 
 def test_the_wrapper_moves_theta_by_adam_on_the_inner_release():
-    """One step of ``AdamBC(DPSGD)``: the inner step's release and event, and θ_1 = θ_0 − lr·m̂/√max(v̂ − Φ, γ)
-    with g̃ the inner's direction and Φ = (z·C/b)²."""
+    """One step of ``AdamBC(DPSGD)``: the inner step's release and event, and
+    θ_1 = θ_0 − lr·m̂/√max(v̂ − Φ, γ) with g̃ the inner's direction and Φ = (z·C/b)²."""
     inner = DPSGD(lr=0.5, clip=0.7, noise_multiplier=1.3, batch_size=40)
     wrapped = AdamBC(inner, lr=LR, betas=BETAS, gamma=GAMMA)
     theta0 = torch.full((5,), 0.2, dtype=torch.float64)
@@ -131,8 +131,8 @@ def test_the_registry_wraps_the_algorithms_that_state_their_noise_variance():
     assert isinstance(made, AdamBC) and made.lr == 0.01 and made.inner == build("dp-bandmf", n=400, batch_size=40,
                                                                                   lr=0.01)
     assert dpopt.train.keyed(made) and made.planned_event(400, 30) == made.inner.planned_event(400, 30)
-    with pytest.raises(DpoptError, match=re.escape("must be an algorithm whose update is θ − η·g̃ and whose g̃ has a "
-                                                   "stated noise variance")):
+    with pytest.raises(DpoptError, match=re.escape("must be an algorithm whose update is θ − η·g̃ and whose g̃ "
+                                                   "has a stated noise variance")):
         build("dp-srm", n=400, batch_size=40, optimizer="adambc")
     with pytest.raises(DpoptError, match=re.escape("optimizer='adam' must be one of")):
         build("dp-sgd", n=400, batch_size=40, optimizer="adam")

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import dp_accounting as dpa
 import torch
@@ -121,9 +121,9 @@ class DPSGD:
             raise _validate.DpoptError(f"clip={self.clip!r} must be finite with clip_quantile: it is the first step's "
                                        "clip, which adaptive clipping scales from")
         if self.sampling is sampling.FullBatch:
-            raise _validate.DpoptError(f"sampling={self.sampling!r} is refused with clip_quantile={self.clip_quantile!r}: "
-                                       "the count and the gradient sum are accounted as one Gaussian on the step's "
-                                       "sampled batch (sampling=Poisson or FixedSize)")
+            raise _validate.DpoptError(f"sampling={self.sampling!r} is refused with clip_quantile="
+                                       f"{self.clip_quantile!r}: the count and the gradient sum are accounted as one "
+                                       "Gaussian on the step's sampled batch (sampling=Poisson or FixedSize)")
         quantile.check(self.noise_multiplier, self.count_std, self.sampling.relation)
 
     @property
@@ -235,23 +235,23 @@ def rrpsgd(*, lr: float, clip: float, noise_multiplier: float, batch_size: int,
 BANDMF_BANDS = 4
 
 
-def _options(knobs: Knobs, bands: int) -> dict[str, Any]:
-    """The banded and adaptive-clipping hyper-parameters of the knobs (bands: ``knobs.bands`` or ``bands``)."""
-    return {"bands": bands if knobs.bands is None else knobs.bands, "clip_quantile": knobs.clip_quantile,
-            "clip_lr": knobs.clip_lr, "count_noise": knobs.count_noise}
+def _from_knobs(knobs: Knobs, bands: int) -> DPSGD:
+    """DP-SGD of the knobs: ``lr``, ``clip``, ``batch_size``, ``sampling``, ``noise``, ``bands`` (``bands``
+    when the knobs leave it unset), ``clip_quantile``, ``clip_lr``, ``count_noise``."""
+    return DPSGD(lr=knobs.lr, clip=knobs.clip, noise_multiplier=1.0, batch_size=knobs.batch_size,
+                 sampling=batch_sampling(knobs), noise=noise_kind(knobs),
+                 bands=bands if knobs.bands is None else knobs.bands, clip_quantile=knobs.clip_quantile,
+                 clip_lr=knobs.clip_lr, count_noise=knobs.count_noise)
 
 
 def dp_sgd_from_knobs(knobs: Knobs) -> DPSGD:
-    """``dp-sgd`` by name: ``lr``, ``clip``, ``batch_size``, ``sampling``, ``noise``, ``bands`` (default 1),
-    ``clip_quantile``, ``clip_lr``, ``count_noise``."""
-    return DPSGD(lr=knobs.lr, clip=knobs.clip, noise_multiplier=1.0, batch_size=knobs.batch_size,
-                 sampling=batch_sampling(knobs), noise=noise_kind(knobs), **_options(knobs, 1))
+    """``dp-sgd`` by name (bands 1 unless set)."""
+    return _from_knobs(knobs, 1)
 
 
 def bandmf_from_knobs(knobs: Knobs) -> DPSGD:
     """``dp-bandmf`` by name: ``dp-sgd`` with ``bands`` (default :data:`BANDMF_BANDS`)."""
-    return DPSGD(lr=knobs.lr, clip=knobs.clip, noise_multiplier=1.0, batch_size=knobs.batch_size,
-                 sampling=batch_sampling(knobs), noise=noise_kind(knobs), **_options(knobs, BANDMF_BANDS))
+    return _from_knobs(knobs, BANDMF_BANDS)
 
 
 def dp_gd_from_knobs(knobs: Knobs) -> DPSGD:

@@ -146,8 +146,8 @@ def _named(builder: str) -> Callable[..., Any]:
 
 _CONTINUOUS = ("torch", "secure")
 #: DP-SRM's two kinds of release (its refusal of correlated noise).
-_TWO_RELEASES = ("its first step releases at (σ0, C1) and the others at (σ, γC1 + (1−γ)C2): correlated noise needs "
-                 "one noise multiplier and one sensitivity at every step")
+_TWO_RELEASES = ("its first step releases at (σ0, C1) and the others at (σ, γC1 + (1−γ)C2): correlated noise "
+                 "needs one noise multiplier and one sensitivity at every step")
 ENTRIES = (
     Entry("dp-sgd", "dpopt.algorithms.dp_sgd:dp_sgd_from_knobs", "DP-SGD: Poisson batches, per-record clipping",
           no_bands=None, no_clip_quantile=None),
