@@ -137,15 +137,11 @@ class AClip:
 
     def sampler(self, t: int, n: int) -> Sampler:
         """Step t's sampler for planning; with bands > 1 it cannot draw (:meth:`batch_sampler` can)."""
-        if self.bands == 1:
-            return sampling.Poisson.of(n, self.batch_size)
-        return banded.sampler(n, self.batch_size, self.bands, t)
+        return banded.sampler(sampling.Poisson, n, self.batch_size, self.bands, t)
 
     def batch_sampler(self, state: AClipState, t: int, n: int) -> Sampler:
         """Step t's sampler: with bands > 1, cyclic Poisson over the groups of the state's key."""
-        if state.banded is None:
-            return sampling.Poisson.of(n, self.batch_size)
-        return banded.sampler(n, self.batch_size, self.bands, t, state.banded.key)
+        return banded.sampler(sampling.Poisson, n, self.batch_size, self.bands, t, state.banded)
 
     def init(self, theta0: Tensor, steps: int, gen: torch.Generator) -> AClipState:
         start = _start(_project(theta0, self.radius))

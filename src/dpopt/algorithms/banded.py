@@ -40,7 +40,8 @@ from ..correlation import noise as correlated
 from ..correlation.noise import BandedNoise, banded_noise
 from ..correlation.strategy import BandedToeplitz, inverse_series
 from ..mechanisms import Bounded, NoiseSource
-from ..sampling import CyclicPoisson
+from ..base import Sampler
+from ..sampling import BatchSampling, CyclicPoisson
 
 
 class Banded(NamedTuple):
@@ -57,9 +58,12 @@ def start(like: Tensor, bands: int, steps: int, gen: torch.Generator) -> Banded:
     return Banded(CyclicPoisson.secret_key(gen), banded_noise(like, strategy))
 
 
-def sampler(n: int, batch_size: int, bands: int, t: int, key: int | None = None) -> CyclicPoisson:
-    """Step t's cyclic Poisson sampler; without the ``key`` it plans but refuses to draw."""
-    return CyclicPoisson(n, batch_size, bands, t, key)
+def sampler(plain: BatchSampling, n: int, batch_size: int, bands: int, t: int, state: Banded | None = None) -> Sampler:
+    """Step t's sampler: ``plain.of(n, batch_size)`` for one band, else cyclic Poisson over the groups
+    of the ``state``'s key (without a state, for planning: it refuses to draw)."""
+    if bands == 1:
+        return plain.of(n, batch_size)
+    return CyclicPoisson(n, batch_size, bands, t, None if state is None else state.key)
 
 
 def release(x: Bounded, noise_multiplier: float, state: Banded, source: NoiseSource,
@@ -72,7 +76,7 @@ def release(x: Bounded, noise_multiplier: float, state: Banded, source: NoiseSou
 
 def planned_event(noise_multiplier: float, n: int, batch_size: int, bands: int, steps: int) -> dpa.DpEvent:
     """The run's event, written from the hyper-parameters alone: ``banded_event(z, b·B/n, T, b)``."""
-    return banded_event(noise_multiplier, sampler(n, batch_size, bands, 0).rate, steps, bands)
+    return banded_event(noise_multiplier, CyclicPoisson(n, batch_size, bands).rate, steps, bands)
 
 
 def noise_scale(state: Banded, t: int) -> float:

@@ -136,15 +136,11 @@ class DPSGD:
 
     def sampler(self, t: int, n: int) -> Sampler:
         """Step t's sampler for planning; with bands > 1 it cannot draw (:meth:`batch_sampler` can)."""
-        if self.bands == 1:
-            return self.sampling.of(n, self.batch_size)
-        return banded.sampler(n, self.batch_size, self.bands, t)
+        return banded.sampler(self.sampling, n, self.batch_size, self.bands, t)
 
     def batch_sampler(self, state: DPSGDState, t: int, n: int) -> Sampler:
         """Step t's sampler: with bands > 1, cyclic Poisson over the groups of the state's key."""
-        if state.banded is None:
-            return self.sampling.of(n, self.batch_size)
-        return banded.sampler(n, self.batch_size, self.bands, t, state.banded.key)
+        return banded.sampler(self.sampling, n, self.batch_size, self.bands, t, state.banded)
 
     def init(self, theta0: Tensor, steps: int, gen: torch.Generator) -> DPSGDState:
         out = output_init(self.output_rule, theta0, steps, gen)
