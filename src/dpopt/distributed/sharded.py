@@ -21,7 +21,11 @@ Every rank builds the same full oracle, wraps it in :class:`Sharded` and calls t
    generator, which is also seeded identically everywhere (:func:`shared_secret_seed`): all ranks
    add the **same single draw** to the same all-reduced sum. The released value is exactly the
    single-process one (up to the summation order of floating-point additions), noise enters once,
-   not K times.
+   not K times. Banded correlated noise is no exception: its group key comes from the shared
+   sampling generator and its noise from the shared noise generator, so every rank holds the same
+   ring of past noise and adds the same x_t. Adaptive clipping's count Σ(1[‖v_i‖ ≤ C_t] − ½) is
+   counted per share and all-reduced like the sums (``ShardedRows.batch_total``), so every rank
+   releases the same noised count and moves to the same C_{t+1}.
 
 Privacy argument: every release is the single-process mechanism's release, computed in
 pieces: the same sampled batch (same sampling rate, same neighbouring relation), the same
