@@ -127,9 +127,9 @@ def test_calibrating_the_wrapper_calibrates_the_inner_algorithm():
 
 
 def test_the_registry_wraps_the_algorithms_that_state_their_noise_variance():
-    made = build("dp-bandmf", n=400, batch_size=40, lr=0.01, optimizer="adambc")
-    assert isinstance(made, AdamBC) and made.lr == 0.01 and made.inner == build("dp-bandmf", n=400, batch_size=40,
-                                                                                  lr=0.01)
+    made = build("dp-bandmf", n=400, batch_size=40, lr=0.01, optimizer="adambc", adam_gamma=1e-6)
+    assert isinstance(made, AdamBC) and (made.lr, made.gamma) == (0.01, 1e-6)
+    assert made.inner == build("dp-bandmf", n=400, batch_size=40, lr=0.01)
     assert dpopt.train.keyed(made) and made.planned_event(400, 30) == made.inner.planned_event(400, 30)
     with pytest.raises(DpoptError, match=re.escape("must be an algorithm whose update is θ − η·g̃ and whose g̃ "
                                                    "has a stated noise variance")):

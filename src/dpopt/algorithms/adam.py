@@ -164,5 +164,5 @@ class AdamBC:
 
 def from_knobs(inner: Algorithm[Any], knobs: Knobs) -> AdamBC:
     """``optimizer="adambc"`` by name: ``inner`` (built by its entry) with DP-AdamBC's update at step
-    size ``knobs.lr`` (the other settings at their defaults)."""
-    return AdamBC(inner, lr=knobs.lr)
+    size ``knobs.lr`` and floor ``knobs.adam_gamma`` (betas and eps at their defaults)."""
+    return AdamBC(inner, lr=knobs.lr, gamma=knobs.adam_gamma)

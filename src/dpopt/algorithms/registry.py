@@ -54,7 +54,8 @@ class Knobs:
     and ``noise_ratios`` z1 : z2 [: z3]. ``bands``: banded matrix factorisation's b (None: 1, or 4
     for ``dp-bandmf``); adaptive clipping: ``clip_quantile`` γ (None: off), ``clip_lr`` and
     ``count_noise`` σ_b (None: batch/20); ``optimizer``: the update rule by name
-    (:data:`OPTIMIZERS`; "adambc" takes ``lr`` as Adam's step size). An algorithm that cannot take
+    (:data:`OPTIMIZERS`; "adambc" takes ``lr`` as Adam's step size and ``adam_gamma`` as the floor γ
+    of its corrected second moment, a hyper-parameter at DP noise levels). An algorithm that cannot take
     ``bands`` > 1 or a ``clip_quantile`` refuses it with the reason (:meth:`Entry.build`)."""
 
     n: int
@@ -83,6 +84,7 @@ class Knobs:
     clip_lr: float = 0.2
     count_noise: float | None = None
     optimizer: str = "sgd"
+    adam_gamma: float = 1e-8
 
     @classmethod
     def of(cls, n: int, **given: Any) -> Knobs:
