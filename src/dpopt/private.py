@@ -85,7 +85,7 @@ from torch import Tensor, nn
 from . import _validate, checkpoint, journal
 from .accounting import Ledger
 from .algorithms import registry
-from .base import Algorithm, Directed, NoiseSource
+from .base import Algorithm, Directed, NoiseSource, NoiseVariance
 from .oracles import TorchModel, ghost, records
 from .plan import plan_for, steps_for_epochs
 from .train import Stepper, randomness
@@ -231,6 +231,19 @@ class Private:
     def ledger(self) -> Ledger:
         """The events of the releases so far."""
         return self.stepper.ledger
+
+    def noise_variance(self) -> float:
+        """Φ_t: the variance per coordinate of the noise in the last private gradient (what
+        ``backward()`` wrote into ``.grad``), for a bias correction such as
+        :class:`dpopt.optim.AdamBC`: (z·Δ/b)² for DP-SGD, with banded noise the variance of row t of
+        C⁻¹ times that, with adaptive clipping (z_grad·C_t/b)². A public quantity (the
+        hyper-parameters, the step and released values): subtracting it is post-processing."""
+        if not isinstance(self.algorithm, NoiseVariance):
+            raise _validate.DpoptError(f"algorithm={type(self.algorithm).__name__} does not state the noise variance "
+                                       "of its private gradient (DP-SGD, DP-GD, RRPSGD and AClip do)")
+        if self.stepper.t == 0:
+            raise _validate.DpoptError("no private gradient yet: call private.backward() first")
+        return self.algorithm.release_variance(self.stepper.state)
 
     def epsilon(self) -> float:
         """The guarantee ε(δ) of the steps so far (a privacy filter: its total), the ledger

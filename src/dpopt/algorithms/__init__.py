@@ -12,6 +12,7 @@ from typing import Any
 #: Public name -> the module that defines it.
 _EXPORTS = {
     **dict.fromkeys(("AClip", "RestartedAClip", "Stage"), "aclip"),
+    "AdamBC": "adam",
     **dict.fromkeys(("DIFF2", "LocalSteps"), "diff2"),
     "DPAGD": "dp_agd",
     **dict.fromkeys(("DPSGD", "dp_gd", "rrpsgd"), "dp_sgd"),
