@@ -76,7 +76,7 @@ RUN = ["run", "--algorithm", "dp-sgd", "--dataset", "adult", "--epsilon", "1", "
     (ACCOUNT[:-3] + ["--delta", "0"], "delta=0.0 must be in (0, 1)"),
     (RUN + ["--batch-size", "1000000"], "batch_size=1000000 must be >= 1 and <= n (training records)=32561"),
     (["run", "--algorithm", "dp-sdg", "--dataset", "adult", "--epsilon", "1"],
-     "algorithm='dp-sdg' must be one of: dp-sgd, dp-gd, dp-srm, rrpsgd, dp-agd, aclip, storm"),
+     "algorithm='dp-sdg' must be one of: dp-sgd, dp-bandmf, dp-gd, dp-srm, rrpsgd, dp-agd, aclip, storm, "),
     (["run", "--algorithm", "dp-sgd", "--dataset", "mnist-but-wrong", "--epsilon", "1"],
      "dataset='mnist-but-wrong' must be one of:"),
     (["run", "--algorithm", "dp-sgd", "--dataset", "adult", "--model", "ridge", "--epsilon", "1"],
