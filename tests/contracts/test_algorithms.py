@@ -1,7 +1,7 @@
 """Contracts every algorithm obeys, over ONE table of all algorithms.
 
-(a) double entry: what a run records equals what was planned (DESIGN.md rule 1);
-(b) noise 0 and clip ∞ reproduce the non-private method (ALGORITHMS.md §5);
+(a) double entry: what a run records equals what was planned (docs/design.md rule 1);
+(b) noise 0 and clip ∞ reproduce the non-private method (docs/algorithms.md §5);
 (c) calibrate, then run: the run's ε is within the target;
 (d) hyper-parameter validation: a bad value raises DpoptError naming the field.
 

@@ -1,6 +1,6 @@
 """AClipped-dpSGD and R-AClipped-dpSGD (Jin, Zhou, Han, Cheng, Zeng): clip the batch mean once.
 
-ALGORITHMS.md §2. Step k, on a Poisson batch B_k of rate m/n (expected size m):
+docs/algorithms.md §2. Step k, on a Poisson batch B_k of rate m/n (expected size m):
 
     g_k  = (1/m) Σ_{i∈B_k} ∇f_i(x^k)                 one ordinary pass, no per-record gradients
     g̃_k  = clip(g_k, λ) + N(0, (z·2λ)² I)

@@ -1,4 +1,4 @@
-"""Any ``torch.nn.Module`` as an oracle, on one flat parameter vector θ (DESIGN rule 5).
+"""Any ``torch.nn.Module`` as an oracle, on one flat parameter vector θ (docs/design.md rule 5).
 
 ``TorchModel(module, loss_fn, X, y)`` measures the per-record loss ``loss_fn(module(x), y)``
 (``reduction="none"``: one value per record) of the records ``(X[i], y[i])``. Wherever a
@@ -61,7 +61,7 @@ its buffers before and after: a change (a running statistic of one's own, even a
 is refused, the buffers restored, so nothing of the training data stays in the module. torch's
 errors in code run on each record alone under vmap come back as ``DpoptError``s that name the
 module or the loss and keep torch's message. Stochastic layers (dropout) draw from torch's global
-generator, not the run's (DESIGN rule 4 covers the privacy noise, not the model's own
+generator, not the run's (docs/design.md rule 4 covers the privacy noise, not the model's own
 randomness); in both engines one forward feeds both the norms and the sums, so each record's
 clipped contribution is exactly bounded even so.
 """
