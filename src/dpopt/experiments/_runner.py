@@ -58,6 +58,18 @@ class Method:
     #: Whether a run does not depend on its seed (no noise, no sampling, a deterministic output
     #: rule): then only the first seed is run, and the report says so.
     deterministic: bool = False
+    #: How a run drives its calibrated plan: None is :func:`dpopt.train.train` (the algorithm's own
+    #: update, :meth:`Problem.run`); else ``loop(params)`` gives the :class:`Loop` of the values
+    #: ``params`` (e.g. a torch optimizer fed by :class:`dpopt.Private`'s releases).
+    loop: Callable[[Params], Loop] | None = None
+
+
+class Loop(Protocol):
+    """A run of a calibrated plan other than the algorithm's own update: ``run(problem, plan, seed,
+    log_every) -> History`` (logged as :meth:`Problem.run` logs); its ``repr`` names everything
+    about it that changes the run (a saved run is found again by it)."""
+
+    def run(self, problem: Problem, plan: Plan[Any], seed: int, log_every: int) -> History: ...
 
 
 @dataclass(frozen=True)
@@ -83,7 +95,12 @@ class Problem:
         options = Options(seed=seed, test_error=self.test_error, log_every=log_every, progress=False,
                           diagnostics=True, train_metrics=self.train_metrics, diagnostic_sample=None,
                           log_metrics=self.log_metrics)
-        history = with_diagnostics(train(plan, self.oracle, options, self.theta0))
+        return self.completed(train(plan, self.oracle, options, self.theta0))
+
+    def completed(self, history: History) -> History:
+        """A finished run's ``history`` with its diagnostics merged in (:func:`with_diagnostics`) and
+        the problem's final metrics added."""
+        history = with_diagnostics(history)
         if self.extra_metrics is not None:
             history.final.update(self.extra_metrics(history.theta))
         if self.history_metrics is not None:
@@ -98,6 +115,16 @@ def with_diagnostics(history: History) -> History:
     diagnostics = history.diagnostics
     records = [private | logged for private, logged in zip(history.records, diagnostics["records"], strict=True)]
     return dataclasses.replace(history, records=records, final=history.final | diagnostics["final"])
+
+
+def time_to_target(history: History, *, target_error: float, passes: str = "passes") -> dict[str, float]:
+    """Training wall time, CPU time and data passes (the logged quantity ``passes``) at the first
+    logged point whose test error is ≤ ``target_error`` (NaN if none), and whether it was reached
+    (1 or 0)."""
+    hit = next((r for r in history.records if r["test_error"] <= target_error), None)
+    return {"time_to_target_s": hit["wall_time_s"] if hit else math.nan,
+            "cpu_time_to_target_s": hit["cpu_time_s"] if hit else math.nan,
+            "epochs_to_target": hit[passes] if hit else math.nan, "reached_target": float(hit is not None)}
 
 
 def steps_for_passes(passes: float, n: int, first: int, rest: int) -> int:
@@ -122,6 +149,7 @@ def start_seeds(method: Method, params: Params, problem: Problem, *, epsilon: fl
     several methods share the workers) and the returned function waits for their histories.
     Without a pool they run now."""
     algorithm, steps = method.build(problem.oracle.n, params)
+    loop = None if method.loop is None else method.loop(params)
     steps = max(1, round(steps * step_fraction))
     # a reproduction runs at its paper's δ (AClip's is 1/n), which its results state beside every row
     plan = Plan(algorithm, n=problem.oracle.n, steps=steps, delta=delta, allow_large_delta=True)
@@ -132,9 +160,9 @@ def start_seeds(method: Method, params: Params, problem: Problem, *, epsilon: fl
     log_every = max(1, steps // log_points)
     seeds = list(seeds)[:1] if method.deterministic else list(seeds)
     if pool is not None:
-        futures = pool.submit(problem, plan, log_every, seeds, key)
+        futures = pool.submit(problem, plan, log_every, seeds, key, loop)
         return lambda: [future.result() for future in futures]
-    histories = [problem.run(plan, seed, log_every) for seed in seeds]
+    histories = [Training(plan, log_every, seed, loop).run(problem) for seed in seeds]
     return lambda: histories
 
 
@@ -173,22 +201,28 @@ class Job(Protocol):
 @dataclass(frozen=True)
 class Training:
     """A reproduction's job: one training run of the calibrated ``plan`` on ``seed``, logged every
-    ``log_every`` steps; its result is the :class:`~dpopt.train.History`."""
+    ``log_every`` steps, by ``loop`` (None: the algorithm's own update); its result is the
+    :class:`~dpopt.train.History`."""
 
     plan: Plan[Any]
     log_every: int
     seed: int
+    loop: Loop | None = None
 
     def run(self, problem: Problem) -> History:
-        return problem.run(self.plan, self.seed, self.log_every)
+        if self.loop is None:
+            return problem.run(self.plan, self.seed, self.log_every)
+        return self.loop.run(problem, self.plan, self.seed, self.log_every)
 
     def described(self, problem: Problem) -> dict[str, str]:
-        """The problem's oracle and starting point, the calibrated plan, the logging and the seed."""
+        """The problem's oracle and starting point, the calibrated plan, the logging, the seed and
+        the loop (if any)."""
         theta0 = None if problem.theta0 is None else hashlib.sha256(
             problem.theta0.detach().cpu().numpy().tobytes()).hexdigest()
+        loop = {} if self.loop is None else {"loop": self.loop}
         return describe(self.plan.algorithm, problem.oracle, seed=self.seed, theta0=theta0,
                         train_metrics=problem.train_metrics, steps=self.plan.steps, delta=self.plan.delta,
-                        log_every=self.log_every)
+                        log_every=self.log_every, **loop)
 
 
 @dataclass(frozen=True)
@@ -243,9 +277,10 @@ class Pool:
         self.bar.refresh()
 
     def submit(self, problem: Problem, plan: Plan[Any], log_every: int, seeds: Sequence[int],
-               key: Any = None) -> list[Future]:
-        """One training run of ``plan`` per seed (:class:`Training`); their futures give the histories."""
-        return [self.start(Training(plan, log_every, seed), problem, key) for seed in seeds]
+               key: Any = None, loop: Loop | None = None) -> list[Future]:
+        """One training run of ``plan`` per seed (:class:`Training`, by ``loop``); their futures give
+        the histories."""
+        return [self.start(Training(plan, log_every, seed, loop), problem, key) for seed in seeds]
 
     def start(self, job: Job, problem: Any, key: Any = None) -> Future:
         """``job`` on ``problem`` (named ``key`` in the workers): loaded if saved, else queued in
@@ -388,7 +423,8 @@ def _moments(sample: Sequence[float]) -> tuple[float, float]:
 
 
 #: Curves of a function of a logged quantity: name → (logged quantity, function).
-DERIVED_CURVES: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]] = {"grad_norm_sq": ("grad_norm", np.square)}
+DERIVED_CURVES: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]] = {
+    "grad_norm_sq": ("grad_norm", np.square), "test_accuracy": ("test_error", lambda error: 1 - error)}
 
 
 def mean_curve(histories: Sequence[History], metric: str, x: str = "passes") -> Curve:

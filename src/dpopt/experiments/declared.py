@@ -5,7 +5,8 @@ code: the ε list and δ, the problems, seeds, metrics and comparisons, the pape
 method's grid and settings, the values the last tuning chose (with its date, command and cost),
 preset-specific values (``[parameters]``, read by the preset's code through
 :meth:`Declared.parameter`), and the report's static text in Markdown: ``notes``; ``problem_note``,
-a line filled from each problem's facts; ``quick_note``, added under ``--quick``; and per baseline
+a line filled from each problem's facts; ``quick_note``, added under ``--quick``; ``figure_note``, a
+line added to every figure's title (e.g. how the hyper-parameters were chosen); and per baseline
 an explanation of the comparisons it wins. A file with ``extends = "<other preset>"`` is a
 variant: the other file's values, its own replacing them key by key (a table is replaced whole).
 A key the schema does not know, a missing key or a value of the wrong type is an error that names
@@ -41,6 +42,7 @@ SCHEMA: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "tuning": (dict, False), "notes": (str, True), "explanations": (dict, True), "parameters": (dict, True),
     "problems": (list, False), "smoke_problems": (list, False), "tune_epsilon": (_NUMBER, False),
     "epochs": (int, False), "extends": (str, False), "problem_note": (str, False), "quick_note": (str, False),
+    "figure_note": (str, False),
 }
 #: Keys of a ``[methods.<name>]`` table.
 METHOD_SCHEMA: dict[str, tuple[type | tuple[type, ...], bool]] = {

@@ -42,9 +42,8 @@ import numpy as np
 from ..algorithms import DPSGD, DPSRM
 from ..data import load
 from ..data.bounds import Preparation
-from ..train import History
 from . import declared
-from ._runner import Method, Params, Problem, steps_for_passes
+from ._runner import Method, Params, Problem, steps_for_passes, time_to_target
 from ._torch import classifier_problem
 from .preparation import SYNTHETIC, registered
 from .preset import declared_experiment, declared_methods
@@ -111,15 +110,6 @@ def arrays(setting: Setting, data_dir: str | None) -> tuple[np.ndarray, ...]:
     data = _prepared(setting).prepare(load(setting.dataset, data_dir))
     cut = slice(setting.records)
     return data.X_train[cut], data.y_train[cut], data.X_test[cut], data.y_test[cut]
-
-
-def time_to_target(history: History, *, target_error: float) -> dict[str, float]:
-    """Training wall time, CPU time and data passes at the first logged point whose test error is
-    ≤ ``target_error`` (NaN if none), and whether it was reached (1 or 0)."""
-    hit = next((r for r in history.records if r["test_error"] <= target_error), None)
-    return {"time_to_target_s": hit["wall_time_s"] if hit else math.nan,
-            "cpu_time_to_target_s": hit["cpu_time_s"] if hit else math.nan,
-            "epochs_to_target": hit["passes"] if hit else math.nan, "reached_target": float(hit is not None)}
 
 
 def build_problem(key: str, data_dir: str | None) -> tuple[Problem, dict[str, Any]]:

@@ -61,6 +61,8 @@ class Experiment:
     draw: Callable[[Path, dict[str, Any]], None] | None = None
     #: How the ``TUNED`` values were chosen (the command and its date), for the report.
     TUNED_BY: str = ""
+    #: A line added to every figure's title ("" for none).
+    FIGURE_NOTE: str = ""
 
     @property
     def keyed(self) -> bool:
@@ -127,7 +129,8 @@ def declared_experiment(data: Declared, *, make_problem: Callable[[Any, str | No
         CURVES={title: spec if isinstance(spec, str) else tuple(spec) for title, spec in data["curves"].items()},
         TUNED=data.tuned(), TUNING_COST=data.get("tuning", {}).get("cost", {}), TUNING_SEEDS=tuple(data["tuning_seeds"]),
         TUNE_EPSILON=data.get("tune_epsilon"), LOG_POINTS=data["log_points"], SEEDS=data["seeds"], draw=draw,
-        TUNED_BY=f"`{tuning['command']}` on {tuning['date']}" if (tuning := data.get("tuning")) else "")
+        TUNED_BY=f"`{tuning['command']}` on {tuning['date']}" if (tuning := data.get("tuning")) else "",
+        FIGURE_NOTE=data.get("figure_note", ""))
 
 
 #: How a method's grid is searched, by the name a preset file gives (``tuner``): every grid point

@@ -43,7 +43,8 @@ def _preset(name: str) -> Experiment:
 
 
 #: Axis labels of the logged quantities curves can be drawn against (``CURVES`` values ``(metric, x)``).
-X_LABELS = {"passes": "data passes (epochs)", "wall_time_s": "training wall time (s)"}
+X_LABELS = {"passes": "data passes (epochs)", "expected_passes": "expected data passes (epochs)",
+            "wall_time_s": "training wall time (s)"}
 
 #: ``--quick`` runs 2 seeds of every method for this fraction of its steps (noise calibrated for
 #: the shorter run): a smoke test of the whole pipeline, not numbers to compare with the paper.
@@ -217,7 +218,8 @@ def _write(out_dir: Path, payload: dict[str, Any], exp: Experiment) -> None:
                                  title=f"{exp.NAME}{f' {key}' if key is not None else ''}: private methods at ε = "
                                        f"{epsilon:g}, δ = {', '.join(f'{d:g}' for d in sorted(deltas))} (non-private "
                                        f"ones: ε = ∞)\nmean over {payload['seeds']} seeds, band ± 1 std"
-                                       + ("" if unlabelled else f"\n{LABEL}: no ε here is a guarantee"))
+                                       + ("" if unlabelled else f"\n{LABEL}: no ε here is a guarantee")
+                                       + (f"\n{exp.FIGURE_NOTE}" if exp.FIGURE_NOTE else ""))
 
 
 def _classified(payload: dict[str, Any]) -> dict[str, Any]:
