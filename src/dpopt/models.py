@@ -39,6 +39,13 @@ tempered-sigmoid activations train better under DP-SGD than ReLU); ``activation=
 the TensorFlow Privacy / Opacus variant. None of them has BatchNorm. Inputs are not normalised
 inside the model: the data sets give pixels in [0, 1].
 
+``"scatternet-linear"`` is Tramèr & Boneh (2021)'s ScatterNet + linear model (the strongest
+MNIST baseline of their Table 1; the ``mnist-sota`` reproduction): input the scattering features
+of a 28 × 28 image (:class:`dpopt.scattering.Scattering2D`, J = 2, L = 8: 81 × 7 × 7 = 3,969
+numbers), GroupNorm without affine parameters (``groups`` of the 81 channels; each record's
+features normalised on their own), a linear layer to 10 outputs. ``"mnist-cnn"`` with its default
+tanh is the end-to-end CNN of the same table.
+
 ``"resnet18"`` is the standard CIFAR-10 ResNet-18 (He et al. 2016, "Deep Residual Learning for
 Image Recognition", arXiv:1512.03385, in its usual CIFAR form: 3×3 conv stem of 64 channels,
 stride 1, no max-pool; four stages of two :class:`BasicBlock` with 64 / 128 / 256 / 512 channels
