@@ -227,8 +227,11 @@ class Stepper:
         from dpopt.accounting import Ledger
         from dpopt.mechanisms import SeededNoise
 
+        from dpopt import train
+
         self.algorithm, self.oracle, self.steps = algorithm, oracle, steps
         self.gens = torch.Generator().manual_seed(0), SeededNoise(1)
+        self.keyed = train.keyed(algorithm)  # banded noise: the batch sampler comes from the state
         self.state = algorithm.init(oracle.flat_params().double(), 10_000, self.gens[0])
         self.ledger, self.t = Ledger(algorithm.relation()), 0
 
@@ -239,6 +242,7 @@ class Stepper:
         steps = steps or self.steps
         start, records = time.perf_counter(), 0
         for _ in range(steps):
-            self.state, size = train.step(self.algorithm, self.oracle, self.state, self.t, self.ledger, *self.gens)
+            self.state, size = train.step(self.algorithm, self.oracle, self.state, self.t, self.ledger, *self.gens,
+                                          keyed=self.keyed)
             self.t, records = self.t + 1, records + size
         return {"seconds": (time.perf_counter() - start) / steps, "batch": records / steps}

@@ -176,7 +176,7 @@ def test_non_private_events_cost_infinity():
     (dpa.SampledWithoutReplacementDpEvent(400, 40, dpa.GaussianDpEvent(0.0)), REPLACE_ONE),
 ])
 def test_zero_noise_costs_infinity_under_every_sampler(event, relation):
-    """Noise multiplier 0 is every algorithm's non-private reference (ALGORITHMS.md §5): its ε is
+    """Noise multiplier 0 is every algorithm's non-private reference (docs/algorithms.md §5): its ε is
     ∞, whichever accountant the event needs (dp_accounting's RDP divides by σ² for sampling
     without replacement)."""
     ledger = Ledger(relation)

@@ -375,11 +375,12 @@ class Case:
     twin_engine: worlds.Engine | None = None  # the honest twin's engine, if not the same
     canary: worlds.Canary | None = None
     twin: Callable[[Any], Any] = honest  # the honest version the mutant is compared with
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)  # more knobs of the algorithm by name
 
 
 def calibrated(case: Case, mutate: Callable[[Any], Any]) -> Any:
     """The (mutated) algorithm whose *claimed* ε(δ) is ``TARGET``: noise solved on the claim."""
-    base = build(case.name, n=case.n + 1, batch_size=case.batch, lr=1.0, clip=1.0)
+    base = build(case.name, n=case.n + 1, batch_size=case.batch, lr=1.0, clip=1.0, **case.options)
     scale, _ = accounting.solve_noise(
         lambda s: mutate(accounting.scaled(base, s)).planned_event(case.n + 1, case.steps),
         epsilon=TARGET, delta=case.delta, relation=base.relation())
@@ -425,14 +426,20 @@ MUTANTS: dict[str, Case] = {
 }
 
 
-@pytest.mark.parametrize("key", list(MUTANTS))
-def test_every_mutant_is_flagged_and_its_honest_twin_is_not(key):
-    case = MUTANTS[key]
+def flagged_and_twin_not(case: Case) -> audit.AuditResult:
+    """Assert that the audit of ``case``'s mutant, claiming ``TARGET``, refutes it and that its
+    honest twin's does not; returns the twin's result."""
     broken = run_audit(case)
     assert broken.claimed_epsilon == pytest.approx(TARGET, rel=0.01)
     assert broken.flagged, broken
     fixed = run_audit(case, twin=True)
     assert not fixed.flagged, fixed
+    return fixed
+
+
+@pytest.mark.parametrize("key", list(MUTANTS))
+def test_every_mutant_is_flagged_and_its_honest_twin_is_not(key):
+    flagged_and_twin_not(MUTANTS[key])
 
 
 #: Every landed private algorithm, honest, on a small configuration (batch 10 of 50 records; DP-AGD,

@@ -112,6 +112,12 @@ def test_bench_json_gives_each_cell_its_methods_errors_epsilons_and_winner(capsy
     assert written == {"bench.json", "bench.md", "tiny.png", "summary.png", "runs"}
     text = (tmp_path / "out" / "bench.md").read_text()
     assert "| dp-sgd |" in text and "| wall time (NOT PRIVATE) | ε = 0.5 | ε = 2 |" in text
+    # the same command without --json: the saved jobs, shown for a person (the tables and the paths written)
+    assert main(["bench", "--file", str(file), "--out", str(tmp_path / "out")]) == 0
+    shown = capsys.readouterr().out
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(shown)
+    assert "| dp-sgd |" in shown and f"written:\n  {tmp_path / 'out' / 'bench.json'}\n" in shown
 
 
 def private_part(result: dict) -> list:

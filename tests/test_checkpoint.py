@@ -327,6 +327,7 @@ def test_the_command_line_refuses_a_checkpoint_of_another_key_in_one_line(tmp_pa
     out = tmp_path / "out"
     argv = ["run", "--algorithm", "dp-sgd", "--dataset", "adult", "--epsilon", "1", "--steps", "5", "--out", str(out)]
     assert main(argv) == 0
+    (out / "history.json").unlink()  # an interrupted run: its checkpoint is what the next run resumes
     monkeypatch.setenv("DPOPT_STATE", str(tmp_path / "another user"))
     capsys.readouterr()
     assert main(argv) == 2
@@ -409,9 +410,29 @@ def test_the_command_line_refuses_a_truncated_checkpoint_in_one_line(tmp_path, c
     out = tmp_path / "out"
     argv = ["run", "--algorithm", "dp-sgd", "--dataset", "adult", "--epsilon", "1", "--steps", "5", "--out", str(out)]
     assert main(argv) == 0
+    (out / "history.json").unlink()  # an interrupted run: its checkpoint is what the next run resumes
     data = (out / "checkpoint.pt").read_bytes()
     (out / "checkpoint.pt").write_bytes(data[:len(data) // 2])
     capsys.readouterr()
     assert main(argv) == 2
     assert capsys.readouterr().err == (f"dpopt: error: checkpoint={str(out / 'checkpoint.pt')!r} is corrupt or "
                                        "truncated (its sha256 does not match its contents); it was not used\n")
+
+
+def test_a_checkpoint_is_read_in_a_process_that_has_not_imported_its_algorithm(tmp_path):
+    """The algorithms are imported on first use: a checkpoint of DP-SRM's state is read by a fresh
+    interpreter that has imported nothing but dpopt.checkpoint (a module outside dpopt is never
+    imported: the codec test above refuses one)."""
+    import subprocess
+    import sys
+
+    from dpopt.algorithms.dp_srm import DPSRMState
+    from dpopt.algorithms._common import Output
+
+    state = DPSRMState(torch.zeros(2), torch.ones(2), torch.zeros(2), Output(-1, torch.zeros(2)))
+    checkpoint.save(tmp_path / "state.ckpt", {"state": state})
+    code = (f"from dpopt import checkpoint; s = checkpoint.load({str(tmp_path / 'state.ckpt')!r})['state']; "
+            "print(type(s).__name__, s.theta_prev.tolist())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "DPSRMState [1.0, 1.0]"

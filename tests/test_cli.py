@@ -76,7 +76,7 @@ RUN = ["run", "--algorithm", "dp-sgd", "--dataset", "adult", "--epsilon", "1", "
     (ACCOUNT[:-3] + ["--delta", "0"], "delta=0.0 must be in (0, 1)"),
     (RUN + ["--batch-size", "1000000"], "batch_size=1000000 must be >= 1 and <= n (training records)=32561"),
     (["run", "--algorithm", "dp-sdg", "--dataset", "adult", "--epsilon", "1"],
-     "algorithm='dp-sdg' must be one of: dp-sgd, dp-gd, dp-srm, rrpsgd, dp-agd, aclip, storm"),
+     "algorithm='dp-sdg' must be one of: dp-sgd, dp-bandmf, dp-gd, dp-srm, rrpsgd, dp-agd, aclip, storm, "),
     (["run", "--algorithm", "dp-sgd", "--dataset", "mnist-but-wrong", "--epsilon", "1"],
      "dataset='mnist-but-wrong' must be one of:"),
     (["run", "--algorithm", "dp-sgd", "--dataset", "adult", "--model", "ridge", "--epsilon", "1"],
@@ -134,10 +134,10 @@ def test_run_writes_results_and_respects_max_epsilon(tmp_path: Path, capsys: pyt
 def test_a_value_starting_with_a_minus_sign_is_a_value_not_an_option(flag: str, value: str, dest: str) -> None:
     """Finding: `--feature-bounds -5:5` was read as an option (argparse takes only plain negative
     numbers as values); only `--feature-bounds=-5:5` worked."""
-    from dpopt.cli import _parser
+    from dpopt.cli import parser
 
     for command in ("run", "tune"):
-        args = _parser().parse_args([command, "--algorithm", "dp-sgd", "--epsilon", "1", flag, value])
+        args = parser().parse_args([command, "--algorithm", "dp-sgd", "--epsilon", "1", flag, value])
         assert str(getattr(args, dest)) == str(float(value) if dest == "lr" else value)
 
 

@@ -238,7 +238,7 @@ def test_delta_of_at_least_one_over_n_is_refused_unless_allowed(tmp_path, capsys
     code, err = _run(capsys, tmp_path / "refused", "--data", str(path), *MLP, "--delta", "0.01")
     assert code == 2 and err.count("\n") == 1
     assert err.startswith("dpopt: error: delta=0.01 must be < 1/n = ")
-    assert "publishing each record whole with probability δ" in err and "or --allow-large-delta" in err
+    assert "publishing each record whole with probability δ" in err and "(--allow-large-delta)" in err
     code, result = _run(capsys, tmp_path / "allowed", "--data", str(path), *MLP, "--delta", "0.01",
                         "--allow-large-delta")
     assert code == 0 and result["delta"] == 0.01
@@ -247,7 +247,7 @@ def test_delta_of_at_least_one_over_n_is_refused_unless_allowed(tmp_path, capsys
                  "--epsilon", "1", "--steps", "2", "--batch-size", "20", "--delta", "0.01",
                  "--out", str(tmp_path / "tuned")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("dpopt: error: delta=0.01 must be < 1/n = ") and "or --allow-large-delta" in err
+    assert err.startswith("dpopt: error: delta=0.01 must be < 1/n = ") and "(--allow-large-delta)" in err
 
 
 def test_delta_on_adult_exits_2_with_one_line(tmp_path, capsys, shared_data_dir):
@@ -255,8 +255,8 @@ def test_delta_on_adult_exits_2_with_one_line(tmp_path, capsys, shared_data_dir)
     code, err = _run(capsys, tmp_path, "--dataset", "adult", "--data-dir", str(shared_data_dir), "--delta", "0.01")
     assert code == 2 and err == ("dpopt: error: delta=0.01 must be < 1/n = 3.07e-05 for n=32561 records: with δ ≥ "
                                  "1/n, publishing each record whole with probability δ (about nδ = 326 records) meets "
-                                 "the guarantee; give a smaller delta, or --allow-large-delta to accept this "
-                                 "knowingly\n")
+                                 "the guarantee; give a smaller delta, or allow_large_delta=True "
+                                 "(--allow-large-delta) to accept this knowingly\n")
 
 
 def test_an_implausible_epsilon_and_an_accountant_switch_are_announced(tmp_path, capsys):

@@ -4,7 +4,7 @@ public names load on first use.
 
 Each command runs in a fresh interpreter that then reports which heavy modules it imported: a
 statement about imports, not about time (the time is in the report of issue 17 and BENCHMARKS.md).
-Mutant caught: an eager ``import torch`` at the top of ``dpopt/cli.py`` (or of ``dpopt/__init__``,
+Mutant caught: an eager ``import torch`` at the top of a module of ``dpopt/cli/`` (or of ``dpopt/__init__``,
 or of a module they import, e.g. ``dpopt.checkpoint`` through ``dpopt.report``)."""
 
 from __future__ import annotations

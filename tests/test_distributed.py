@@ -66,6 +66,13 @@ CASES = {
     "dpsrm-tiny-batch": lambda: (_srm(1), glm()),
     "mlp-ghost-dpsrm": lambda: (_srm(40), mlp("ghost")),
     "mlp-vmap-dpsgd": lambda: (dpopt.DPSGD(lr=0.5, clip=1.0, noise_multiplier=1.0, batch_size=40), mlp("vmap")),
+    # banded noise: every rank draws the same key and the same correlated noise from the shared seed
+    "dpsgd-banded": lambda: (dpopt.DPSGD(lr=0.5, clip=1.0, noise_multiplier=1.0, batch_size=40, bands=4), glm()),
+    # adaptive clipping: each rank counts its share, the counts are all-reduced with the sums
+    "dpsgd-quantile": lambda: (dpopt.DPSGD(lr=0.5, clip=0.3, noise_multiplier=1.0, batch_size=40, clip_quantile=0.5,
+                                           count_noise=5.0), glm()),
+    "mlp-ghost-quantile": lambda: (dpopt.DPSGD(lr=0.5, clip=0.3, noise_multiplier=1.0, batch_size=40,
+                                               clip_quantile=0.5, count_noise=5.0), mlp("ghost")),
 }
 
 
@@ -97,15 +104,16 @@ def run_case(name: str, sharded: bool) -> dict[str, Any]:
     sample_gen, noise_gen, _ = train.randomness(SEED)
     state = algorithm.init(theta0.double(), STEPS, sample_gen)
     ledger = Ledger(algorithm.relation())
-    thetas = []
+    thetas, clips, keyed = [], [], train.keyed(algorithm)
     for t in range(STEPS):
-        state, _ = train.step(algorithm, oracle, state, t, ledger, sample_gen, noise_gen)
+        state, _ = train.step(algorithm, oracle, state, t, ledger, sample_gen, noise_gen, keyed=keyed)
         thetas.append(state.theta.clone())
+        clips.append(getattr(state, "clip", None))
     history = dpopt.run(algorithm, oracle, steps=STEPS, seed=SEED, delta=DELTA, theta0=theta0,
                         log_every=1 if name in LOG_EVERY_STEP else STEPS)
     counts = (oracle.local, oracle.total, oracle.smallest) if sharded else None
     return {"thetas": torch.stack(thetas), "event": ledger.event(), "epsilon": ledger.epsilon(DELTA),
-            "history": history, "counts": counts}
+            "history": history, "counts": counts, "clips": clips}
 
 
 class Stop(Exception):
@@ -164,6 +172,10 @@ def test_two_ranks_give_one_process_run(ranks: list[dict[str, Any]], name: str) 
         assert logged["step"] == reference["step"]
         assert logged["epsilon"] == reference["epsilon"]
         assert logged["expected_passes"] == reference["expected_passes"]
+    # adaptive clipping: the same clips C_t (the count all-reduced), up to summation order
+    if "quantile" in name:
+        assert first["clips"] == second["clips"]
+        assert first["clips"] == pytest.approx(single["clips"], rel=1e-6) and len(set(single["clips"])) == STEPS
     # the same ledger: the same events (noise once per release, same sampling), the same ε
     for rank in (first, second):
         assert rank["event"] == single["event"]

@@ -18,7 +18,7 @@ import torch
 
 import dpopt
 from dpopt import _validate, checkpoint, distributed, journal
-from dpopt.accounting import Ledger
+from dpopt.accounting import Ledger, count_steps
 from dpopt.distributed import launcher
 
 STEPS, EVERY = 30, 3
@@ -33,14 +33,24 @@ algo = dpopt.DPSGD(lr=0.5, clip=1.0, noise_multiplier=1.0, batch_size=20)
 """
 
 
-def problem() -> tuple[dpopt.DPSGD, dpopt.oracles.Logistic]:
+#: DP-SGD's options whose state a checkpoint must carry: the group key and the correlated noise's
+#: ring (banded noise), the current clip C_t (adaptive clipping).
+OPTIONS = {"": "", "bands": ", bands=4", "clip_quantile": ", clip_quantile=0.5, count_noise=5.0"}
+
+
+def with_option(option: str) -> str:
+    """:data:`PROBLEM` with DP-SGD's ``option``."""
+    return PROBLEM.replace("batch_size=20)", f"batch_size=20{OPTIONS[option]})")
+
+
+def problem(option: str = "") -> tuple[dpopt.DPSGD, dpopt.oracles.Logistic]:
     scope: dict = {}
-    exec(PROBLEM, scope)  # the same definition the child processes run
+    exec(with_option(option), scope)  # the same definition the child processes run
     return scope["algo"], scope["oracle"]
 
 
-def run(path: Path | None = None) -> dpopt.History:
-    algo, oracle = problem()
+def run(path: Path | None = None, option: str = "") -> dpopt.History:
+    algo, oracle = problem(option)
     return dpopt.run(algo, oracle, steps=STEPS, seed=7, log_every=1, checkpoint_path=path, checkpoint_every=EVERY)
 
 
@@ -61,11 +71,15 @@ def assert_same_run(got: dpopt.History, want: dpopt.History) -> None:
 KILLS = [("fsync", 1), ("fsync", 6), ("fsync", 8), ("fdopen", 5)]
 
 
-@pytest.mark.parametrize(("function", "call"), KILLS)
-def test_sigkill_inside_a_checkpoint_write_then_resume(tmp_path, function, call):
+@pytest.mark.parametrize(("function", "call", "option"), [*((f, c, "") for f, c in KILLS), ("fsync", 6, "bands"),
+                                                    ("fsync", 6, "clip_quantile")])
+def test_sigkill_inside_a_checkpoint_write_then_resume(tmp_path, function, call, option):
+    """Also for banded noise and adaptive clipping, killed right after the second checkpoint: the
+    resumed run is the uninterrupted one bit for bit (their key, noise ring and clip are in the state)."""
     path = tmp_path / "ckpt.pt"
     journal.key()  # made now, so that the child's file-system calls are those of its checkpoints
-    child = PROBLEM + f"""
+    algo, oracle = problem(option)  # (its classes imported: a checkpoint decodes only those already imported)
+    child = with_option(option) + f"""
 import os, signal
 from dpopt import checkpoint
 real, calls = getattr(os, {function!r}), []
@@ -86,9 +100,9 @@ dpopt.run(algo, oracle, steps={STEPS}, seed=7, log_every=1, checkpoint_path={str
     if path.exists():  # what the reader sees is a whole checkpoint, never a torn one
         saved = checkpoint.load(path)
         assert 0 < saved["step"] < STEPS and saved["step"] % EVERY == 0
-        assert Ledger.from_state(saved["ledger"]).steps == saved["step"]
-    resumed = run(path)
-    assert_same_run(resumed, run())
+        assert Ledger.from_state(saved["ledger"]).steps == count_steps(algo.planned_event(oracle.n, saved["step"]))
+    resumed = run(path, option)
+    assert_same_run(resumed, run(option=option))
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from dpopt import report
 from dpopt.bench import tables
-from dpopt.cli import run_figure
+from dpopt.cli.run import run_figure
 from dpopt.experiments import o2nc_nonsmooth as o2nc
 from legibility import problems
 

@@ -45,13 +45,16 @@ class Pairs(Dataset):
         return self.X[i], self.y[i]
 
 
-@pytest.mark.parametrize("algorithm", ["dp-sgd", "dp-srm", "aclip"])
-def test_fit_spends_the_budget_trains_and_writes_the_output_back(algorithm):
+@pytest.mark.parametrize(("algorithm", "options"), [
+    ("dp-sgd", {}), ("dp-srm", {}), ("aclip", {"lr": 0.05}), ("dp-bandmf", {}), ("dp-sgd", {"clip_quantile": 0.5}),
+    ("dp-sgd", {"optimizer": "adambc", "lr": 0.01, "adam_gamma": 1e-6})],
+    ids=["dp-sgd", "dp-srm", "aclip", "dp-bandmf", "clip_quantile", "adambc"])
+def test_fit_spends_the_budget_trains_and_writes_the_output_back(algorithm, options):
     X, y = data()
     net = model()
     before = TorchModel(net, loss, X, y).loss(TorchModel(net, loss, X, y).flat_params().double())
     history = dpopt.fit(net, loss, TensorDataset(X, y), algorithm=algorithm, epsilon=4.0, delta=1e-5, epochs=20,
-                        batch_size=50, lr=0.5 if algorithm != "aclip" else 0.05, clip=1.0, test_data=(X, y), seed=0)
+                        batch_size=50, clip=1.0, test_data=(X, y), seed=0, **({"lr": 0.5} | options))
     assert 0.99 * 4.0 <= history.final["epsilon"] <= 4.0
     assert history.neighboring_relation == "add/remove-one"
     oracle = TorchModel(net, loss, X, y)

@@ -74,6 +74,9 @@ CASES: dict[str, Released] = {
     "dp-sgd-fixed": Released(lambda z: dpopt.DPSGD(lr=0.5, clip=C, noise_multiplier=z, batch_size=4,
                                                    sampling=sampling.FixedSize), sum_of_step, C),
     "dp-gd": Released(lambda z: dpopt.dp_gd(lr=0.5, clip=C, noise_multiplier=z), sum_of_step, C),
+    # banded noise: the same clipped sum (of step 0's group; the batch is given), correlated noise
+    "dp-bandmf": Released(lambda z: dpopt.DPSGD(lr=0.5, clip=C, noise_multiplier=z, batch_size=4, bands=2),
+                          sum_of_step, C),
     "rrpsgd": Released(lambda z: dpopt.rrpsgd(lr=0.5, clip=C, noise_multiplier=z, batch_size=4), sum_of_step, C),
     "dp-srm": Released(lambda z: dpopt.DPSRM(lr=0.5, clip=C, clip_diff=0.2, gamma=0.3, noise_multiplier0=z,
                                              noise_multiplier=z, batch_size0=4, batch_size=4),

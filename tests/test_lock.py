@@ -98,7 +98,7 @@ def test_the_lock_of_a_killed_run_is_taken_over(tmp_path, capsys):
 
 def test_the_lock_is_reentrant_within_a_process_and_exclusive_across_processes(tmp_path):
     path = tmp_path / "run" / "checkpoint.pt"
-    with lock.held(path), lock.held(path):  # the command line, then dpopt.run inside it
+    with lock.held(path), lock.held(path):  # e.g. a caller's work on the folder, then dpopt.run inside it
         other = subprocess.run([sys.executable, "-c", HOLDER, str(path), "wait"], capture_output=True, text=True,
                                timeout=60)
         assert other.returncode == 1 and "is held by another run (pid" in other.stderr

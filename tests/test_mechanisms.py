@@ -92,7 +92,7 @@ def test_bounded_cannot_be_constructed_outside_clipping():
 
 def test_bounded_sensitivity_cannot_be_reasserted_by_dataclasses_replace():
     """``dataclasses.replace`` copies the private token, so it can shrink the sensitivity of a
-    legitimately clipped value: a value whose sensitivity is merely asserted (DESIGN.md)."""
+    legitimately clipped value: a value whose sensitivity is merely asserted (docs/design.md, the four parts)."""
     x = zero_bounded(1.0, NeighboringRelation.ADD_OR_REMOVE_ONE, dim=3)
     with pytest.raises(TypeError, match="only by dpopt.clipping"):
         dataclasses.replace(x, sensitivity=1e-9)

@@ -29,7 +29,7 @@ def blocks() -> list[tuple[str, str]]:
 
 def test_the_readme_marks_its_python_blocks():
     text = README.read_text()
-    assert len(blocks()) == text.count("```python") == 6
+    assert len(blocks()) == text.count("```python") == 8
 
 
 @pytest.mark.parametrize("code", [code for _, code in blocks()], ids=[f"block{i}" for i in range(len(blocks()))])

@@ -309,8 +309,11 @@ def test_cyclic_poisson_refuses_a_group_rate_above_one():
     assert sampling.CyclicPoisson(1000, 250, 4, key=KEY).rate == 1.0
     with pytest.raises(DpoptError, match=re.escape("step=-1 must be an integer >= 0")):
         sampling.CyclicPoisson(1000, 10, 4, -1, KEY)
-    with pytest.raises(DpoptError, match=re.escape("bands=4 needs key=CyclicPoisson.secret_key(generator)")):
-        sampling.CyclicPoisson(1000, 10, 4)
+    unkeyed = sampling.CyclicPoisson(1000, 10, 4, 4)  # plans: rate, divisor and event need no key
+    assert unkeyed.rate == 0.04 and unkeyed.wrap(GAUSS) == sampling.CyclicPoisson(1000, 10, 4, 4, KEY).wrap(GAUSS)
+    for draw in (lambda: unkeyed.sample(torch.Generator()), unkeyed.group):  # ... but cannot draw
+        with pytest.raises(DpoptError, match=re.escape("bands=4 needs key=CyclicPoisson.secret_key(generator)")):
+            draw()
 
 
 def test_one_band_with_banded_noise_is_dp_sgd_bit_for_bit():

@@ -154,6 +154,19 @@ def test_tune_runs_exactly_the_trials_it_drew(monkeypatch):
     assert tuned.diagnostics["trials_run"] == len(runs) >= 1 and len(set(runs)) == len(runs)
 
 
+def test_tune_sets_the_calibrated_noise_through_an_update_rule_and_on_banded_noise():
+    """A candidate wrapped in DP-AdamBC (its noise multiplier is the inner DP-SGD's) with banded noise:
+    every trial runs at the tuning's calibrated noise, whose plan the guarantee is computed from."""
+    from dpopt.algorithms import AdamBC
+
+    data = oracle()
+    tuned = tune(lambda c: AdamBC(DPSGD(lr=0.5, clip=1.0, noise_multiplier=1.0, batch_size=40, bands=2), lr=c["lr"]),
+                 data, space=SPACE, trials=TruncatedNegativeBinomial(2.0), epsilon=2.0, delta=DELTA, steps=6, seed=3,
+                 score=lambda theta: float(data.loss(theta)))
+    assert isinstance(tuned.algorithm, AdamBC) and tuned.algorithm.inner.bands == 2
+    assert tuned.algorithm.inner.noise_multiplier > 1.0 and tuned.final["epsilon"] <= 2.0
+
+
 # ------------------------------------------------------------------ randomness, refusals, outputs
 def small_tune(seed, **extra):
     data = oracle()

@@ -20,22 +20,27 @@ The loop (:mod:`dpopt.train`) ties them together and records every event in a le
 checked against the algorithm's independently written ``planned_event`` (double entry), the same
 description that calibrated its noise (:class:`dpopt.plan.Plan`).
 
-Optional capabilities are protocols too (:class:`Directed`, :class:`Averaged`,
-:class:`SelfDiagnosing`, :class:`ClosedForm`, :class:`SharedNoise`, :class:`Digested`): code asks
-``isinstance(x, Capability)`` instead of probing attributes.
+Optional capabilities are protocols too (:class:`Directed`, :class:`KeyedSampling`,
+:class:`NoiseVariance`, :class:`Wrapper`, :class:`Averaged`, :class:`SelfDiagnosing`,
+:class:`ClosedForm`, :class:`SharedNoise`, :class:`Digested`, :class:`ShareOfBatch`): code asks
+``isinstance(x, Capability)`` instead of probing attributes (once per run where the answer is
+needed every step: the check costs tens of microseconds).
 
-This module imports nothing of dpopt, so every other module may import it.
+This module imports nothing of dpopt, so every other module may import it, and torch only for
+type checking, so the torch-free accounting may too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
-import torch
 from dp_accounting import DpEvent, NeighboringRelation
-from torch import Tensor
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
 
 S = TypeVar("S")  #: an algorithm's state: a NamedTuple of tensors and numbers
 
@@ -174,6 +179,41 @@ class Directed(Protocol[S]):
 
 
 @runtime_checkable
+class KeyedSampling(Protocol[S]):
+    """An algorithm whose batches depend on a secret drawn into its state at ``init`` (cyclic
+    Poisson sampling's group key): ``batch_sampler(state, t, n)`` is the sampler step t draws
+    from. Its ``sampler(t, n)`` still says everything planning needs (relation, public divisor,
+    amplification) but refuses to draw, so a caller that forgets the state cannot silently
+    sample from another distribution. :func:`dpopt.train.step` takes the answer of
+    ``isinstance(algorithm, KeyedSampling)``, asked once per run."""
+
+    def batch_sampler(self, state: S, t: int, n: int) -> Sampler: ...
+
+
+@runtime_checkable
+class NoiseVariance(Protocol[S]):
+    """A :class:`Directed` algorithm whose private gradient g̃_t carries isotropic Gaussian noise
+    of a public variance: ``release_variance(state)`` is Φ_t, the variance per coordinate of the
+    noise in ``direction(state)`` (a function of the hyper-parameters, the step and released
+    values only: what a bias correction may subtract as post-processing)."""
+
+    def release_variance(self, state: S) -> float: ...
+
+
+@runtime_checkable
+class Wrapper(Protocol):
+    """An algorithm that runs another's releases and only post-processes them (an update rule of
+    its own): ``inner`` is that algorithm, whose noise multipliers (``NOISE_FIELDS``) and planned
+    event are the wrapper's; ``around(inner)`` is the same wrapper around another (e.g. the inner
+    with calibrated noise)."""
+
+    @property
+    def inner(self) -> Algorithm[Any]: ...
+
+    def around(self, inner: Algorithm[Any]) -> Wrapper: ...
+
+
+@runtime_checkable
 class Averaged(Protocol[S]):
     """An algorithm whose output is an average of its iterates: ``running_output(state)`` is that
     output so far (what a log point measures instead of the current iterate)."""
@@ -202,6 +242,14 @@ class SharedNoise(Protocol):
     noise source that draws independently per process would add noise more than once."""
 
     shares_noise: bool
+
+
+@runtime_checkable
+class ShareOfBatch(Protocol):
+    """Per-record vectors of one process's share of a batch (data-parallel): ``batch_total(local)``
+    is a per-share total (e.g. a count over this share's records) summed over every process."""
+
+    def batch_total(self, local: Tensor) -> Tensor: ...
 
 
 @runtime_checkable

@@ -9,6 +9,7 @@ adjacency and 2C under replace-one (one row swapped for another anywhere in the 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ import torch
 from dp_accounting import NeighboringRelation
 from torch import Tensor
 
-from .base import PerRecord
+from .base import PerRecord, ShareOfBatch
 from .mechanisms import _CLIPPING_TOKEN, Bounded
 
 _NORM_CHUNK = 1 << 18  # columns per float64 chunk in Dense.norms
@@ -114,6 +115,28 @@ def clip_sum(terms: Sequence[Term], relation: NeighboringRelation) -> tuple[Boun
     if total is None:
         raise ValueError("clip_sum needs at least one term with a non-zero scale")
     return Bounded(total, bound * relation_factor(relation), _CLIPPING_TOKEN), dropped
+
+
+def count_within(rows: PerRecord, clip: float, relation: NeighboringRelation) -> Bounded:
+    """``Σ_i (1[‖v_i‖ ≤ C] − ½)`` over the batch's records, as a one-entry float64 tensor: adaptive
+    clipping's count (Andrew et al. 2021, arXiv 1905.03871). A record whose norm is not finite counts
+    as clipped.
+
+    Sensitivity **½** under add/remove-one (a record adds or removes a term in {−½, +½}; the −½
+    keeps it so without knowing the realised, private, batch size) and **1** under replace-one
+    (one term swapped for another). Data-parallel rows (:class:`~dpopt.base.ShareOfBatch`) count
+    their own share and sum the counts over the processes."""
+    norms = rows.norms()
+    local = ((norms <= clip).sum(dtype=torch.float64) - 0.5 * len(norms)).reshape(1)
+    total = rows.batch_total(local) if _shares(type(rows)) else local
+    return Bounded(total, 0.5 * relation_factor(relation), _CLIPPING_TOKEN)
+
+
+@functools.cache
+def _shares(kind: type) -> bool:
+    """Whether rows of type ``kind`` are one process's share (:class:`~dpopt.base.ShareOfBatch`),
+    asked once per type (a protocol check costs tens of microseconds, every step would)."""
+    return issubclass(kind, ShareOfBatch)
 
 
 def clip_aggregate(value: Tensor, clip: float) -> Bounded:

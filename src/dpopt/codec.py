@@ -20,6 +20,7 @@ Encoding of a node (JSON): ``null``, ``true``/``false``, a number, a string, a J
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import sys
 from typing import Any
@@ -124,7 +125,14 @@ def _fields(v: Any) -> dict[str, Any]:
 
 
 def _dpopt_class(module: str, name: str) -> type:
-    """The dpopt NamedTuple or dataclass ``module.name``, from the modules already imported."""
+    """The dpopt NamedTuple or dataclass ``module.name``: ``module`` is imported if it is one of
+    dpopt's own (an algorithm's module is imported on first use, and a checkpoint may be read
+    before it is); no other module is ever imported."""
+    if (module == "dpopt" or module.startswith("dpopt.")) and module not in sys.modules:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise CodecError(f"{module}.{name}: no such dpopt module") from None
     cls = getattr(sys.modules.get(module), name, None) if "." not in name else None
     if not (isinstance(cls, type) and cls.__module__ == module and cls.__qualname__ == name and _is_dpopt_record(cls)):
         raise CodecError(f"{module}.{name} is not a dpopt NamedTuple or dataclass")

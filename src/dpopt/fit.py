@@ -4,14 +4,16 @@
                         epochs=5, batch_size=256, lr=0.5)
 
 A thin loop over :class:`dpopt.Private` with the algorithm's own update: ``train_data`` (a
-map-style Dataset of ``(x, y)`` pairs read lazily by index, or a tuple ``(X, y)`` of tensors),
+map-style Dataset of ``(x, y)`` pairs read lazily by index, a tuple ``(X, y)`` of tensors, or a
+DataLoader whose dataset, ``collate_fn`` and workers load the batches, with ``split``),
 the calibration to (ε, δ) for the steps ``epochs`` implies, the batches, the releases and the
 ledger are the Private object's; the loop is :func:`dpopt.train.drive`, the loop of
 :func:`dpopt.run` (log points, checkpoints, History). Training starts from the module's current
 parameters, and the output θ is written back into the module.
 
 Nothing is measured on the training data unless ``diagnostics=True`` (then on
-``diagnostic_sample`` records, labelled NOT PRIVATE). The private log points (ε and, with
+``diagnostic_sample`` records, and each log point's ``train_loss``, labelled NOT PRIVATE). The
+private log points (ε and, with
 ``test_data``, the test error, measured with the module in eval mode) come once per epoch
 unless ``log_every`` says otherwise. A progress bar is shown when standard error is a terminal.
 """
@@ -24,7 +26,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from . import _validate
 from .algorithms import registry
@@ -54,14 +56,16 @@ def test_error(oracle: TorchModel, data: Dataset | tuple[Tensor, Tensor]) -> Cal
     return error
 
 
-def fit(model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], train_data: Dataset | tuple[Tensor, Tensor],
+def fit(model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor],
+        train_data: Dataset | DataLoader | tuple[Tensor, Tensor],
         *, algorithm: str = "dp-sgd", epsilon: float, delta: float, epochs: float, batch_size: int = 256,
         lr: float = 0.1, clip: float = 1.0, seed: int | None = None, accountant: str = "pld", engine: str = "ghost",
         microbatch_size: int = 512, known_layers: ghost.Registry = ghost.KNOWN_LAYERS, test_data: Dataset | tuple[Tensor, Tensor] | None = None,
         log_every: int | None = None, checkpoint_path: str | Path | None = None,
         checkpoint_every: int | None = None, progress: bool | None = None, diagnostics: bool = False,
         train_metrics: bool = True, diagnostic_sample: int | None = DIAGNOSTIC_SAMPLE,
-        allow_large_delta: bool = False, **options: Any) -> History:
+        allow_large_delta: bool = False, split: Callable[[Any], tuple[Tensor, Tensor]] | None = None,
+        **options: Any) -> History:
     """Train ``model`` with ``algorithm`` at (``epsilon``, ``delta``) for ``epochs`` passes.
 
     ``options`` are more hyper-parameters of the algorithm by name
@@ -70,9 +74,11 @@ def fit(model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], train_dat
     ``seed`` is given (see :func:`dpopt.run`). ``log_every``: steps between log points (default:
     one per epoch). ``diagnostics=True``: the non-private diagnostics of :func:`dpopt.run`, the
     training objective and gradient norm on ``diagnostic_sample`` records (None: all) unless
-    ``train_metrics=False``. ``known_layers``: the ghost engine's layer registry
+    ``train_metrics=False``, and ``train_loss``, the mean training loss of the batch of the step
+    just taken (:meth:`dpopt.Private.diagnostics`). ``known_layers``: the ghost engine's layer registry
     (:data:`dpopt.oracles.KNOWN_LAYERS` extended with ``.with_per_record(MyLayer)``). ``progress``:
-    None shows a bar on a terminal. ``allow_large_delta``: accept δ ≥ 1/n (see :class:`dpopt.Private`).
+    None shows a bar on a terminal. ``allow_large_delta``: accept δ ≥ 1/n, ``split``: (x, y) of a
+    DataLoader's batch (see :class:`dpopt.Private`).
     Returns the run's History (its ``final`` holds the guarantee ε and, with ``test_data``, the
     test error); the module holds the output θ.
     """
@@ -85,13 +91,14 @@ def fit(model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], train_dat
     private = Private(model, loss_fn, train_data, algorithm=algorithm, epsilon=epsilon, delta=delta, epochs=epochs,
                       batch_size=batch_size, lr=lr, clip=clip, seed=seed, accountant=accountant, engine=engine,
                       microbatch_size=microbatch_size, known_layers=known_layers, allow_large_delta=allow_large_delta,
-                      **options)
+                      split=split, **options)
     if log_every is None:
         log_every = max(1, round(private.steps / epochs))
     run_options = Options(seed=seed, test_error=None if test_data is None else test_error(private.oracle, test_data),
                           log_every=log_every, checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every,
                           progress=progress, diagnostics=diagnostics, train_metrics=train_metrics,
-                          diagnostic_sample=diagnostic_sample)
+                          diagnostic_sample=diagnostic_sample,
+                          log_metrics=lambda theta: {"train_loss": private.diagnostics()["train_loss"]})
     history = drive(private.stepper, run_options, private.theta0)
     private.oracle.load(history.theta)
     return history

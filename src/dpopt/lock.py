@@ -7,9 +7,12 @@ the lock of a process that ends, however it ends, so the lock of a killed run is
 construction and the next run takes it over (and replaces the holder line). The lock file is
 left in place: removing it would let two runs lock two different files of the same name.
 
-Within one process the lock is reentrant: ``dpopt run`` holds the lock of ``<out>/checkpoint.pt``
-for the whole run (before anything in ``--out`` is touched, until the results are written) and
-:func:`dpopt.run` takes it again around its checkpoint work.
+One layer takes it: the training loop (:func:`dpopt.train.train`), for a run with a checkpoint,
+from before the checkpoint is read until its last one is written, and releases it however the
+run ends. ``dpopt run`` takes no lock of its own: it checks its request, the data and the plan
+before training, so a run refused before then leaves nothing in ``--out``; it refuses an
+``--out`` that holds a finished run, and writes its results (atomically) after the run. Within
+one process the lock is reentrant.
 """
 
 from __future__ import annotations

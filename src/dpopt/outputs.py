@@ -3,8 +3,8 @@
 Private: θ and what it gives on data outside the training set (test error), the privacy
 guarantee and its accounting facts, public settings and planned quantities (e.g. the expected
 data passes Σ_t b_t/n). Non-private diagnostics: anything computed from the training data
-without noise (training objective, gradient norm, realised batch sizes and passes, the times
-they take, clip rates, dropped-record counts). Diagnostics are computed only when asked for,
+without noise (training objective, gradient norm, a step's batch loss, realised batch sizes and
+passes, the times they take, clip rates, dropped-record counts). Diagnostics are computed only when asked for,
 written apart (under ``"diagnostics"``, with :data:`NOT_PRIVATE` as their label) and labelled
 wherever they are shown.
 
@@ -24,7 +24,7 @@ NOT_PRIVATE = ("NOT PRIVATE: computed from the training data without noise; thes
 #: Private metrics of a run, logged at every log point and at the output.
 PRIVATE_METRICS = ("epsilon", "test_error", "expected_passes")
 #: Non-private diagnostics of a run (only with ``diagnostics=True``).
-DIAGNOSTIC_METRICS = ("objective", "grad_norm", "passes", "cpu_time_s", "wall_time_s", "clip_rate")
+DIAGNOSTIC_METRICS = ("objective", "grad_norm", "passes", "cpu_time_s", "wall_time_s", "clip_rate", "train_loss")
 
 #: Private metrics of the reproductions: computed on the test data only, or from the test error.
 EXPERIMENT_PRIVATE = ("test_loss", "loss_ratio", "reached_target", "test_accuracy")

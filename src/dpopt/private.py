@@ -35,8 +35,9 @@ Compared with Opacus, opake and optax:
   with ``torch.func.functional_call``), the DPOptimizer subclass ladder (noise is not the
   optimizer's business: any ``torch.optim`` optimizer consumes ``.grad``), a DataLoader swapped
   for another (the batches are drawn here, by index, from a generator that is secret unless a
-  seed is given), and an accountant that counts optimizer steps (here every release returns
-  its own event, checked against the plan). ``BatchMemoryManager`` — kept: the logical
+  seed is given; a user's DataLoader is kept for what it loads with: its dataset, ``collate_fn``
+  and workers, :mod:`dpopt.oracles.loaded`), and an accountant that counts optimizer steps (here
+  every release returns its own event, checked against the plan). ``BatchMemoryManager`` — kept: the logical
   (Poisson) batch is processed in physical chunks of ``microbatch_size`` records; rejected: the
   user-visible loop over physical batches and skipped optimizer steps (the chunks are internal,
   the user sees one step per logical batch).
@@ -52,9 +53,10 @@ Compared with Opacus, opake and optax:
   the user); here sampling, clipping, noise and the ledger cannot be separated.
 
 Output classification (:mod:`dpopt.outputs`): everything ``Private`` hands out is private — the
-releases g̃_t, the parameters, ε and its ledger, the public plan (``steps``, ``t``); it measures
-nothing else on the training data (no diagnostics: :func:`dpopt.fit` and :func:`dpopt.run` give
-them when asked, labelled NOT PRIVATE).
+releases g̃_t, the parameters, ε and its ledger, the public plan (``steps``, ``t``) — except
+:meth:`Private.diagnostics`, labelled NOT PRIVATE: the last step's mean training loss, a loss to
+watch that its gradients were taken of anyway (no second forward). :func:`dpopt.fit` and
+:func:`dpopt.run` write diagnostics only when asked, labelled NOT PRIVATE.
 
 What the guarantee covers: the releases of ``Private`` (``backward`` *replaces* ``.grad``, so a
 gradient the loop computed itself is discarded) and what is computed from them. It does not cover
@@ -81,14 +83,18 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.utils.data import DataLoader
 
 from . import _validate, checkpoint, journal
 from .accounting import Ledger
 from .algorithms import registry
-from .base import Algorithm, Directed, NoiseSource
+from .base import Algorithm, Directed, NoiseSource, NoiseVariance
 from .oracles import TorchModel, ghost, records
+from .oracles.loaded import Loaded
+from .outputs import NOT_PRIVATE
 from .plan import plan_for, steps_for_epochs
-from .train import Stepper, randomness
+from .train import randomness
+from .watched import Watched
 
 #: The keys of a :meth:`Private.save` checkpoint.
 KEYS = frozenset({"private", "step", "state", "sample_gen", "noise_gen", "ledger", "run"})
@@ -100,7 +106,19 @@ class Private:
     ``module``: the user's ``nn.Module`` (trained in place; its parameters are θ). ``loss_fn``:
     one loss per record (``reduction="none"``). ``data``: a map-style dataset of ``(x, y)``
     pairs (``__getitem__``/``__len__``, e.g. a ``torch.utils.data.Dataset``; read lazily, only the
-    records of each batch), a ``TensorDataset`` or a pair of tensors. ``algorithm``: a name of
+    records of each batch), a ``TensorDataset``, a pair of tensors, or a
+    ``torch.utils.data.DataLoader`` over a map-style dataset: each step's batch is then loaded
+    through the loader's ``collate_fn`` and worker processes, in chunks of ``microbatch_size``
+    records loaded ahead; taken from it are its dataset, ``collate_fn``, ``num_workers``,
+    ``prefetch_factor``, ``pin_memory``, ``timeout``, ``worker_init_fn``,
+    ``multiprocessing_context`` and ``generator``; ignored are its ``batch_size``, ``shuffle`` and
+    ``drop_last`` (the batches are the secret sampler's, of expected size ``batch_size``),
+    ``persistent_workers`` and ``in_order``; refused are an iterable-style dataset and a sampler
+    or batch sampler of one's own (:mod:`dpopt.oracles.loaded`, which also says why loading ahead
+    draws nothing the run would not, and why the loss must ignore a ``collate_fn``'s padding).
+    ``split``: with a DataLoader, ``(x, y)`` of a collated batch, tensors with a row per record
+    (default: the batch is that pair; e.g. ``split=lambda b: (b["input_ids"], b["label"])``); the
+    module runs on x, the loss on its output and y. ``algorithm``: a name of
     :mod:`dpopt.algorithms.registry` (built with ``batch_size``, ``clip`` and ``options``; ``lr``
     matters only to ``step()``) or an algorithm object. ``epsilon``: calibrate the noise to
     (ε, ``delta``) for the planned steps (``epochs`` or ``steps``); None keeps an algorithm
@@ -118,11 +136,16 @@ class Private:
                  steps: int | None = None, batch_size: int = 256, clip: float = 1.0, lr: float = 0.1,
                  seed: int | None = None, accountant: str = "pld", engine: str = "ghost", microbatch_size: int = 512,
                  known_layers: ghost.Registry = ghost.KNOWN_LAYERS, noise_source: NoiseSource | None = None,
-                 allow_large_delta: bool = False, **options: Any) -> None:
+                 allow_large_delta: bool = False, split: Callable[[Any], tuple[Tensor, Tensor]] | None = None,
+                 **options: Any) -> None:
         if (epochs is None) == (steps is None):
             raise _validate.DpoptError(f"epochs={epochs!r}, steps={steps!r}: give exactly one of them")
+        if split is not None and not isinstance(data, DataLoader):
+            raise _validate.DpoptError(f"split= takes (x, y) out of a DataLoader's batches, and data is a "
+                                       f"{type(data).__name__}: pass DataLoader(dataset, collate_fn=...) as data")
         self.module = module
-        self.oracle = TorchModel(module, loss_fn, records.of(data), engine=engine, microbatch_size=microbatch_size,
+        source = Loaded(data, split, microbatch_size) if isinstance(data, DataLoader) else records.of(data)
+        self.oracle = TorchModel(module, loss_fn, source, engine=engine, microbatch_size=microbatch_size,
                                  known_layers=known_layers)
         n = self.oracle.n
         if isinstance(algorithm, str):
@@ -144,7 +167,7 @@ class Private:
         self.seed = seed
         self.run_id = journal.new_run()
         self.theta0 = self.oracle.flat_params().to(torch.float64)
-        self.stepper = Stepper.start(self.plan, self.oracle, theta0=self.theta0, seed=seed, noise_source=noise_source)
+        self.stepper = Watched.start(self.plan, self.oracle, theta0=self.theta0, seed=seed, noise_source=noise_source)
         self._params = [p for name, p in module.named_parameters() if name in set(self.oracle.layout.names)]
         self._own_update: bool | None = None  # step() (True) or backward() (False), fixed by the first call
 
@@ -232,6 +255,19 @@ class Private:
         """The events of the releases so far."""
         return self.stepper.ledger
 
+    def noise_variance(self) -> float:
+        """Φ_t: the variance per coordinate of the noise in the last private gradient (what
+        ``backward()`` wrote into ``.grad``), for a bias correction such as
+        :class:`dpopt.optim.AdamBC`: (z·Δ/b)² for DP-SGD, with banded noise the variance of row t of
+        C⁻¹ times that, with adaptive clipping (z_grad·C_t/b)². A public quantity (the
+        hyper-parameters, the step and released values): subtracting it is post-processing."""
+        if not isinstance(self.algorithm, NoiseVariance):
+            raise _validate.DpoptError(f"algorithm={type(self.algorithm).__name__} does not state the noise variance "
+                                       "of its private gradient (DP-SGD, DP-GD, RRPSGD and AClip do)")
+        if self.stepper.t == 0:
+            raise _validate.DpoptError("no private gradient yet: call private.backward() first")
+        return self.algorithm.release_variance(self.stepper.state)
+
     def epsilon(self) -> float:
         """The guarantee ε(δ) of the steps so far (a privacy filter: its total), the ledger
         checked against the planned event."""
@@ -247,6 +283,19 @@ class Private:
     def load_output(self) -> nn.Module:
         """Write :meth:`output` into the module; returns it."""
         return self.oracle.load(self.output())
+
+    def diagnostics(self) -> dict[str, Any]:
+        """NOT PRIVATE: ``{"label": NOT_PRIVATE, "step": t, "train_loss": …}``, a loss to watch.
+
+        ``train_loss`` is the mean of ℓ_i(θ) = ``loss_fn(module(x_i), y_i)`` over the realised batch
+        of the last step taken, at the point θ its gradients were taken (the module's parameters
+        when ``backward()`` was called): exactly the per-record losses those gradients are of,
+        from the forward the engine ran for them, so reading it costs no second forward and
+        changes neither θ nor any release. NaN before the first step, for an empty batch, and for
+        an algorithm whose step takes no gradient at its iterate (O2NC: at random points). It is
+        computed from the training records without noise, and the batch drawn is itself secret:
+        no ε covers it. The label goes with the value: keep both, and do not publish it."""
+        return {"label": NOT_PRIVATE, "step": self.t, "train_loss": self.stepper.train_loss}
 
     # ---------------------------------------------------------------------------- checkpoints
 

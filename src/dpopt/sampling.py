@@ -120,8 +120,11 @@ class CyclicPoisson:
     algorithm's state so a resumed run has the same groups). Not by position (i mod b, or any
     public function of the index): removing one record shifts the index of every later one, so
     on the neighbouring data set many records would change group, and the argument below, which
-    holds the other records' groups fixed, would not apply. Independent draws do not depend on
-    the other records, so a record added or removed leaves every other group unchanged.
+    holds the other records' groups fixed, would not apply. The key's draws are taken in record
+    order too, so for one known key a removed record would shift the later records' draws; with
+    the key secret, every record's group is uniform and independent of the others' on D and on
+    D′ alike, and the two runs are coupled record by record (each keeps its group), which is what
+    the argument below holds fixed. So the key must stay secret: a leaked key voids it.
 
     The guarantee (Choquette-Choo et al., NeurIPS 2023, arXiv 2306.08153, amplification for
     b-banded matrices): for noise C⁻¹z with C lower-triangular, b-banded, of unit column norm, a
@@ -138,6 +141,12 @@ class CyclicPoisson:
 
     b = 1 is :class:`Poisson` of rate B/n: the same draws from the same generator (no key is used,
     none need be drawn), the same event.
+
+    Without its ``key`` (None, the default) a b > 1 sampler plans (relation, ``expected_size``,
+    ``rate``, ``wrap``: none of them depends on the key) but refuses to draw (:meth:`group`,
+    :meth:`sample`): a default key would make the assignment a public function of the index.
+    An algorithm keeps the key in its state and hands the keyed sampler to the loop
+    (:class:`dpopt.base.KeyedSampling`).
     """
 
     n: int
@@ -158,9 +167,6 @@ class CyclicPoisson:
                 f"one of {self.bands} groups of about n/bands records at rate bands·batch_size/n, which must be <= 1")
         if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 0:
             raise _validate.DpoptError(f"step={self.step!r} must be an integer >= 0")
-        if self.bands > 1 and self.key is None:  # a default key would make the assignment public
-            raise _validate.DpoptError(f"bands={self.bands} needs key=CyclicPoisson.secret_key(generator): the "
-                                       "group assignment must be secret")
 
     @staticmethod
     def secret_key(gen: torch.Generator) -> int:
@@ -179,6 +185,11 @@ class CyclicPoisson:
         """The sorted indices of the records of this step's group, t mod b."""
         if self.bands == 1:
             return torch.arange(self.n)
+        if self.key is None:  # a default key would make the assignment public
+            raise _validate.DpoptError(
+                f"bands={self.bands} needs key=CyclicPoisson.secret_key(generator): the group assignment must be "
+                "secret; a sampler without its key plans but cannot draw (a run's batches come from the sampler its "
+                "algorithm's state makes: dpopt.base.KeyedSampling.batch_sampler)")
         return _groups(self.n, self.bands, self.key)[self.step % self.bands]
 
     def sample(self, gen: torch.Generator) -> Tensor:

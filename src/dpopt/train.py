@@ -37,7 +37,8 @@ from tqdm import tqdm
 
 from . import _validate, checkpoint, journal, lock, resume
 from .accounting import Ledger, accountant_note
-from .base import Algorithm, Averaged, Batch, ClosedForm, NoiseSource, Oracle, SelfDiagnosing, SharedNoise
+from .base import (Algorithm, Averaged, Batch, ClosedForm, KeyedSampling, NoiseSource, Oracle, SelfDiagnosing,
+                   SharedNoise)
 from .mechanisms import Discrete, SeededNoise
 from .outputs import NOT_PRIVATE
 from .plan import Plan
@@ -114,20 +115,31 @@ def randomness(seed: int | None, noise_source: NoiseSource | None = None) -> tup
 
 
 def step(algorithm: Algorithm[Any], oracle: Oracle, state: Any, t: int, ledger: Ledger,
-         sample_gen: torch.Generator, source: NoiseSource, *, inference: bool = False) -> tuple[Any, int]:
+         sample_gen: torch.Generator, source: NoiseSource, *, inference: bool = False,
+         keyed: bool = False) -> tuple[Any, int]:
     """Step t of a run: draw the batch, let the algorithm step, record its event in ``ledger``.
 
     Returns the new state and the batch size. This is everything :func:`train` does per step
     besides timing, logging and checkpointing. ``inference``: step in inference mode, for an
     oracle whose gradients are closed-form (:class:`~dpopt.base.ClosedForm`): its many small
-    tensor operations then skip autograd's dispatch (about a fifth of a GLM step).
+    tensor operations then skip autograd's dispatch (about a fifth of a GLM step). ``keyed``:
+    the algorithm's batches depend on its state (:func:`keyed`, asked once per run); the batch
+    is then drawn from ``algorithm.batch_sampler(state, t, n)``, else from ``algorithm.sampler(t,
+    n)`` (which refuses to draw for a keyed algorithm's secret groups: forgetting the flag fails).
     """
     with torch.inference_mode(inference):
-        sampler = algorithm.sampler(t, oracle.n)
+        sampler = algorithm.batch_sampler(state, t, oracle.n) if keyed else algorithm.sampler(t, oracle.n)
         indices = sampler.sample(sample_gen)
         state, event = algorithm.step(state, Batch(t, indices, sampler), oracle, source)
     ledger.record(event)
     return state, len(indices)
+
+
+def keyed(algorithm: Algorithm[Any]) -> bool:
+    """Whether ``algorithm`` draws its batches from a secret of its state
+    (:class:`~dpopt.base.KeyedSampling`): :func:`step`'s ``keyed``. Ask once per run (a protocol
+    check costs tens of microseconds, a GLM step about thirty)."""
+    return isinstance(algorithm, KeyedSampling)
 
 
 #: θ with at most this many entries is summed from a Python list by :func:`all_finite` (a GLM's
@@ -214,10 +226,15 @@ class Stepper:
         """Whether steps run in inference mode (a closed-form oracle), asked once."""
         return isinstance(self.oracle, ClosedForm)
 
+    @functools.cached_property
+    def keyed(self) -> bool:
+        """Whether batches come from the algorithm's state (:func:`keyed`), asked once."""
+        return keyed(self.plan.algorithm)
+
     def step(self) -> int:
         """Step t: draw its batch, let the algorithm step, record the event; returns the batch size."""
         self.state, size = step(self.plan.algorithm, self.oracle, self.state, self.t, self.ledger, self.sample_gen,
-                                self.source, inference=self.inference)
+                                self.source, inference=self.inference, keyed=self.keyed)
         self.t += 1
         return size
 

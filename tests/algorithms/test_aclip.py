@@ -128,7 +128,9 @@ def test_cli_explains_the_paper_noise(capsys):
     assert printed == json.loads(json.dumps(paper_noise(epsilon=1.0, delta=1e-5, n=10_000, batch_size=100,
                                                         steps=2_000)))
     assert cli.main(argv[:-1]) == 0
-    assert "sensitivity 2λ (honest)" in capsys.readouterr().out
+    human = capsys.readouterr().out.splitlines()  # a table: one row per sensitivity (the CLI's human convention)
+    assert human[0].split()[:3] == ["sensitivity", "noise", "multiplier"]
+    assert any(row.startswith("2λ (honest)") for row in human) and any(row.startswith("λ (the paper's") for row in human)
     assert cli.main(["account", "--explain", "aclip", "--delta", "1e-5", "--steps", "10"]) == 2
     assert "--explain aclip needs --epsilon" in capsys.readouterr().err
 

@@ -1,7 +1,7 @@
 """Contracts every algorithm obeys, over ONE table of all algorithms.
 
-(a) double entry: what a run records equals what was planned (DESIGN.md rule 1);
-(b) noise 0 and clip ∞ reproduce the non-private method (ALGORITHMS.md §5);
+(a) double entry: what a run records equals what was planned (docs/design.md rule 1);
+(b) noise 0 and clip ∞ reproduce the non-private method (docs/algorithms.md §5);
 (c) calibrate, then run: the run's ε is within the target;
 (d) hyper-parameter validation: a bad value raises DpoptError naming the field.
 
@@ -27,6 +27,7 @@ import dpopt
 from dpopt import accounting, train
 from dpopt._validate import DpoptError
 from dpopt.accounting import Ledger, canonical, epsilon_of
+from dpopt.algorithms import AdamBC, registry
 from dpopt.base import Algorithm, Batch, NoiseSource, Sampler
 from dpopt.mechanisms import SeededNoise
 from dpopt.sampling import FixedSize, FullBatch, Poisson
@@ -48,43 +49,63 @@ def oracle() -> NonconvexLogistic:
 
 @dataclass(frozen=True)
 class Case:
-    """One algorithm: ``make(noise, clip)`` builds it (noise 0 and clip ∞: its non-private form)."""
+    """One algorithm: ``make(noise, clip)`` builds it (noise 0 and clip ∞: its non-private form);
+    ``registered``: the name of the registry's algorithm it is a form of."""
 
+    registered: str
     make: Callable[[float, float], Any]
     steps: int
     adaptive: bool = False     # the ledger is adaptive (a privacy filter): compare ε only
     private: bool = True       # False: a non-private method (no noise to calibrate)
+    atoms: int | None = None   # the atomic events of a run when not one per step (banded: ⌈T/b⌉ rounds)
 
 
 INF = math.inf
 CLIENTS = dpopt.sampling.Clients(N, 4)  # P = 4 clients of m = 100 records
 TABLE: dict[str, Case] = {
-    "dpsgd-poisson": Case(lambda z, c: dpopt.DPSGD(lr=0.5, clip=c, noise_multiplier=z, batch_size=40), 30),
-    "dpsgd-fixed": Case(lambda z, c: dpopt.DPSGD(lr=0.5, clip=c, noise_multiplier=z, batch_size=40,
-                                                 sampling=FixedSize), 30),
-    "dp_gd": Case(lambda z, c: dpopt.dp_gd(lr=0.5, clip=c, noise_multiplier=z), 20),
-    "rrpsgd": Case(lambda z, c: dpopt.rrpsgd(lr=0.5, clip=c, noise_multiplier=z, batch_size=40), 30),
-    "dpsrm-poisson": Case(lambda z, c: dpopt.DPSRM(lr=0.5, clip=c, clip_diff=c / 10 if c < INF else INF, gamma=0.3,
-                                                   noise_multiplier0=z, noise_multiplier=z, batch_size0=80,
-                                                   batch_size=40), 30),
-    "dpsrm-fixed": Case(lambda z, c: dpopt.DPSRM(lr=0.5, clip=c, clip_diff=c / 10 if c < INF else INF, gamma=0.3,
-                                                 noise_multiplier0=z, noise_multiplier=z, batch_size0=80,
-                                                 batch_size=40, sampling=FixedSize), 30),
-    "storm": Case(lambda z, c: dpopt.Storm(lr=0.5, momentum=0.3, batch_size0=80, batch_size=40), 30, private=False),
-    "aclip": Case(lambda z, c: dpopt.AClip(lr=0.5, clip=c / 4, noise_multiplier=z, batch_size=40), 30),
-    "aclip-projected": Case(lambda z, c: dpopt.AClip(lr=0.5, clip=c / 10, noise_multiplier=z, batch_size=40,
-                                                     radius=0.3), 30),
-    "aclip-restarted": Case(lambda z, c: dpopt.RestartedAClip(
+    "dpsgd-poisson": Case("dp-sgd", lambda z, c: dpopt.DPSGD(lr=0.5, clip=c, noise_multiplier=z, batch_size=40), 30),
+    "dpsgd-fixed": Case("dp-sgd", lambda z, c: dpopt.DPSGD(lr=0.5, clip=c, noise_multiplier=z, batch_size=40,
+                                                           sampling=FixedSize), 30),
+    "dp_gd": Case("dp-gd", lambda z, c: dpopt.dp_gd(lr=0.5, clip=c, noise_multiplier=z), 20),
+    "dpsgd-banded": Case("dp-bandmf", lambda z, c: dpopt.DPSGD(lr=0.5, clip=c, noise_multiplier=z, batch_size=40,
+                                                               bands=4), 30, atoms=8),
+    "dpsgd-quantile": Case("dp-sgd", lambda z, c: dpopt.DPSGD(lr=0.5, clip=c if c < INF else 1.0, noise_multiplier=z,
+                                                              batch_size=40, clip_quantile=0.5, count_noise=10.0), 30),
+    "dpsgd-quantile-fixed": Case("dp-sgd", lambda z, c: dpopt.DPSGD(lr=0.5, clip=c if c < INF else 1.0,
+                                                                    noise_multiplier=z, batch_size=40,
+                                                                    sampling=FixedSize, clip_quantile=0.3,
+                                                                    count_noise=10.0), 30),
+    "dpsgd-adambc": Case("dp-sgd", lambda z, c: AdamBC(dpopt.DPSGD(lr=0.5, clip=c, noise_multiplier=z,
+                                                                   batch_size=40), lr=0.05), 30),
+    "dpsgd-banded-adambc": Case("dp-bandmf", lambda z, c: AdamBC(dpopt.DPSGD(lr=0.5, clip=c, noise_multiplier=z,
+                                                                             batch_size=40, bands=3), lr=0.05), 30,
+                                atoms=10),
+    "rrpsgd": Case("rrpsgd", lambda z, c: dpopt.rrpsgd(lr=0.5, clip=c, noise_multiplier=z, batch_size=40), 30),
+    "dpsrm-poisson": Case("dp-srm", lambda z, c: dpopt.DPSRM(lr=0.5, clip=c, clip_diff=c / 10 if c < INF else INF,
+                                                             gamma=0.3, noise_multiplier0=z, noise_multiplier=z,
+                                                             batch_size0=80, batch_size=40), 30),
+    "dpsrm-fixed": Case("dp-srm", lambda z, c: dpopt.DPSRM(lr=0.5, clip=c, clip_diff=c / 10 if c < INF else INF,
+                                                           gamma=0.3, noise_multiplier0=z, noise_multiplier=z,
+                                                           batch_size0=80, batch_size=40, sampling=FixedSize), 30),
+    "storm": Case("storm", lambda z, c: dpopt.Storm(lr=0.5, momentum=0.3, batch_size0=80, batch_size=40), 30,
+                  private=False),
+    "aclip": Case("aclip", lambda z, c: dpopt.AClip(lr=0.5, clip=c / 4, noise_multiplier=z, batch_size=40), 30),
+    "aclip-banded": Case("aclip", lambda z, c: dpopt.AClip(lr=0.5, clip=c / 4, noise_multiplier=z, batch_size=40,
+                                                           bands=4), 30, atoms=8),
+    "aclip-projected": Case("aclip", lambda z, c: dpopt.AClip(lr=0.5, clip=c / 10, noise_multiplier=z, batch_size=40,
+                                                              radius=0.3), 30),
+    "aclip-restarted": Case("aclip", lambda z, c: dpopt.RestartedAClip(
         stages=(dpopt.Stage(12, 40, c / 4, 0.5), dpopt.Stage(18, 80, c / 8, 0.25)), noise_multiplier=z), 30),
-    "dpagd": Case(lambda z, c: dpopt.DPAGD(noise_multiplier=z, clip=c, obj_clip=2.0 if c < INF else INF,
-                                           grad_fraction=0.05, select_fraction=0.05, adapt_every=5), 40,
+    "dpagd": Case("dp-agd", lambda z, c: dpopt.DPAGD(noise_multiplier=z, clip=c, obj_clip=2.0 if c < INF else INF,
+                                                     grad_fraction=0.05, select_fraction=0.05, adapt_every=5), 40,
                   adaptive=True),
-    "diff2-gd": Case(lambda z, c: dpopt.DIFF2(lr=0.5, clip=c, clip_diff=2 * c, restart=5, noise_multiplier1=z,
-                                              noise_multiplier2=z, clients=CLIENTS), 20),
-    "diff2-bvr": Case(lambda z, c: dpopt.DIFF2(lr=0.5, clip=c, clip_diff=2 * c, restart=5, noise_multiplier1=z,
-                                               noise_multiplier2=z, clients=CLIENTS,
-                                               local=dpopt.LocalSteps(steps=3, batch=20, clip=2 * c),
-                                               noise_multiplier3=z), 20),
+    "diff2-gd": Case("diff2-gd", lambda z, c: dpopt.DIFF2(lr=0.5, clip=c, clip_diff=2 * c, restart=5,
+                                                          noise_multiplier1=z, noise_multiplier2=z,
+                                                          clients=CLIENTS), 20),
+    "diff2-bvr": Case("diff2-bvr", lambda z, c: dpopt.DIFF2(lr=0.5, clip=c, clip_diff=2 * c, restart=5,
+                                                            noise_multiplier1=z, noise_multiplier2=z, clients=CLIENTS,
+                                                            local=dpopt.LocalSteps(steps=3, batch=20, clip=2 * c),
+                                                            noise_multiplier3=z), 20),
 }
 
 
@@ -96,7 +117,8 @@ def o2nc(estimator: str, passes: str) -> Callable[[float, float], Any]:
                                    noise_multiplier=z, estimator=estimator, directions=3, batch_size0=40, batch_size=4)
 
 
-TABLE |= {f"o2nc-{estimator}-{passes}": Case(o2nc(estimator, passes), 30)
+TABLE |= {f"o2nc-{estimator}-{passes}": Case(f"o2nc-{estimator if passes == 'single' else passes}",
+                                            o2nc(estimator, passes), 30)
           for estimator, passes in (("zeroth", "single"), ("zeroth", "multi"), ("first", "single"))}
 NAMES = list(TABLE)
 PRIVATE = [name for name in NAMES if TABLE[name].private]
@@ -111,6 +133,12 @@ class Replay:
     epsilons: list[float]               # the ledger's ε(δ) after each step (when tracked)
 
 
+def sampler_of(algo: Any, state: Any, t: int) -> Sampler:
+    """Step t's sampler as ``dpopt.run`` asks for it: from the state for a keyed algorithm (banded
+    noise's cyclic Poisson groups)."""
+    return algo.batch_sampler(state, t, N) if train.keyed(algo) else algo.sampler(t, N)
+
+
 def replay(algo: Any, steps: int, seed: int = SEED, track_epsilon: bool = False) -> Replay:
     """``dpopt.run``'s loop, by hand: the same generators, samplers, steps and ledger."""
     sample_gen, source, _ = train.randomness(seed)
@@ -119,7 +147,7 @@ def replay(algo: Any, steps: int, seed: int = SEED, track_epsilon: bool = False)
     ledger = Ledger(algo.relation())
     thetas, batches, epsilons = [state.theta.clone()], [], []
     for t in range(steps):
-        sampler = algo.sampler(t, N)
+        sampler = sampler_of(algo, state, t)
         indices = sampler.sample(sample_gen)
         state, event = algo.step(state, Batch(t, indices, sampler), oracle(), source)
         ledger.record(event)
@@ -152,7 +180,8 @@ def test_double_entry(name):
         assert manual.ledger.event() == canonical(planned)
         assert manual.ledger.steps == accounting.count_steps(planned)
         # BVR: + its local steps; single-pass O2NC: one tree for the whole pass (no-ops cost nothing)
-        assert manual.ledger.steps == (1 if name.endswith("-single") else case.steps) or name == "diff2-bvr"
+        atoms = case.atoms or (1 if name.endswith("-single") else case.steps)
+        assert manual.ledger.steps == atoms or name == "diff2-bvr"
     else:
         # A privacy filter: never above the plan, and the whole budget once exhausted.
         assert manual.state.exhausted
@@ -468,8 +497,7 @@ def test_calibrate_then_run(name):
     history = run(algo, case.steps)
     assert history.final["epsilon"] <= target
     assert history.final["epsilon"] >= 0.99 * target
-    for field in algo.NOISE_FIELDS:
-        assert getattr(algo, field) > 0
+    assert all(z > 0 for z in accounting.noise_of(algo).values())  # (a wrapper's: its inner algorithm's)
 
 
 def test_calibrating_a_non_private_method_fails_clearly():
@@ -508,6 +536,14 @@ BAD_VALUES["diff2-gd"] = [("lr", 0.0), ("clip", 0.0), ("clip_diff", -1.0), ("res
                           ("noise_multiplier1", -1.0), ("noise_multiplier2", INF), ("clients", 4),
                           ("output_rule", "best"), ("noise_ratios", (1.0,)), ("noise_ratios", (1.0, 0.0))]
 BAD_VALUES["diff2-bvr"] = [("noise_multiplier3", -1.0), ("noise_multiplier3", None), ("noise_ratios", (1.0, 1.0))]
+BAD_VALUES["dpsgd-banded"] = [("bands", 0), ("bands", 2.5), ("bands", True), ("sampling", FixedSize),
+                               ("noise", dpopt.mechanisms.DISCRETE), ("clip_quantile", 0.5)]
+BAD_VALUES["dpsgd-quantile"] = [("clip_quantile", 0.0), ("clip_quantile", 1.0), ("clip_quantile", math.nan),
+                                ("clip_lr", 0.0), ("clip_lr", INF), ("count_noise", 0.0), ("count_noise", -1.0),
+                                ("count_noise", 0.4), ("clip", INF), ("sampling", FullBatch)]
+BAD_VALUES["dpsgd-adambc"] = [("lr", 0.0), ("lr", INF), ("betas", (0.9, 1.0)), ("betas", (0.9,)), ("eps", -1.0),
+                              ("gamma", 0.0), ("inner", dpopt.Storm(lr=0.5, momentum=0.3, batch_size0=80,
+                                                                      batch_size=40))]
 BAD_VALUES["dpsgd-fixed"] = BAD_VALUES["dpsgd-poisson"]
 BAD_VALUES["dpsrm-fixed"] = BAD_VALUES["dpsrm-poisson"]
 BAD_CASES = [(name, field, bad) for name, bads in BAD_VALUES.items() for field, bad in bads]
@@ -542,10 +578,21 @@ def test_dpagd_budget_fractions_must_fit():
         dpopt.DPAGD(noise_multiplier=1.0, clip=1.0, obj_clip=1.0, grad_fraction=0.6, select_fraction=0.6)
 
 
+def test_every_registered_algorithm_has_a_case_and_every_case_a_registered_algorithm():
+    """The registry (what the command line, ``Private``, ``tune`` and ``audit`` build by name) and
+    this table cover the same algorithms; each registered one builds an object of a class its
+    cases check."""
+    assert {case.registered for case in TABLE.values()} == set(registry.NAMES)
+    for name in registry.NAMES:
+        built = registry.build(name, n=N, batch_size=40)
+        assert type(built) in {type(case.make(1.0, 1.0)) for case in TABLE.values() if case.registered == name}, name
+        assert registry.entry(name).private == all(case.private for case in TABLE.values() if case.registered == name)
+
+
 def test_the_table_covers_every_exported_algorithm():
     built = {type(case.make(1.0, 1.0)) for case in TABLE.values()}
     assert built == {dpopt.DPSGD, dpopt.DPSRM, dpopt.Storm, dpopt.DPAGD, dpopt.AClip, dpopt.RestartedAClip, dpopt.O2NC,
-                     dpopt.O2NCMulti, dpopt.DIFF2}
+                     dpopt.O2NCMulti, dpopt.DIFF2, AdamBC}
     assert {"rrpsgd", "dp_gd", "diff2-bvr"} <= set(TABLE)
     assert TABLE["rrpsgd"].make(1.0, 1.0).output_rule == "uniform"
     assert TABLE["dp_gd"].make(1.0, 1.0).sampling is FullBatch

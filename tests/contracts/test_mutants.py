@@ -2,7 +2,7 @@
 any single release of any algorithm is caught.
 
 Every release goes through a mechanism (``mechanisms.gaussian``, ``TreeAggregator.add``,
-``mechanisms.noisy_argmin``). A mutant changes what one release hands its mechanism, as a bug
+``mechanisms.noisy_argmin``, ``correlation.noise.banded_gaussian``). A mutant changes what one release hands its mechanism, as a bug
 in the algorithm would: its noise multiplier (×1.5; for the noisy argmin ρ×2.25, the same
 error) or the sensitivity its clipped value claims (×½, so the noise is halved while the event
 stays the same). Two independent checks must catch every mutant, and pass on the honest code:
@@ -13,7 +13,10 @@ stays the same). Two independent checks must catch every mutant, and pass on the
 * the sensitivity each release claims, against this file's own formula for that release
   (:func:`expected_sensitivity`, the second entry of every sensitivity: 2C per clipped sum under
   replace-one, C under add/remove-one, 2λ for AClip's clipped mean, 2C·‖θ − θ′‖ for a clipped
-  difference at two points, the tree's 2·max(C1/B1, C2/B2), C_obj for DP-AGD's scores).
+  difference at two points, the tree's 2·max(C1/B1, C2/B2), C_obj for DP-AGD's scores; adaptive
+  clipping's C_t·f, replayed from the counts released before, and ½·f for the count).
+  Banded noise commits its (z, Δ) at the first release, so a mutant of any one release is refused
+  by the mechanism itself.
 
 Below them, the same sensitivity claim checked on the per-record engines rather than on the
 algorithms: with a loss that couples records (batch-centred targets), replacing one record must
@@ -36,11 +39,12 @@ import torch
 from dpopt import accounting, clipping, mechanisms, train
 from dpopt.accounting import Ledger, canonical
 from dpopt.audit import worlds
-from dpopt.base import Batch
+from dpopt.base import Batch, Wrapper
 from dpopt.clipping import relation_factor
+from dpopt.correlation import noise as correlated
 from dpopt.oracles import TorchModel
 
-from tests.contracts.test_algorithms import DIM, NAMES, TABLE, N, oracle
+from tests.contracts.test_algorithms import DIM, NAMES, TABLE, N, oracle, sampler_of
 from tests.test_audit_module import centred, linear, records, whole_batch_per_record
 
 PRIVATE = [name for name in NAMES if TABLE[name].private]
@@ -53,6 +57,7 @@ class Release:
     within: int         # its index among the releases of its step
     sensitivity: float  # what the clipped value handed to the mechanism claims
     queries: list[torch.Tensor] = field(default_factory=list)  # the points θ the oracle was asked at
+    value: torch.Tensor | None = None  # what it released (a Gaussian's)
 
 
 class Spy:
@@ -95,11 +100,19 @@ class QueryOracle:
 def spied_run(algo: Any, steps: int, spy: Spy, monkeypatch: pytest.MonkeyPatch) -> tuple[Ledger, list[torch.Tensor]]:
     """``dpopt.run``'s loop with every mechanism spied on (and one of them mutated)."""
     gaussian, add, argmin = mechanisms.gaussian, mechanisms.TreeAggregator.add, mechanisms.noisy_argmin
+    banded = correlated.banded_gaussian
 
     def spied_gaussian(x: mechanisms.Bounded, z: float, source: Any, noise: Any = mechanisms.CONTINUOUS) -> Any:
         z, x = spy._mutate("gaussian", z, x)
         spy.record("gaussian", x)
-        return gaussian(x, z, source, noise)
+        released = gaussian(x, z, source, noise)
+        spy.releases[-1].value = released[0]
+        return released
+
+    def spied_banded(x: mechanisms.Bounded, z: float, state: Any, source: Any, *, step: int) -> Any:
+        z, x = spy._mutate("banded", z, x)
+        spy.record("banded", x)
+        return banded(x, z, state, source, step=step)
 
     def spied_add(tree: mechanisms.TreeAggregator, x: mechanisms.Bounded, source: Any) -> Any:
         z, _ = spy._mutate("tree", tree.noise_multiplier, x)
@@ -118,22 +131,37 @@ def spied_run(algo: Any, steps: int, spy: Spy, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(mechanisms, "gaussian", spied_gaussian)
     monkeypatch.setattr(mechanisms.TreeAggregator, "add", spied_add)
     monkeypatch.setattr(mechanisms, "noisy_argmin", spied_argmin)
+    monkeypatch.setattr(correlated, "banded_gaussian", spied_banded)
     sample_gen, source, _ = train.randomness(3)
     queried = QueryOracle(spy)
     state = algo.init(torch.zeros(DIM, dtype=torch.float64), steps, sample_gen)
     ledger, thetas = Ledger(algo.relation()), [state.theta.clone()]
     for t in range(steps):
         spy.step = t
-        sampler = algo.sampler(t, N)
+        sampler = sampler_of(algo, state, t)
         state, event = algo.step(state, Batch(t, sampler.sample(sample_gen), sampler), queried, source)
         ledger.record(event)
         thetas.append(state.theta.clone())
     return ledger, thetas
 
 
-def expected_sensitivity(name: str, algo: Any, release: Release) -> float:
+def adaptive_clip(algo: Any, releases: list[Release], step: int) -> float:
+    """Adaptive clipping's C_t at ``step``, replayed from the counts released before it (the second
+    release of each step): C_{t+1} = C_t·exp(−η(count/B + ½ − γ))."""
+    clip = algo.clip
+    for release in releases:
+        if release.within == 1 and release.step < step:
+            clip *= math.exp(-algo.clip_lr * (float(release.value) / algo.batch_size + 0.5 - algo.clip_quantile))
+    return clip
+
+
+def expected_sensitivity(name: str, algo: Any, release: Release, releases: list[Release]) -> float:
     """This file's own formula for the sensitivity of ``release`` (see the module docstring)."""
+    if isinstance(algo, Wrapper):  # an update rule around an algorithm: the releases are the inner's
+        algo = algo.inner
     f = relation_factor(algo.relation())
+    if name.startswith("dpsgd-quantile"):  # the clipped sum at C_t, then the count (sensitivity ½·f)
+        return f * (adaptive_clip(algo, releases, release.step) if release.within == 0 else 0.5)
     if release.kind == "argmin":
         return algo.obj_clip
     if release.kind == "tree":
@@ -177,7 +205,7 @@ def violations(name: str, mutant: tuple[str, int, str] | None, monkeypatch: pyte
         if not math.isclose(spent, algo.rho_total, rel_tol=1e-9):
             found.append(f"double entry: the filter spent rho={spent}, not its budget {algo.rho_total}")
     for release in spy.releases:
-        want = expected_sensitivity(name, algo, release)
+        want = expected_sensitivity(name, algo, release, spy.releases)
         if not math.isclose(release.sensitivity, want, rel_tol=1e-9):
             found.append(f"sensitivity: {release.kind} release at step {release.step} claims {release.sensitivity}, "
                          f"its formula gives {want}")
@@ -185,7 +213,8 @@ def violations(name: str, mutant: tuple[str, int, str] | None, monkeypatch: pyte
 
 
 def kinds(name: str) -> list[str]:
-    return {"dpagd": ["gaussian", "argmin"], "o2nc-zeroth-single": ["tree"], "o2nc-first-single": ["tree"]}.get(
+    return {"dpagd": ["gaussian", "argmin"], "o2nc-zeroth-single": ["tree"], "o2nc-first-single": ["tree"],
+            "dpsgd-banded": ["banded"], "dpsgd-banded-adambc": ["banded"], "aclip-banded": ["banded"]}.get(
         name, ["gaussian"])
 
 

@@ -71,7 +71,7 @@ def test_cifar10_full_version_names_the_missing_data(tmp_path):
 
 
 def test_cifar10_methods_follow_the_papers_settings():
-    """C1 = 2, γ = C2, b0 = factor·b, the ALGORITHMS.md §1 grids, CNN6 only at ε = 8, 100 passes."""
+    """C1 = 2, γ = C2, b0 = factor·b, the docs/algorithms.md §1 grids, CNN6 only at ε = 8, 100 passes."""
     grids = {m.name: m.grid for m in dp_srm_cnn.CIFAR10.methods(8.0, "cnn5:cifar10")}
     assert grids["DP-SRM"]["clip_diff"] == (0.01, 0.1, 0.3, 0.5, 0.7, 0.9, 0.99)
     assert grids["DP-SRM"]["lr"] == grids["DP-SGD"]["lr"] == (0.01, 0.02, 0.05, 0.1, 0.2)

@@ -229,6 +229,23 @@ def test_out_is_checked_before_any_work(toy: str, tmp_path: Path, monkeypatch: p
     assert calls == []  # no run started
 
 
+def test_the_command_prints_one_json_document_or_a_table_with_the_paths_written(
+        toy: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dpopt.cli import main
+
+    argv = ["reproduce", toy, "--seeds", "2", "--workers", "1", "--out", str(tmp_path)]
+    assert main([*argv, "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["experiment"] == "toy" and printed == json.loads((tmp_path / "results.json").read_text())
+    assert main(argv) == 0  # resumed: every run is loaded
+    shown = capsys.readouterr().out
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(shown)
+    header = shown.splitlines()[0].split()
+    assert header[:3] == ["algorithm", "target", "ε"] and "test_error" in header
+    assert f"written:\n  {tmp_path / 'results.json'}\n  {tmp_path / 'results.md'}\n" in shown
+
+
 def test_an_interrupted_reproduction_resumes_to_the_same_results(toy: str, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Finding: an interrupt lost every finished run. Each run is saved as it finishes; the same

@@ -21,7 +21,7 @@ The modules, each importing only those before it:
 * :mod:`~dpopt.accounting.calibration`: the noise scale that meets a target (ε, δ).
 """
 
-from .calibration import calibrate, scaled, solve_noise
+from .calibration import calibrate, noise_of, scaled, solve_noise, with_noise
 from .epsilon import _EPSILON_CACHE as _EPSILON_CACHE  # cleared by tests and benchmarks
 from .epsilon import (
     COARSE_DISCRETIZATION,
@@ -33,12 +33,14 @@ from .epsilon import (
     ledger_grid,
     pld_discretization,
 )
-from .events import RELATION_NAMES, canonical, compose, count_steps, in_accountant_terms, merged, run_length, tree_depth
+from .events import (RELATION_NAMES, canonical, combined_multiplier, compose, count_steps, in_accountant_terms, merged,
+                     run_length, tree_depth)
 from .fast import _sampled_gaussian_step as _sampled_gaussian_step  # cleared by a benchmark
 from .ledger import Ledger, PlanMismatch, guarantee, is_filter
 from .ledger import _zcdp_rho as _zcdp_rho  # read by a mutant test
 
 __all__ = ["COARSE_DISCRETIZATION", "FINEST_DISCRETIZATION", "MAX_PLD_POINTS", "RELATION_NAMES", "Ledger",
-           "PlanMismatch", "accountant_for", "accountant_note", "calibrate", "canonical", "compose", "count_steps", "epsilon_of",
-           "guarantee", "in_accountant_terms", "is_filter", "ledger_grid", "merged", "pld_discretization", "run_length",
-           "scaled", "solve_noise", "tree_depth"]
+           "PlanMismatch", "accountant_for", "accountant_note", "calibrate", "canonical", "combined_multiplier",
+           "compose", "count_steps", "epsilon_of", "guarantee", "in_accountant_terms", "is_filter", "ledger_grid",
+           "merged", "noise_of", "pld_discretization", "run_length", "scaled", "solve_noise", "tree_depth",
+           "with_noise"]

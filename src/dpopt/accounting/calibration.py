@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import dp_accounting as dpa
@@ -18,7 +18,9 @@ from dp_accounting import NeighboringRelation
 from scipy import optimize, special
 
 from .. import _validate
+from ..base import Wrapper
 from .epsilon import COARSE_DISCRETIZATION, FINEST_DISCRETIZATION, accountant_for, epsilon_of, ledger_grid
+from .events import one_release
 
 
 def _root(gap: Callable[[float], float], start: float, accept: float) -> float:
@@ -72,8 +74,9 @@ def _gdp_mu_squared(event: dpa.DpEvent) -> float | None:
     composition. None for any other kind of event. Only a starting point for :func:`solve_noise`."""
     if isinstance(event, dpa.GaussianDpEvent):
         return 1 / event.noise_multiplier**2 if event.noise_multiplier > 0 else math.inf
-    if isinstance(event, dpa.PoissonSampledDpEvent) and isinstance(event.event, dpa.GaussianDpEvent):
-        z = event.event.noise_multiplier
+    inner = one_release(event.event) if isinstance(event, dpa.PoissonSampledDpEvent) else None
+    if isinstance(event, dpa.PoissonSampledDpEvent) and isinstance(inner, dpa.GaussianDpEvent):
+        z = inner.noise_multiplier
         return event.sampling_probability**2 * math.expm1(min(1 / z**2, 700.0)) if z > 0 else math.inf
     if isinstance(event, dpa.SelfComposedDpEvent):
         inner = _gdp_mu_squared(event.event)
@@ -155,13 +158,30 @@ def solve_noise(event_of: Callable[[float], dpa.DpEvent], *, epsilon: float, del
     return scale, achieved
 
 
+def noise_of(algorithm: Any) -> dict[str, float]:
+    """The noise multipliers of ``algorithm`` by field (``NOISE_FIELDS``; a wrapper's are its inner
+    algorithm's, :class:`dpopt.base.Wrapper`)."""
+    if isinstance(algorithm, Wrapper):
+        return noise_of(algorithm.inner)
+    return {field: getattr(algorithm, field) for field in algorithm.NOISE_FIELDS}
+
+
+def with_noise(algorithm: Any, noise: Mapping[str, float]) -> Any:
+    """A copy of ``algorithm`` with the noise multipliers ``noise`` (by field, as :func:`noise_of`
+    gives them); a wrapper around the inner algorithm so changed."""
+    if isinstance(algorithm, Wrapper):
+        return algorithm.around(with_noise(algorithm.inner, noise))
+    return dataclasses.replace(algorithm, **noise)
+
+
 def scaled(algorithm: Any, scale: float, ratios: Sequence[float] | None = None) -> Any:
-    """A copy of ``algorithm`` with noise multipliers ``scale · ratios`` (fields ``NOISE_FIELDS``)."""
-    fields = algorithm.NOISE_FIELDS
+    """A copy of ``algorithm`` with noise multipliers ``scale · ratios`` (fields ``NOISE_FIELDS``;
+    a wrapper's, its inner algorithm's)."""
+    fields = tuple(noise_of(algorithm))
     ratios = tuple(ratios) if ratios is not None else algorithm.noise_ratios
     if len(ratios) != len(fields):
         raise _validate.DpoptError(f"noise_ratios={ratios} must have one entry per field {fields}")
-    return dataclasses.replace(algorithm, **{f: scale * r for f, r in zip(fields, ratios)})
+    return with_noise(algorithm, {f: scale * r for f, r in zip(fields, ratios)})
 
 
 def calibrate(algorithm: Any, *, epsilon: float, delta: float, n: int, steps: int,

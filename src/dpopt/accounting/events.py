@@ -77,6 +77,27 @@ def tree_depth(step_counts: Sequence[int]) -> int:
     return math.ceil(math.log2(max(step_counts) + 1))
 
 
+def combined_multiplier(multipliers: Sequence[float]) -> float:
+    """(Σ_i z_i⁻²)^(−1/2): the multiplier of the one Gaussian mechanism that Gaussian releases of
+    multipliers z_i computed on the same input are together (0 if any z_i is 0: that release is
+    exact). Each release i moves by at most its sensitivity Δ_i between neighbours and has
+    independent noise of std z_i·Δ_i, so the joint release, each part divided by its noise std,
+    is a Gaussian mechanism of unit noise whose shift has norm² ≤ Σ_i z_i⁻²: exact, not a bound
+    (the Gaussian part of Andrew et al. 2021's Theorem 1, arXiv 1905.03871)."""
+    if any(z == 0 for z in multipliers):
+        return 0.0
+    return 1.0 / math.sqrt(math.fsum(1.0 / (z * z) for z in multipliers))
+
+
+def one_release(event: dpa.DpEvent) -> dpa.DpEvent:
+    """``event``, or the one Gaussian of :func:`combined_multiplier` if it is a composition of
+    Gaussian releases (the inside of one sampled step: several Gaussians on the same batch)."""
+    if (isinstance(event, dpa.ComposedDpEvent) and len(event.events) > 1
+            and all(isinstance(sub, dpa.GaussianDpEvent) for sub in event.events)):
+        return dpa.GaussianDpEvent(combined_multiplier([sub.noise_multiplier for sub in event.events]))
+    return event
+
+
 def in_accountant_terms(event: dpa.DpEvent, relation: NeighboringRelation, kind: str) -> dpa.DpEvent:
     """The one translation of dpopt's events into what accountant ``kind`` reads.
 
@@ -94,6 +115,11 @@ def in_accountant_terms(event: dpa.DpEvent, relation: NeighboringRelation, kind:
       moves the h nodes above its increment, each by at most the distance, with independent
       noise on each, so the joint shift has norm ≤ √h·distance. It is translated to that
       Gaussian (whose RDP, α·h/(2z²), is dp_accounting's tree RDP) before the rule above.
+    * Several Gaussians inside one sampling event (``PoissonSampled(q, Composed([Gaussian(z₁),
+      Gaussian(z₂), …]))``: releases computed on the same sampled batch, e.g. adaptive
+      clipping's gradient sum and count) are the one Gaussian of multiplier
+      (Σ z_i⁻²)^(−1/2) (:func:`combined_multiplier`, exact), which the accountants can amplify.
+      This is the only place they are combined: the ledger and the plan both record the parts.
     * ``NoOpDpEvent`` is dropped; compositions are translated part by part; other events
       (zCDP, non-private) mean the same to every accountant.
     """
@@ -110,9 +136,10 @@ def in_accountant_terms(event: dpa.DpEvent, relation: NeighboringRelation, kind:
         if isinstance(e, dpa.SelfComposedDpEvent):
             return dpa.SelfComposedDpEvent(walk(e.event), e.count)
         if isinstance(e, dpa.PoissonSampledDpEvent):
-            return dpa.PoissonSampledDpEvent(e.sampling_probability, walk(e.event))
+            return dpa.PoissonSampledDpEvent(e.sampling_probability, walk(one_release(e.event)))
         if isinstance(e, dpa.SampledWithoutReplacementDpEvent):
-            return dpa.SampledWithoutReplacementDpEvent(e.source_dataset_size, e.sample_size, walk(e.event))
+            return dpa.SampledWithoutReplacementDpEvent(e.source_dataset_size, e.sample_size,
+                                                        walk(one_release(e.event)))
         if isinstance(e, dp_event.RepeatAndSelectDpEvent):
             return dp_event.RepeatAndSelectDpEvent(walk(e.event), e.mean, e.shape)
         return e

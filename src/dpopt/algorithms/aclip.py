@@ -1,6 +1,6 @@
 """AClipped-dpSGD and R-AClipped-dpSGD (Jin, Zhou, Han, Cheng, Zeng): clip the batch mean once.
 
-ALGORITHMS.md §2. Step k, on a Poisson batch B_k of rate m/n (expected size m):
+docs/algorithms.md §2. Step k, on a Poisson batch B_k of rate m/n (expected size m):
 
     g_k  = (1/m) Σ_{i∈B_k} ∇f_i(x^k)                 one ordinary pass, no per-record gradients
     g̃_k  = clip(g_k, λ) + N(0, (z·2λ)² I)
@@ -14,6 +14,11 @@ g arbitrarily (gradients are unbounded: the heavy-tailed setting), so they can b
 dpopt calibrates and accounts with Δ = 2λ: the noise multiplier z is σ̂/(2λ), and the paper's
 σ̂ formula gives half the z it assumes (``dpopt account --explain aclip`` quantifies this).
 Privacy event per step: ``PoissonSampled(m/n, Gaussian(z))`` under add/remove-one adjacency.
+
+``bands`` = b > 1 replaces the independent noise with banded correlated noise z·2λ·(C⁻¹Z)_k over
+cyclic Poisson batches (group k mod b at rate b·m/n; :mod:`~dpopt.algorithms.banded`): DP-SGD's
+argument holds as it is, every step releasing clip(mean, λ) of its own batch at sensitivity 2λ and
+the one multiplier z. Event: ⌈N/b⌉ rounds of ``PoissonSampled(b·m/n, Gaussian(z))``.
 
 R-AClipped-dpSGD runs τ stages; stage s has N_s steps, batch m_s, clip λ_s and step size γ_s,
 and starts from the previous stage's averaged output (stage 0 from x^0); the output is the
@@ -36,6 +41,7 @@ from torch import Tensor
 
 from .. import _validate, accounting, clipping, mechanisms, sampling
 from ..base import Batch, NoiseSource, Oracle, Sampler
+from . import banded
 from ._common import check_noise, noise_kind
 
 if TYPE_CHECKING:
@@ -64,6 +70,7 @@ class AClipState(NamedTuple):
     iterate_sum: Tensor  # Σ x^k over the current stage's steps so far
     count: int
     direction: Tensor    # g̃_{k−1}, the last step's noised clipped mean (zero before the first)
+    banded: banded.Banded | None = None  # bands > 1: the group key and the noise ring
 
 
 def _project(theta: Tensor, radius: float) -> Tensor:
@@ -80,9 +87,13 @@ def _aclip_step(state: AClipState, batch: Batch, oracle: Oracle, source: NoiseSo
     """One AClipped-dpSGD step with step size ``lr`` and clip ``clip`` (the mechanism shared by
     both variants)."""
     mean = oracle.gradient_sum(state.theta, batch.indices) / batch.sampler.expected_size
-    noised, event = mechanisms.gaussian(clipping.clip_aggregate(mean, clip), noise_multiplier, source, noise)
+    clipped, ring = clipping.clip_aggregate(mean, clip), state.banded
+    if ring is None:
+        noised, event = mechanisms.gaussian(clipped, noise_multiplier, source, noise)
+    else:
+        noised, ring, event = banded.release(clipped, noise_multiplier, ring, source, batch.t)
     theta = _project(state.theta.add(noised, alpha=-lr), radius)
-    return AClipState(theta, state.iterate_sum + theta, state.count + 1, noised), batch.sampler.wrap(event)
+    return AClipState(theta, state.iterate_sum + theta, state.count + 1, noised, ring), batch.sampler.wrap(event)
 
 
 def _start(theta0: Tensor) -> AClipState:
@@ -97,8 +108,11 @@ def _average(state: AClipState) -> Tensor:
 class AClip:
     """AClipped-dpSGD. Keyword-only: ``lr`` (γ), ``clip`` (λ), ``noise_multiplier`` (z = σ̂/(2λ)),
     ``batch_size`` (m, the expected Poisson batch size and the divisor of the batch sum),
-    ``radius`` (R of the constraint ball; ∞ for the unconstrained variant) and ``noise`` (the kind
-    of noise, :data:`dpopt.mechanisms.Noise`; not discrete: the batches are sampled)."""
+    ``radius`` (R of the constraint ball; ∞ for the unconstrained variant), ``noise`` (the kind
+    of noise, :data:`dpopt.mechanisms.Noise`; not discrete: the batches are sampled) and ``bands``
+    (b > 1: banded correlated noise over cyclic Poisson batches, :mod:`~dpopt.algorithms.banded`;
+    DP-SGD's argument holds as it is: every step releases clip(mean, λ) of its own batch, of
+    sensitivity 2λ, at the one multiplier z)."""
 
     lr: float
     clip: float
@@ -106,6 +120,7 @@ class AClip:
     batch_size: int = 1
     radius: float = math.inf
     noise: mechanisms.Noise = mechanisms.CONTINUOUS
+    bands: int = 1
 
     NOISE_FIELDS = ("noise_multiplier",)
     noise_ratios = (1.0,)
@@ -115,15 +130,22 @@ class AClip:
         _validate.positive("radius", self.radius, allow_inf=True)
         check_noise(self.noise, sampling.Poisson)
         Stage(1, self.batch_size, self.clip, self.lr)  # validates lr, clip and batch_size
+        _validate.positive_int("bands", self.bands)
 
     def relation(self) -> dpa.NeighboringRelation:
         return dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
 
     def sampler(self, t: int, n: int) -> Sampler:
-        return sampling.Poisson.of(n, self.batch_size)
+        """Step t's sampler for planning; with bands > 1 it cannot draw (:meth:`batch_sampler` can)."""
+        return banded.sampler(sampling.Poisson, n, self.batch_size, self.bands, t)
+
+    def batch_sampler(self, state: AClipState, t: int, n: int) -> Sampler:
+        """Step t's sampler: with bands > 1, cyclic Poisson over the groups of the state's key."""
+        return banded.sampler(sampling.Poisson, n, self.batch_size, self.bands, t, state.banded)
 
     def init(self, theta0: Tensor, steps: int, gen: torch.Generator) -> AClipState:
-        return _start(_project(theta0, self.radius))
+        start = _start(_project(theta0, self.radius))
+        return start._replace(banded=banded.start(theta0, self.bands, steps, gen)) if self.bands > 1 else start
 
     def step(self, state: AClipState, batch: Batch, oracle: Oracle,
              source: NoiseSource) -> tuple[AClipState, dpa.DpEvent]:
@@ -141,12 +163,23 @@ class AClip:
         """g̃_k = clip(g_k, λ) + noise of the last step."""
         return state.direction
 
+    def release_variance(self, state: AClipState) -> float:
+        """Φ = (z·2λ)² per coordinate of g̃_k: the noise of the clipped mean (sensitivity 2λ); with
+        bands, times the variance of row k of C⁻¹."""
+        if self.noise_multiplier == 0:
+            return 0.0
+        ring = state.banded
+        scale = 1.0 if ring is None or ring.noise.step == 0 else banded.noise_scale(ring, ring.noise.step - 1)
+        return (self.noise_multiplier * 2 * self.clip * scale) ** 2
+
     def moved(self, state: AClipState, theta: Tensor) -> AClipState:
         """x^{k+1} := ``theta`` (the average then counts ``theta``; no projection: the new rule is
         the caller's)."""
         return state._replace(theta=theta, iterate_sum=state.iterate_sum - state.theta + theta)
 
     def planned_event(self, n: int, steps: int) -> dpa.DpEvent:
+        if self.bands > 1:
+            return banded.planned_event(self.noise_multiplier, n, self.batch_size, self.bands, steps)
         step = self.sampler(0, n).wrap(self.noise.event(self.noise_multiplier))
         return dpa.SelfComposedDpEvent(step, steps)
 
@@ -260,7 +293,7 @@ def paper_noise(*, epsilon: float, delta: float, n: int, batch_size: int, steps:
 
 
 def from_knobs(knobs: Knobs) -> AClip:
-    """``aclip`` by name: ``lr``, ``clip`` (λ), ``batch_size``, ``radius``, ``noise``."""
+    """``aclip`` by name: ``lr``, ``clip`` (λ), ``batch_size``, ``radius``, ``noise``, ``bands`` (default 1)."""
     _validate.positive_int("batch_size", knobs.batch_size, maximum=knobs.n, maximum_name="n (training records)")
     return AClip(lr=knobs.lr, clip=knobs.clip, noise_multiplier=1.0, batch_size=knobs.batch_size, radius=knobs.radius,
-                 noise=noise_kind(knobs))
+                 noise=noise_kind(knobs), bands=1 if knobs.bands is None else knobs.bands)

@@ -14,7 +14,7 @@ trusted server. Round r = 1 … R (step t = r − 1):
 S_r/(mP) is the paper's (1/P) Σ_p ClippedMean(D_p, C); the paper's σ relates to the noise
 multipliers here by σ_i·C = z_i·2C/(mP), i.e. z_i = σ_i·n_min·P/2.
 
-Privacy (ALGORITHMS.md §3): record level, for each client's data set, replace-one. Replacing one
+Privacy (docs/algorithms.md §3): record level, for each client's data set, replace-one. Replacing one
 record of D_p moves S_r by at most 2C (a record lives in one shard), and C_{2,r} depends only on
 released iterates, so each round is a Gaussian mechanism of multiplier z1 (restart) or z2 with
 respect to every D_p: events ⌈R/T⌉ × Gaussian(z1) and R − ⌈R/T⌉ × Gaussian(z2), in round order.

@@ -1,6 +1,6 @@
 """DP-SRM: differentially private stochastic recursive momentum (Wang, Jayaraman, Evans, Gu).
 
-ALGORITHMS.md §1. State θ^t, θ^{t−1} and the private momentum v^{t−1}:
+docs/algorithms.md §1. State θ^t, θ^{t−1} and the private momentum v^{t−1}:
 
 * t = 0, batch B_0 (expected size b0):
   v^0 = ( Σ_{i∈B_0} clip(∇f_i(θ^0), C1) + N(0, (σ0·Δ1)² I) ) / b0

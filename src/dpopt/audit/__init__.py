@@ -105,6 +105,7 @@ def observations(plan: Plan[Any], place: Pair, engine: Engine, threat: ThreatMod
     algorithm, steps = plan.algorithm, plan.steps
     oracle = engine.oracle(*place.records(present=present))
     theta0 = engine.start(oracle)
+    keyed = train.keyed(algorithm)
     seen = []
     for r in range(math.ceil(runs / place.slots)):
         sample_gen, source, _ = train.randomness(seed + r)
@@ -112,7 +113,7 @@ def observations(plan: Plan[Any], place: Pair, engine: Engine, threat: ThreatMod
         ledger = plan.ledger()
         path = [place.seen(observe(threat, algorithm, state))] if threat.observes_steps() else []
         for t in range(steps):
-            state, _ = train.step(algorithm, oracle, state, t, ledger, sample_gen, source)
+            state, _ = train.step(algorithm, oracle, state, t, ledger, sample_gen, source, keyed=keyed)
             if threat.observes_steps():
                 path.append(place.seen(observe(threat, algorithm, state)))
             if bar is not None:

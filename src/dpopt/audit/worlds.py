@@ -42,7 +42,7 @@ from dp_accounting import NeighboringRelation
 from torch import Tensor, nn
 
 from .._validate import DpoptError
-from ..base import Oracle
+from ..base import KeyedSampling, Oracle
 from ..oracles import Ridge, TorchModel, ghost
 
 #: The canary's target: its gradient ≈ M·e_r dwarfs any clip norm and the whole background.
@@ -65,7 +65,8 @@ class Canary:
 
 #: The canary world per algorithm name (one entry per algorithm; a new algorithm adds one line).
 CANARIES: dict[str, Canary] = {
-    "dp-sgd": Canary(separable=True), "dp-gd": Canary(separable=True), "rrpsgd": Canary(), "dp-srm": Canary(),
+    "dp-sgd": Canary(separable=True), "dp-bandmf": Canary(separable=True), "dp-gd": Canary(separable=True),
+    "rrpsgd": Canary(), "dp-srm": Canary(),
     "dp-agd": Canary(), "storm": Canary(), "o2nc-zeroth": Canary(), "o2nc-first": Canary(), "o2nc-multi": Canary(),
     "diff2-gd": Canary(), "diff2-bvr": Canary(),
     "aclip": Canary(background=1e6),  # the clipped mean flips from −λu to +λu: the 2λ is attained
@@ -201,7 +202,10 @@ ENGINES: dict[str, Engine] = {"glm": ClosedForm(), "ghost": Module("ghost"), "vm
 
 def used_positions(algorithm: Any, n: int, steps: int) -> list[int]:
     """The records a run of ``steps`` steps on n records can use, in order of first use: those of a
-    sampler that returns the same records whatever its generator (a single pass), else all n."""
+    sampler that returns the same records whatever its generator (a single pass), else all n (as
+    for an algorithm whose batches depend on a secret of its state: cyclic Poisson's groups)."""
+    if isinstance(algorithm, KeyedSampling):
+        return list(range(n))
     used: dict[int, None] = {}
     for t in range(steps):
         sampler = algorithm.sampler(t, n)

@@ -26,7 +26,7 @@ import sys
 import time
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,8 +37,8 @@ from ..outputs import NOT_PRIVATE
 from ..experiments.preparation import described
 from ..report import summarise
 from ..tuning import Choice, Space, tune
-from ..tuning.command import trials_of
 from ..tuning.task import Task, builder
+from ..tuning.trials import trials_of
 from .tasks import build_task, preparation
 
 if TYPE_CHECKING:
@@ -294,30 +294,25 @@ def select(names: Sequence[str] | None, variant: str | None, path: Path = PROBLE
     return [declared[name] for name in (names or declared)]
 
 
-def run_bench(args: Any, command: str) -> dict[str, Any]:
-    """``dpopt bench``: run, write ``bench.json``, ``bench.md``, a figure per problem and
-    ``summary.png`` to ``--out``; the result (with its Markdown) for printing.
+def run_bench(chosen: Sequence[Problem], *, out: Path, workers: int, seed: int | None, command: str,
+              data_dir: str | None = None, progress: bool = False) -> dict[str, Any]:
+    """``dpopt bench`` of the problems ``chosen``: run, write ``bench.json``, ``bench.md``, a figure per
+    problem and ``summary.png`` to ``out``; the result (with its Markdown) for printing.
 
-    The jobs run in ``--workers`` processes (default: one per core); ``--out`` is checked before
-    any work, and every finished job is saved in ``--out``/runs as it completes: run again, the
-    same command loads them instead of running them (an interrupted bench resumes, with the secret
-    :func:`randomness` kept there). ``command``: the command line as the outputs show it
-    (:func:`shown_command`)."""
+    The jobs run in ``workers`` processes; ``out`` is checked before any work, and every finished
+    job is saved in ``out``/runs as it completes: run again, the same command loads them instead
+    of running them (an interrupted bench resumes, with the secret :func:`randomness` kept there;
+    ``seed``: the user's, or None). ``command``: the command line as the outputs show it
+    (:func:`shown_command`). ``progress``: each cell's result on standard error as it completes."""
     from ..experiments._runner import Pool, Saved, running, source_digest, writable
     from .tables import figures, markdown
 
-    variant = "quick" if args.quick else args.variant
-    chosen = select(args.problem, variant, Path(args.file) if args.file else PROBLEMS)
-    if args.epsilon:
-        chosen = [replace(p, epsilons=tuple(_validate.positive("epsilon", e) for e in args.epsilon)) for p in chosen]
-    if args.seeds is not None:
-        chosen = [replace(p, seeds=_validate.positive_int("seeds", args.seeds)) for p in chosen]
-    workers = _validate.positive_int("workers", args.workers if args.workers is not None else os.cpu_count() or 1)
-    out = writable(Path(args.out or (f"results/bench-{variant}" if variant else "results/bench")))
-    secret = randomness(args.seed, out / "runs")
-    pool = Pool(workers, task_of, args.data_dir, saved=Saved(out / "runs", f"bench {source_digest()}"))
+    _validate.positive_int("workers", workers)
+    out = writable(Path(out))
+    secret = randomness(seed, out / "runs")
+    pool = Pool(workers, task_of, data_dir, saved=Saved(out / "runs", f"bench {source_digest()}"))
     with running(pool):
-        result = bench(chosen, pool, randomness=secret, data_dir=args.data_dir, progress=not args.json)
+        result = bench(chosen, pool, randomness=secret, data_dir=data_dir, progress=progress)
     text = markdown(result, command)
     report.write_json(out / "bench.json", result | {"command": command})
     report.write_text(out / "bench.md", text)

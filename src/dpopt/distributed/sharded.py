@@ -21,7 +21,11 @@ Every rank builds the same full oracle, wraps it in :class:`Sharded` and calls t
    generator, which is also seeded identically everywhere (:func:`shared_secret_seed`): all ranks
    add the **same single draw** to the same all-reduced sum. The released value is exactly the
    single-process one (up to the summation order of floating-point additions), noise enters once,
-   not K times.
+   not K times. Banded correlated noise is no exception: its group key comes from the shared
+   sampling generator and its noise from the shared noise generator, so every rank holds the same
+   ring of past noise and adds the same x_t. Adaptive clipping's count Σ(1[‖v_i‖ ≤ C_t] − ½) is
+   counted per share and all-reduced like the sums (``ShardedRows.batch_total``), so every rank
+   releases the same noised count and moves to the same C_{t+1}.
 
 Privacy argument: every release is the single-process mechanism's release, computed in
 pieces: the same sampled batch (same sampling rate, same neighbouring relation), the same
@@ -120,7 +124,8 @@ class ShardedRows:
     batch of ``size`` records (``local_size`` of them).
 
     ``norms()`` are the local records' norms (``[local_size]``); ``weighted_sum(w)`` is the
-    local weighted sum all-reduced over the ranks, i.e. the sum over the whole batch. ``w`` is
+    local weighted sum all-reduced over the ranks, i.e. the sum over the whole batch, and
+    ``batch_total(x)`` any other per-share total so summed (:class:`~dpopt.base.ShareOfBatch`). ``w`` is
     per local record (what :func:`~dpopt.clipping.clip_sum` passes, computed from ``norms()``)
     or per batch record (``[size]``, e.g. STORM's ones), then this rank's share of it is used.
     ``a - b`` (DP-SRM: the same records at two points) subtracts the local rows.
@@ -133,6 +138,11 @@ class ShardedRows:
 
     def norms(self) -> Tensor:
         return self.local.norms()
+
+    def batch_total(self, local: Tensor) -> Tensor:
+        """Σ over the ranks of ``local``, a total over this rank's records (e.g. adaptive clipping's
+        count): the total over the whole batch."""
+        return self.oracle.all_reduce(local.clone())
 
     def weighted_sum(self, weights: Tensor) -> Tensor:
         if len(weights) == self.size and self.size != self.local_size:

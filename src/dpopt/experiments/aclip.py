@@ -6,7 +6,7 @@ as in the paper's code) regression at ε ∈ {0.5, 0.75, 1, 2}, δ = 1/n.
 
 Methods, each in two column sets:
 
-* **paper**: the paper's settings (ALGORITHMS.md §2; appendix B of the paper). Batch m = 200
+* **paper**: the paper's settings (docs/algorithms.md §2; appendix B of the paper). Batch m = 200
   (Adult, synthetic) or 24 (Diabetes); CC: λ = 0.54, γ = 5e−4 (Diabetes 5e−3), constrained to
   a ball; UC: λ = 0.87, γ = 2e−4 (Diabetes 1e−2); DP-SGD: per-record clip 0.74, γ = 4e−4
   (Diabetes 6e−3); DP-GD: per-record clip 0.74, γ = 1e−3 (Diabetes 8e−3).

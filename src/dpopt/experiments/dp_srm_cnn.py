@@ -2,8 +2,8 @@
 (CNN5, CNN6).
 
 Source: Wang, Jayaraman, Evans & Gu, "Efficient Privacy-Preserving Stochastic Nonconvex
-Optimization" (arXiv:1910.13659; UAI 2023), supplementary §1.2 and its Figure 2 (``000_…`` /
-``001_…`` in the shared papers; ALGORITHMS.md §1). What the paper gives:
+Optimization" (arXiv:1910.13659; UAI 2023), supplementary §1.2 and its Figure 2
+(docs/algorithms.md §1). What the paper gives:
 
 * MNIST: ε = 7, δ = 1e−5; test error 2.91 % (DP-SRM) vs 2.93 % (DP-SGD), averaged over 30 trials;
   "more than 2× faster than DP-SGD to achieve the desired test error". **Nothing else**: no

@@ -65,9 +65,10 @@ class Lazy:
     def __init__(self, dataset: Any, name: str = "train_data") -> None:
         if isinstance(dataset, DataLoader):
             raise _validate.DpoptError(
-                f"{name} is a DataLoader: pass its dataset ({name}.dataset) instead. dpopt draws the batches itself, "
-                "by index, from a secret generator (Poisson sampling, which the privacy accounting assumes); a "
-                "loader's own batches would not match the accounting")
+                f"{name} is a DataLoader: pass its dataset ({name}.dataset) instead, or pass the DataLoader to "
+                "dpopt.Private or dpopt.fit as their training data (they load dpopt's batches through it). dpopt draws "
+                "the batches itself, by index, from a secret generator (Poisson sampling, which the privacy accounting "
+                "assumes); a loader's own batches would not match the accounting")
         if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
             raise _validate.DpoptError(f"{name} must be a map-style torch Dataset of (x, y) pairs (with __getitem__ "
                                        f"and __len__) or a tuple (X, y), not {type(dataset).__name__}")
@@ -96,17 +97,22 @@ class Lazy:
             yield self.gather(part)
 
     def digest(self) -> str:
-        """sha256 over every record in order (one pass over the data set)."""
-        digest = hashlib.sha256()
-        for x, y in self.chunks(1024):
-            digest.update(sha256_of(x, y).encode())
-        return digest.hexdigest()
+        return chunked_digest(self)
 
 
-def of(data: Any, y: Tensor | None = None, name: str = "train_data") -> Tensors | Lazy:
+def chunked_digest(records: Records) -> str:
+    """sha256 over every record in order, read 1024 at a time (one pass over the data set)."""
+    digest = hashlib.sha256()
+    for x, y in records.chunks(1024):
+        digest.update(sha256_of(x, y).encode())
+    return digest.hexdigest()
+
+
+def of(data: Any, y: Tensor | None = None, name: str = "train_data") -> Records:
     """Records from tensors ``(data, y)``, a pair ``data = (X, y)``, a ``TensorDataset(X, y)``
-    (sliced, not read record by record) or any map-style dataset of ``(x, y)`` pairs (lazy)."""
-    if isinstance(data, Tensors | Lazy):
+    (sliced, not read record by record) or any map-style dataset of ``(x, y)`` pairs (lazy);
+    ``Records`` already (e.g. :class:`~dpopt.oracles.loaded.Loaded`) as they are."""
+    if isinstance(data, Records):
         return data
     if y is not None:
         return Tensors(data, y)

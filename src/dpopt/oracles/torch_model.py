@@ -1,4 +1,4 @@
-"""Any ``torch.nn.Module`` as an oracle, on one flat parameter vector θ (DESIGN rule 5).
+"""Any ``torch.nn.Module`` as an oracle, on one flat parameter vector θ (docs/design.md rule 5).
 
 ``TorchModel(module, loss_fn, X, y)`` measures the per-record loss ``loss_fn(module(x), y)``
 (``reduction="none"``: one value per record) of the records ``(X[i], y[i])``. Wherever a
@@ -6,11 +6,10 @@ per-record quantity feeds a bound (per-record gradients and losses, under both e
 of record i is ``loss_fn`` on a batch of that record alone, ``loss_fn(out_i[None], y_i[None])``,
 evaluated for all records at once under ``torch.func.vmap``: a loss that reads other records of
 its batch (one centred on the batch mean, an in-batch contrastive loss) sees none there, so it
-cannot carry one record into another's clipped gradient. θ is one flat
-tensor; the module's trainable parameters (``requires_grad=True``, in ``named_parameters()``
-order) are views into it, passed with ``torch.func.functional_call`` (frozen parameters and
-buffers stay the module's own). The module itself is never modified; :meth:`TorchModel.load`
-copies a θ into it explicitly.
+cannot carry one record into another's clipped gradient. θ is one flat tensor; the module's
+trainable parameters (``requires_grad=True``, in ``named_parameters()`` order) are views into it,
+passed with ``torch.func.functional_call`` (frozen parameters and buffers stay the module's own).
+The module itself is never modified; :meth:`TorchModel.load` copies a θ into it explicitly.
 
 Engines for per-record gradients (``engine=``):
 
@@ -23,32 +22,30 @@ Engines for per-record gradients (``engine=``):
   Ghost rules for Linear (also on ``[B, T, p]``), zero-padded Conv1d/Conv2d, Embedding,
   LayerNorm and GroupNorm, found at any depth, also inside modules with their own forward.
   Only layers whose per-record structure is known (``known_layers``, a
-  :class:`~dpopt.oracles.ghost.Registry`: those, activations, pooling, Flatten, dropout, ...)
-  and ``nn.Sequential``'s own forward are run on the whole batch; every other module, and every
-  custom forward, is run on each record alone under ``vmap`` (its ghost layers tapped by hooks
-  removed after the call), so code that mixes the records of a batch cannot leak one record
-  into another's gradient. Its norms are upper
-  bounds of what its sums add per record (never below, by ~1e−6 in float32). Gradient
-  differences at two points (DP-SRM) are exact, without cancellation.
+  :class:`~dpopt.oracles.ghost.Registry`: those, activations, pooling, Flatten, dropout, ...) and
+  ``nn.Sequential``'s own forward are run on the whole batch; every other module, and every custom
+  forward, is run on each record alone under ``vmap`` (its ghost layers tapped by hooks removed
+  after the call), so code that mixes the records of a batch cannot leak one record into another's
+  gradient. Its norms are upper bounds of what its sums add per record (never below, by ~1e−6 in
+  float32). Gradient differences at two points (DP-SRM) are exact, without cancellation.
 
 Both give the same norms and clipped sums (tests hold them to 1e−9 relative in float64, 1e−4 in
 float32, of each other and of a per-record autograd loop). DP-SRM's differences cost one
 forward/backward per point and nothing more: ``per_record(θ, B) - per_record(θ′, B)``.
 
-Computations without per-record gradients (``loss``, ``gradient_sum``, ``error``) run on the
-whole chunk, the loss too: with the ghost engine by its forward where its plan runs every stage
-on the whole batch (convolutions and max-pools in channels-last layout), else by the module's
-own forward.
-Records need not be kept apart there (the module's own forward may mix them): what releases such
-a sum bounds it as an aggregate (AClip's ``clipping.clip_aggregate``: sensitivity 2λ whatever
-the batch does).
+Computations without per-record gradients (``loss``, ``gradient_sum``, ``error``) run on the whole
+chunk, the loss too: with the ghost engine by its forward where its plan runs every stage on the
+whole batch (convolutions and max-pools in channels-last layout), else by the module's own
+forward. Records need not be kept apart there (the module's own forward may mix them): what
+releases such a sum bounds it as an aggregate (AClip's ``clipping.clip_aggregate``: sensitivity 2λ
+whatever the batch does).
 
 Every per-record result comes back in θ's dtype (norms of float32 gradients in float64, as
 ``clipping.Dense`` measures them) and on θ's device (``dpopt.run`` passes a float64 θ; a float32
-module then computes in float32); the work is done in the module's dtype
-on its device, data chunks being moved there (X may stay on the CPU while the module is on a
-GPU). ``microbatch_size`` bounds the records processed at once (the vmap rows, the ghost
-engine's per-layer products, the full-data loss and gradient); results do not depend on it.
+module then computes in float32); the work is done in the module's dtype on its device, data
+chunks being moved there (X may stay on the CPU while the module is on a GPU). ``microbatch_size``
+bounds the records processed at once (the vmap rows, the ghost engine's per-layer products, the
+full-data loss and gradient); results do not depend on it.
 
 Modules with BatchNorm are refused: it mixes the records of a batch, so per-record clipping
 would not bound a record's influence. So are torch's recurrent layers (``nn.RNN``, ``nn.LSTM``,
@@ -61,7 +58,7 @@ its buffers before and after: a change (a running statistic of one's own, even a
 is refused, the buffers restored, so nothing of the training data stays in the module. torch's
 errors in code run on each record alone under vmap come back as ``DpoptError``s that name the
 module or the loss and keep torch's message. Stochastic layers (dropout) draw from torch's global
-generator, not the run's (DESIGN rule 4 covers the privacy noise, not the model's own
+generator, not the run's (docs/design.md rule 4 covers the privacy noise, not the model's own
 randomness); in both engines one forward feeds both the norms and the sums, so each record's
 clipped contribution is exactly bounded even so.
 """
@@ -71,12 +68,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, grad, vmap
+from torch.func import functional_call, grad, grad_and_value, vmap
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from .. import _validate
@@ -299,7 +297,9 @@ class TorchModel:
         self.stages = (ghost.plan(module, {id(p): name for name, p in params.items()}, known_layers)
                        if engine == "ghost" else ())
         self._gathered: tuple[Tensor | None, list[tuple[Tensor, Tensor]]] = (None, [])
-        self._recent: list[tuple[Tensor, Tensor, Dense | ghost.GhostRows]] = []
+        self._recent: list[tuple[Tensor, Tensor, Dense | ghost.GhostRows, Tensor]] = []
+        self._seen: list[tuple[Tensor, Tensor]] | None = None  # (point, per-record losses) in losses_seen()
+        self._evaluated: list[Tensor] = []  # the per-record losses of the chunks of the running _per_record
 
     # ------------------------------------------------------------------------------ helpers
 
@@ -457,17 +457,23 @@ class TorchModel:
         a Linear layer's input for the book-keeping product)."""
         point = self._theta(theta)
         indices = torch.as_tensor(indices)
-        for old_point, old_indices, rows in self._recent:
+        for old_point, old_indices, rows, losses in self._recent:
             if torch.equal(old_indices, indices) and torch.equal(old_point, point):
-                return rows
-        rows = self._per_record(point, indices, theta)
-        if self._recent and isinstance(rows, ghost.GhostRows) and torch.equal(self._recent[0][1], indices):
-            ghost.reuse_inputs(rows, self._recent[0][2])
-        self._recent = [(point.clone(), indices.clone(), rows), *self._recent[: RECENT - 1]]
+                break
+        else:
+            self._evaluated = []
+            rows = self._per_record(point, indices, theta)
+            losses = torch.cat(self._evaluated or [point.new_zeros(0)])
+            if self._recent and isinstance(rows, ghost.GhostRows) and torch.equal(self._recent[0][1], indices):
+                ghost.reuse_inputs(rows, self._recent[0][2])
+            self._recent = [(point.clone(), indices.clone(), rows, losses), *self._recent[: RECENT - 1]]
+        if self._seen is not None:
+            self._seen.append((point.clone(), losses))
         return rows
 
     @_keeps_buffers
     def _per_record(self, point: Tensor, indices: Tensor, theta: Tensor) -> Dense | ghost.GhostRows:
+        """The rows; the per-record losses their forward evaluated go to ``_evaluated``, chunk by chunk."""
         chunks = self._chunks(indices)
         if self.engine == "vmap":
             rows = [self._dense_rows(point, x, y) for x, y in chunks]
@@ -478,17 +484,33 @@ class TorchModel:
             views = self.layout.views(point.detach().requires_grad_(True))
             for x, y in chunks:
                 out, taps = ghost.forward(self.stages, views, x)
-                layers.append(ghost.capture(taps, self._each_loss(out, y).sum()))
+                losses = self._each_loss(out, y)
+                self._evaluated.append(losses.detach())
+                layers.append(ghost.capture(taps, losses.sum()))
         return ghost.GhostRows(tuple(layers), tuple(len(y) for _, y in chunks), self.layout, point.new_empty(0),
                                theta.dtype, theta.device)
 
     def _dense_rows(self, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
         with self._records_alone():
-            grads = vmap(grad(self._record_loss), in_dims=(None, 0, 0), randomness="different")(
+            grads, losses = vmap(grad_and_value(self._record_loss), in_dims=(None, 0, 0), randomness="different")(
                 self.layout.views(theta), x, y)
+        self._evaluated.append(losses.detach())
         # an aliased parameter's gradient is the sum over its names (each name is one use of it)
         return torch.cat([sum(grads[alias] for alias in aliases).reshape(len(x), -1)
                           for aliases in self.layout.aliases], dim=1)
+
+    @contextlib.contextmanager
+    def losses_seen(self) -> Iterator[Callable[[Tensor], float]]:
+        """Keep, within the block, the per-record losses ℓ_i(θ) that gradients are taken of anyway (no
+        forward added: :meth:`per_record`, either engine; :meth:`gradient_sum`) with their points θ;
+        yields ``mean_at(θ)``: the mean of the first losses kept at θ (NaN if none)."""
+        seen: list[tuple[Tensor, Tensor]] = []
+        self._seen = seen
+        try:
+            yield lambda theta: next((float(losses.mean()) for point, losses in seen
+                                      if torch.equal(point, self._theta(theta))), math.nan)
+        finally:
+            self._seen = None
 
     @_keeps_buffers
     def loss(self, theta: Tensor, indices: Tensor | None = None) -> Tensor:
@@ -504,12 +526,15 @@ class TorchModel:
         """Σ_{i ∈ indices} ∇ℓ_i(θ) (all records for None): one ordinary backward per chunk, no
         per-record gradients (the forward of :meth:`_batch_outputs`)."""
         leaf = self._theta(theta).detach().requires_grad_(True)
-        total = torch.zeros_like(leaf)
+        total, losses = torch.zeros_like(leaf), [leaf.new_zeros(0)]
         with torch.enable_grad():
             for x, y in self._chunks(indices):
-                (g,) = torch.autograd.grad(self._losses(self._batch_outputs(leaf, x), y).sum(), leaf, allow_unused=True)
+                losses.append(self._losses(self._batch_outputs(leaf, x), y))
+                (g,) = torch.autograd.grad(losses[-1].sum(), leaf, allow_unused=True)
                 if g is not None:
                     total += g
+        if self._seen is not None:
+            self._seen.append((leaf.detach().clone(), torch.cat(losses).detach()))
         return total.to(theta.device, theta.dtype)
 
     def gradient(self, theta: Tensor) -> Tensor:

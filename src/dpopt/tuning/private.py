@@ -32,7 +32,7 @@ import numpy as np
 from torch import Tensor
 
 from .. import _validate, train
-from ..accounting import canonical
+from ..accounting import canonical, noise_of, with_noise
 from ..base import Algorithm, Oracle
 from ..outputs import NOT_PRIVATE
 from ..plan import Plan
@@ -114,11 +114,11 @@ def tune(build: Callable[[Mapping[str, Any]], Any], oracle: Oracle, *, space: Sp
     plan = tuning_plan(build(space.reference()), trials=trials, epsilon=epsilon, delta=delta, n=n, steps=steps,
                        allow_large_delta=allow_large_delta)
     planned = canonical(plan.run_event)
-    noise = {field: getattr(plan.algorithm, field) for field in plan.algorithm.NOISE_FIELDS}
+    noise = noise_of(plan.algorithm)
     rng, run_seed = _seeds(seed)
 
     def trial(candidate: dict[str, Any], i: int) -> Outcome[tuple[Tensor, Any]]:
-        trial_plan = plan.with_algorithm(dataclasses.replace(build(candidate), **noise))
+        trial_plan = plan.with_algorithm(with_noise(build(candidate), noise))
         if canonical(trial_plan.run_event) != planned:
             raise _validate.DpoptError(f"space: the candidate {candidate} changes the privacy event of a trial; "
                                        "tune only hyper-parameters that leave it unchanged (e.g. lr, clip), with "

@@ -17,6 +17,10 @@ import numpy as np
 
 from .. import _validate
 
+#: Hyper-parameters (by their :class:`~dpopt.algorithms.registry.Knobs` names) a private tuning may
+#: vary: they leave the privacy event unchanged.
+TUNABLE = ("lr", "clip", "clip_diff", "gamma", "obj_clip")
+
 
 class Dimension(Protocol):
     """One hyper-parameter's distribution."""

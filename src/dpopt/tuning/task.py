@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from .. import _validate, data
-from ..algorithms.by_name import NAMES, NON_PRIVATE, build
+from ..algorithms import registry
 from ..data.bounds import Preparation
 from ..oracles import make
 
@@ -98,6 +98,7 @@ def glm_task(dataset: str | data.Dataset, model: str, *, reg: float, validation_
 
 
 def builder(algorithm: str, n: int, fixed: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], Any]:
-    """candidate ↦ algorithm ``algorithm`` for n records with the ``fixed`` settings, the candidate's on top."""
-    _validate.one_of("algorithm", algorithm, [name for name in NAMES if name not in NON_PRIVATE])
-    return lambda candidate: build(algorithm, n=n, **(dict(fixed) | dict(candidate)))
+    """candidate ↦ the private algorithm ``algorithm`` (by name, :mod:`dpopt.algorithms.registry`) for n
+    records with the ``fixed`` settings, the candidate's on top."""
+    _validate.one_of("algorithm", algorithm, [name for name, entry in registry.REGISTRY.items() if entry.private])
+    return lambda candidate: registry.build(algorithm, n=n, **(dict(fixed) | dict(candidate)))

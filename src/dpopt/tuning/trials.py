@@ -127,3 +127,8 @@ class TruncatedNegativeBinomial:
         larger of ``mean`` and the sampled distribution's exact mean (γ is found to rounding), so
         the bound, which grows with the mean, covers the distribution actually sampled."""
         return _repeat_and_select(trial, max(self.mean, tnb_mean(self.gamma, self.shape)), self.shape)
+
+
+def trials_of(mean: float, shape: float) -> Trials:
+    """Poisson(mean) for shape = ∞ (dp_accounting's convention), else the truncated negative binomial."""
+    return Poisson(mean) if math.isinf(shape) else TruncatedNegativeBinomial(mean, shape)

@@ -1,0 +1,143 @@
+"""What the commands share: the parser (one-line errors, values that start with a minus sign,
+defaults in ``--help``), the request every command parses its arguments into, and the flags of an
+algorithm's hyper-parameters (one per :class:`~dpopt.algorithms.registry.Knobs` field).
+
+Nothing heavy is imported here: building the parser needs neither torch nor dp_accounting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, NoReturn, TypeVar
+
+from ..algorithms import registry
+from ..names import NOISES
+from .output import Output
+
+#: A value that starts with a minus sign (``-5:5``, ``-1e-3``, ``-.5``), never an option: argparse
+#: takes only plain negative numbers for values and reads ``--feature-bounds -5:5`` as two options.
+_NEGATIVE_VALUE = re.compile(r"-[0-9.]")
+
+
+class Formatter(argparse.HelpFormatter):
+    """Help that ends every option's text with its default, where it has one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "%(default)" in text or default is None or default is False or default is argparse.SUPPRESS \
+                or default == []:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line and exit 2, whose option values may start with a minus
+    sign followed by a digit or a point (no dpopt option does), and whose help shows defaults."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", Formatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"dpopt: error: {message}\n")
+        sys.exit(2)
+
+    def _parse_optional(self, arg_string: str) -> Any:
+        if _NEGATIVE_VALUE.match(arg_string):
+            return None  # a value (argparse: "not an option")
+        return super()._parse_optional(arg_string)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Request:
+    """A command's input, parsed once from its arguments and checked there (a bad value raises
+    :class:`~dpopt._validate.DpoptError` naming it). ``json``: print one JSON document and nothing
+    else on standard output."""
+
+    json: bool = False
+
+    def interrupted(self) -> str:
+        """What an interrupted command kept, in words ("": nothing to say)."""
+        return ""
+
+
+R = TypeVar("R", bound=Request)
+
+
+@dataclass(frozen=True)
+class Command(Generic[R]):
+    """A subcommand: ``parse`` turns its parsed arguments into its request, ``handle`` does the
+    work and says what to show (None: a data-parallel rank other than 0, which shows nothing)."""
+
+    parse: Callable[[argparse.Namespace], R]
+    handle: Callable[[R], Output | None]
+
+
+def subcommand(commands: Any, name: str, command: Command[Any], help_text: str) -> argparse.ArgumentParser:
+    """The parser of subcommand ``name``, which runs ``command``, with the ``--json`` flag."""
+    sub: argparse.ArgumentParser = commands.add_parser(name, help=help_text, description=help_text)
+    sub.set_defaults(command=command)
+    sub.add_argument("--json", action="store_true", help="print one JSON document on standard output and nothing "
+                     "else (warnings and progress go to standard error)")
+    return sub
+
+
+def algorithm_help() -> str:
+    return f"one of: {', '.join(registry.NAMES)}"
+
+
+def add_data_dir(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--data-dir", help="data directory (default: $DPOPT_DATA or the user cache)")
+
+
+#: The flag of each algorithm hyper-parameter the command line sets: ``--name-with-dashes`` of the
+#: :class:`~dpopt.algorithms.registry.Knobs` field ``name``, with its help.
+KNOB_FLAGS: dict[str, str] = {
+    "batch_size": "expected batch size b (DP-SRM's and STORM's first batch: 2b; O2NC's period; DIFF2-BVR's local "
+                  "batch)",
+    "sampling": "how batches are drawn",
+    "lr": "step size η",
+    "clip": "clip norm C (DP-SRM's and DIFF2's C1; AClip's λ)",
+    "clip_diff": "DP-SRM's and DIFF2's C2",
+    "clients": "DIFF2's P (an i.i.d. equal split)",
+    "restart": "DIFF2's restart interval T",
+    "local_steps": "DIFF2-BVR-L-SGD's K",
+    "gamma": "DP-SRM/STORM momentum γ",
+    "noise_ratio": "DP-SRM's σ0/σ, fixed while calibrating",
+    "obj_clip": "DP-AGD's clip of per-record losses",
+    "noise": "noise source: the run's seeded generator (torch), the OS CSPRNG (secure), or the exact discrete "
+             "Gaussian (discrete; full-batch dp-gd only)",
+}
+_CHOICES = {"sampling": registry.SAMPLINGS, "noise": NOISES}
+
+
+def add_knobs(sub: argparse.ArgumentParser, names: Sequence[str], *, helps: Mapping[str, str] | None = None,
+              defaults: Mapping[str, Any] | None = None) -> None:
+    """One flag per hyper-parameter in ``names`` (:data:`KNOB_FLAGS`), typed and defaulted as
+    :class:`~dpopt.algorithms.registry.Knobs` declares it; ``defaults`` and ``helps`` override
+    (e.g. the audit's smaller batches)."""
+    declared = {field.name: field.default for field in dataclasses.fields(registry.Knobs)}
+    for name in names:
+        default = (defaults or {}).get(name, declared[name])
+        choices = _CHOICES.get(name)
+        sub.add_argument(f"--{name.replace('_', '-')}", type=str if choices else type(default), choices=choices,
+                         default=default, help=(helps or {}).get(name, KNOB_FLAGS[name]))
+
+
+def knobs_of(args: argparse.Namespace, names: Sequence[str]) -> dict[str, Any]:
+    """The hyper-parameters ``names`` as the command line gave them, by their Knobs names."""
+    return {name: getattr(args, name) for name in names}
+
+
+def add_delta(sub: argparse.ArgumentParser) -> None:
+    """``--delta`` and ``--allow-large-delta`` (run, tune): the plan refuses δ >= 1/n unless allowed."""
+    sub.add_argument("--delta", type=float, default=1e-5, help="the δ of the guarantee (below 1/n)")
+    sub.add_argument("--allow-large-delta", action="store_true", help="accept --delta >= 1/n knowingly (refused "
+                     "by default: with δ >= 1/n, publishing each record whole with probability δ meets the "
+                     "guarantee)")

@@ -1,0 +1,61 @@
+"""``dpopt reproduce NAME``: a paper's experiment over seeds (:func:`dpopt.experiments.reproduce`);
+an interrupted reproduction resumes from the runs saved in ``--out``/runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .common import Command, Request, add_data_dir, subcommand
+from .output import Output, cell
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReproduceRequest(Request):
+    """Experiment ``name`` (``quick``: its smoke version; ``retune``: tune the step sizes again)
+    over ``seeds`` seeds (None: the preset's) in ``workers`` processes (None: one per core);
+    results in ``out``."""
+
+    name: str
+    quick: bool
+    seeds: int | None
+    retune: bool
+    workers: int | None
+    data_dir: str | None
+    out: Path
+
+    @classmethod
+    def parse(cls, args: argparse.Namespace) -> ReproduceRequest:
+        return cls(name=args.name, quick=args.quick, seeds=args.seeds, retune=args.retune, workers=args.workers,
+                   data_dir=args.data_dir, out=Path(args.out or Path("results") / args.name), json=args.json)
+
+
+def handle(request: ReproduceRequest) -> Output:
+    from ..experiments import reproduce
+
+    result = reproduce(request.name, seeds=request.seeds, quick=request.quick, out=request.out,
+                       data_dir=request.data_dir, retune=request.retune,
+                       progress=not request.json and sys.stderr.isatty(), workers=request.workers)
+    rows = [{**({"problem": row["problem"]} if row.get("problem") is not None else {}),
+             "algorithm": row["algorithm"], "target ε": "non-private" if row["epsilon"] is None else row["epsilon"],
+             **{name: f"{cell(value['mean'])} ± {cell(value['std'])}" for name, value in row["metrics"].items()}}
+            for row in result["rows"]]
+    out = request.out
+    written = [out / "results.json", out / "results.md", *sorted(out.glob("*.png")), out / "runs"]
+    return Output(result, table=rows, lines=[f"{result['experiment']}: {result['seeds']} seeds (mean ± std); "
+                                             f"randomness: {result['randomness']}"], written=written)
+
+
+def add_parser(commands: Any) -> None:
+    sub = subcommand(commands, "reproduce", Command(ReproduceRequest.parse, handle), "reproduce a paper's experiment")
+    sub.add_argument("name", help="experiment name, e.g. dp-srm-ijcnn1")
+    sub.add_argument("--quick", action="store_true", help="a fast smoke version (2 seeds)")
+    sub.add_argument("--seeds", type=int, help="seeds per method (default: the experiment's)")
+    sub.add_argument("--retune", action="store_true", help="re-run the step-size tuning instead of the preset's")
+    sub.add_argument("--workers", type=int, help="processes running seeds in parallel (default: one per core)")
+    add_data_dir(sub)
+    sub.add_argument("--out", help="output directory (default: results/<name>); an interrupted reproduction "
+                     "resumes from the runs saved there")

@@ -1,0 +1,174 @@
+"""``dpopt tune``: private tuning of one algorithm on a registered data set or a file of one's own
+(GLM models), scored on a held-out validation split of the training file
+(:mod:`dpopt.tuning.task`); ``tuned.json`` in ``--out``, which a finished tuning never shares with
+another (its ε is spent)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .. import _validate, report
+from .common import Command, add_delta, add_knobs, algorithm_help, knobs_of, subcommand
+from .output import Output
+from .sources import Source, TrainingRequest, add_flags, fits
+
+if TYPE_CHECKING:
+    from ..tuning import Space, Trials
+
+MODELS = ("logistic", "nonconvex-logistic", "ridge")
+#: The hyper-parameters every trial shares unless the space varies them (flags of the same names).
+FIXED = ("batch_size", "sampling", "lr", "clip", "clip_diff", "gamma")
+#: What ``tuned.json`` and the summary say of the validation split (its share of the training file).
+UNPROTECTED = ("the validation split ({share:.0%} of the training file, a fixed public permutation) is not protected "
+               "by the guarantee: the selected candidate's exact score on it (validation_score) is released")
+
+
+def _numbers(name: str, text: str) -> list[float]:
+    try:
+        return [float(value) for value in text.split(",")]
+    except ValueError:
+        raise _validate.DpoptError(f"{name}={text!r} must be comma-separated numbers") from None
+
+
+def space_of(grid: list[str], ranges: list[str]) -> Space:
+    """``--grid lr=0.1,0.3`` (one of the values) and ``--range clip=0.1,10`` (log-uniform) as a Space."""
+    from ..tuning.space import TUNABLE, Choice, Dimension, LogUniform, Space
+
+    dimensions: dict[str, Dimension] = {}
+    for option, specs in (("grid", grid), ("range", ranges)):
+        for spec in specs:
+            name, _, values = spec.partition("=")
+            _validate.one_of(option, name, TUNABLE)
+            numbers = _numbers(f"{option} {name}", values)
+            if option == "grid":
+                dimensions[name] = Choice(tuple(numbers))
+            elif len(numbers) != 2:
+                raise _validate.DpoptError(f"range {name}={values!r} must be two numbers LOW,HIGH")
+            else:
+                dimensions[name] = LogUniform(*numbers)
+    if not dimensions:
+        raise _validate.DpoptError("tune needs at least one --grid NAME=V1,V2,... or --range NAME=LOW,HIGH")
+    return Space(dimensions)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneRequest(TrainingRequest):
+    """A private tuning of the algorithm (a private one) on the data (a registered set as
+    registered, or a file of one's own prepared from its public bounds): ``trials`` trials with
+    candidates from ``space`` over the ``fixed`` hyper-parameters, the target covering them all;
+    ``tuned.json`` in ``out``."""
+
+    fixed: dict[str, Any]
+    space: Space
+    trials: Trials
+    validation_fraction: float
+    seed: int | None
+    diagnostics: bool
+    out: Path
+
+    @classmethod
+    def parse(cls, args: argparse.Namespace) -> TuneRequest:
+        from ..algorithms import registry
+        from ..tuning.trials import trials_of
+
+        data = Source.parse(args)
+        if data.own is None:
+            for bound in ("feature_bounds", "target_bounds", "row_norm"):
+                if getattr(args, bound) is not None:
+                    raise _validate.DpoptError(f"--{bound.replace('_', '-')} is for --data: tune runs on a registered "
+                                               "data set as it is registered")
+        space, trials = space_of(args.grid, args.range), trials_of(args.trials_mean, args.trials_shape)
+        _validate.one_of("algorithm", args.algorithm, [name for name, entry in registry.REGISTRY.items()
+                                                       if entry.private])
+        return cls(**cls.given(args, data), fixed=knobs_of(args, FIXED), space=space, trials=trials,
+                   validation_fraction=args.validation_fraction, seed=args.seed, diagnostics=args.diagnostics,
+                   out=Path(args.out or f"results/tune-{args.algorithm}-{data.name}"))
+
+
+def handle(request: TuneRequest) -> Output:
+    """Tune privately (:func:`dpopt.tuning.tune`, whose plan checks δ, the steps and n) and write
+    ``tuned.json``; a finished tuning's ``--out`` is refused before any work."""
+    from ..tuning import tune
+    from ..tuning.task import builder, glm_task
+
+    out = request.out
+    if (out / "tuned.json").exists():
+        raise _validate.DpoptError(f"out={str(out)!r} holds a finished tuning (tuned.json): its results are there. "
+                                   "To start over, use another --out, or remove that folder knowingly: the ε the "
+                                   "tuning spent on these data stays spent, and tuned.json is its record")
+    own = request.data.own is not None
+    described = request.data.prepared() if own else None
+    if described is not None:
+        fits(request.model, described.dataset)
+    task = glm_task(request.data.name if described is None else described.dataset, request.model, reg=request.reg,
+                    validation_fraction=request.validation_fraction, data_dir=request.data.data_dir)
+    n = task.oracle.n
+    tuned = tune(builder(request.algorithm, n, request.fixed), task.oracle, space=request.space,
+                 trials=request.trials, epsilon=request.epsilon, delta=request.delta, steps=request.steps,
+                 score=task.validation_error, seed=request.seed, test_error=task.test_error,
+                 diagnostics=request.diagnostics, allow_large_delta=request.allow_large_delta)
+    stated = {} if described is None else {
+        "protected_records": f"{described.protected}, less the validation rows held out of them: {n} rows",
+        "test_data": described.test_data}
+    payload = {"dataset": request.data.name, "model": request.model, "epsilon_target": request.epsilon,
+               "validation_fraction": request.validation_fraction,
+               "validation_split": UNPROTECTED.format(share=request.validation_fraction), **stated, **tuned.to_dict()}
+    report.write_json(out / "tuned.json", payload)
+    result = {key: value for key, value in payload.items() if key != "theta"} | {"out": str(out)}
+    final = result["final"]
+    row = {"algorithm": request.algorithm, "dataset": request.data.name, "ε": final["epsilon"],
+           "one trial's ε": result["trial_epsilon"], "validation error": final.get("validation_score"),
+           "test error": final.get("test_error")}
+    return Output(result, table=[row], lines=summary(result), written=[out / "tuned.json"])
+
+
+def summary(result: dict[str, Any]) -> list[str]:
+    """One line per fact of a ``dpopt tune`` result."""
+    final = result["final"]
+    lines = [f"δ = {result['delta']:g} for tuning and training ({result['accountant']}, "
+             f"{result['neighboring_relation']}); trials: {result['trials']}"]
+    if result["hyperparameters"] is None:
+        lines.append("no trial was drawn (K = 0): nothing is released")
+    else:
+        lines.append(f"selected {result['hyperparameters']}: validation error {final['validation_score']:.4f} "
+                     f"(exact, NOT PROTECTED: {result['validation_split']}), test error {final['test_error']:.4f}")
+    if "test_data" in result:
+        lines += [f"protected: {result['protected_records']}", f"test error on: {result['test_data']}"]
+    lines.append(f"randomness: {result['randomness']}")
+    if result["diagnostics"] is not None:
+        lines.append(f"{result['diagnostics']['trials_run']} trials run (NOT PRIVATE: reveals K)")
+    return lines
+
+
+def add_parser(commands: Any) -> None:
+    sub = subcommand(commands, "tune", Command(TuneRequest.parse, handle),
+                     "private hyper-parameter selection: the best of a random number of private runs, tuning and "
+                     "training in one guarantee (Papernot & Steinke 2022)")
+    sub.add_argument("--algorithm", required=True, help=algorithm_help())
+    add_flags(sub, "a registered data set (`dpopt data list`; default adult), as registered")
+    sub.add_argument("--model", choices=MODELS, default="logistic", help="a generalised linear model")
+    sub.add_argument("--reg", type=float, default=1e-3, help="regularisation λ")
+    sub.add_argument("--epsilon", type=float, required=True, help="total ε of tuning and training")
+    add_delta(sub)
+    sub.add_argument("--steps", type=int, default=500, help="steps of every trial")
+    sub.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2,...",
+                     help="every trial draws one of these values (lr, clip, clip_diff, gamma, obj_clip)")
+    sub.add_argument("--range", action="append", default=[], metavar="NAME=LOW,HIGH",
+                     help="every trial draws this hyper-parameter log-uniformly in [LOW, HIGH]")
+    add_knobs(sub, FIXED, helps={"lr": "the step size where it is not tuned", "clip": "the clip norm where it is "
+                                 "not tuned", "clip_diff": "DP-SRM's C2 where it is not tuned",
+                                 "gamma": "DP-SRM's γ where it is not tuned"})
+    sub.add_argument("--trials-mean", type=float, default=8.0, help="mean number of trials (>= 1)")
+    sub.add_argument("--trials-shape", type=float, default=1.0, help="shape η of the truncated negative binomial "
+                     "number of trials (1: geometric, 0: logarithmic); inf: Poisson")
+    sub.add_argument("--validation-fraction", type=float, default=0.2, help="share of the training file held out "
+                     "(fixed public split; with --data, by a public hash of each row, seed 1) to score candidates; "
+                     "these records are not protected")
+    sub.add_argument("--seed", type=int, help="make the tuning reproducible (its guarantee then rests on the seed "
+                     "staying secret); default: secret randomness from the operating system")
+    sub.add_argument("--diagnostics", action="store_true", help="also report the number of trials run and the time "
+                     "(NOT PRIVATE: they reveal K)")
+    sub.add_argument("--out", help="output directory (default: results/tune-<algorithm>-<dataset>)")

@@ -1,0 +1,54 @@
+"""``torch.optim`` optimizers that read what they need from a :class:`dpopt.Private` run.
+
+    private = dpopt.Private(model, loss_fn, data, algorithm="dp-sgd", epsilon=3.0, delta=1e-5, epochs=5)
+    optimizer = dpopt.optim.AdamBC(model.parameters(), private, lr=1e-3)
+    for _ in private:
+        private.backward()      # .grad = g̃_t
+        optimizer.step()        # Adam, its second moment less the noise variance of g̃_t
+
+Whatever they do with the released g̃_t and the public noise variance is post-processing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from .algorithms.adam import bias_corrected_step, check
+
+
+class AdamBC(torch.optim.Optimizer):
+    """DP-AdamBC (Tang et al., AAAI 2024, arXiv 2312.14334; :mod:`dpopt.algorithms.adam` states the
+    update) on ``params``: Adam whose second moment is corrected by Φ_t, the variance per coordinate of
+    the noise in the private gradient that ``private.backward()`` wrote into ``.grad``
+    (:meth:`dpopt.Private.noise_variance`: no arithmetic of the user's). Call ``step()`` once after
+    each ``private.backward()``. ``lr``, ``betas``, ``eps`` (0: the paper's update) and ``gamma``
+    (the floor of the corrected second moment) as in :class:`dpopt.algorithms.adam.AdamBC`."""
+
+    def __init__(self, params: Iterable[Any], private: Any, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 0.0, gamma: float = 1e-8) -> None:
+        check(lr, betas, eps, gamma)
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "gamma": gamma})
+        self.private = private
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        variance = self.private.noise_variance()
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                state = self.state[param]
+                if not state:
+                    state.update(step=0, m=torch.zeros_like(param), v=torch.zeros_like(param), noise=0.0)
+                state["step"] += 1
+                state["noise"] = bias_corrected_step(
+                    param, param.grad, state["m"], state["v"], step=state["step"], noise=state["noise"],
+                    variance=variance, lr=group["lr"], betas=group["betas"], eps=group["eps"], gamma=group["gamma"])
+        return loss
