@@ -17,26 +17,36 @@ import multiprocessing
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from types import FrameType
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
 from scipy import stats
+from torch import Tensor
 from tqdm import tqdm
 
 from .. import _validate, checkpoint
 from ..accounting import scaled
+from ..base import Algorithm, S
+from ..json_types import JsonValue
 from ..outputs import NOT_PRIVATE
 from ..report import Curve, summarise
 from ..resume import describe
 from ..plan import Plan
 from ..train import History, Options, train
+from .payload import Tuned
 
 Params = dict[str, Any]
+#: A job's problem and result (:class:`Job`).
+P = TypeVar("P")
+R = TypeVar("R")
+P_contra = TypeVar("P_contra", contravariant=True)
+R_co = TypeVar("R_co", covariant=True)
 
 
 @dataclass(frozen=True)
@@ -46,15 +56,15 @@ class Method:
     (``tuned[None]`` for a non-private method)."""
 
     name: str
-    build: Callable[[int, Params], tuple[Any, int]]
-    grid: dict[str, Sequence[Any]]
+    build: Callable[[int, Params], tuple[Algorithm[Any], int]]
+    grid: dict[str, Sequence[JsonValue]]
     tuned: dict[float | None, Params] = field(default_factory=dict)
     private: bool = True
     #: Multiplies the calibrated noise multipliers. 1 for every private method; < 1 only for a
     #: comparison row labelled NOT PRIVATE (its ledger then reports the larger ε it really spent).
     noise_scale: float = 1.0
     #: How ``grid`` is searched: :func:`tune`'s signature; None is :func:`tune` itself.
-    tuner: Callable[..., dict[str, Any]] | None = None
+    tuner: Callable[..., Tuned] | None = None
     #: Whether a run does not depend on its seed (no noise, no sampling, a deterministic output
     #: rule): then only the first seed is run, and the report says so.
     deterministic: bool = False
@@ -69,7 +79,7 @@ class Loop(Protocol):
     log_every) -> History`` (logged as :meth:`Problem.run` logs); its ``repr`` names everything
     about it that changes the run (a saved run is found again by it)."""
 
-    def run(self, problem: Problem, plan: Plan[Any], seed: int, log_every: int) -> History: ...
+    def run(self, problem: Problem, plan: Plan[S], seed: int, log_every: int) -> History: ...
 
 
 @dataclass(frozen=True)
@@ -82,14 +92,14 @@ class Problem:
     every log point and at the output (see :func:`dpopt.train.run`)."""
 
     oracle: Any
-    test_error: Callable[[Any], float]
-    extra_metrics: Callable[[Any], dict[str, float]] | None = None
+    test_error: Callable[[Tensor], float]
+    extra_metrics: Callable[[Tensor], dict[str, float]] | None = None
     history_metrics: Callable[[History], dict[str, float]] | None = None
     theta0: torch.Tensor | None = None
     train_metrics: bool = True
-    log_metrics: Callable[[Any], dict[str, float]] | None = None
+    log_metrics: Callable[[Tensor], dict[str, float]] | None = None
 
-    def run(self, plan: Plan[Any], seed: int, log_every: int) -> History:
+    def run(self, plan: Plan[S], seed: int, log_every: int) -> History:
         """One run of ``plan`` on ``seed``, logged every ``log_every`` steps, with the papers'
         non-private measurements (labelled) merged in (:func:`with_diagnostics`)."""
         options = Options(seed=seed, test_error=self.test_error, log_every=log_every, progress=False,
@@ -134,7 +144,7 @@ def steps_for_passes(passes: float, n: int, first: int, rest: int) -> int:
 
 def run_seeds(method: Method, params: Params, problem: Problem, *, epsilon: float, delta: float,
               seeds: Sequence[int], log_points: int = 40, step_fraction: float = 1.0,
-              pool: Pool | None = None, key: Any = None) -> list[History]:
+              pool: Pool | None = None, key: Hashable = None) -> list[History]:
     """Calibrate (private methods) once, then run ``method`` once per seed (in ``pool`` if given),
     for ``step_fraction`` of its steps (calibrated for that shorter run); a deterministic method
     on the first seed only."""
@@ -144,7 +154,7 @@ def run_seeds(method: Method, params: Params, problem: Problem, *, epsilon: floa
 
 def start_seeds(method: Method, params: Params, problem: Problem, *, epsilon: float, delta: float,
                 seeds: Sequence[int], log_points: int = 40, step_fraction: float = 1.0,
-                pool: Pool | None = None, key: Any = None) -> Callable[[], list[History]]:
+                pool: Pool | None = None, key: Hashable = None) -> Callable[[], list[History]]:
     """:func:`run_seeds` without waiting: the runs are queued in ``pool`` (so that the runs of
     several methods share the workers) and the returned function waits for their histories.
     Without a pool they run now."""
@@ -188,14 +198,14 @@ def source_digest() -> str:
     return digest.hexdigest()
 
 
-class Job(Protocol):
+class Job(Protocol[P_contra, R_co]):
     """A unit of work a :class:`Pool` runs on the problem its key names, and keeps: ``run(problem)``
     gives the result (a value :mod:`dpopt.checkpoint` can save), ``described(problem)`` everything
     that determines it (the name it is saved under)."""
 
-    def run(self, problem: Any) -> Any: ...
+    def run(self, problem: P_contra) -> R_co: ...
 
-    def described(self, problem: Any) -> dict[str, str]: ...
+    def described(self, problem: P_contra) -> dict[str, str]: ...
 
 
 @dataclass(frozen=True)
@@ -237,7 +247,7 @@ class Saved:
     folder: Path
     context: str
 
-    def path(self, job: Job, problem: Any, key: Any) -> Path:
+    def path(self, job: Job[P, object], problem: P, key: Hashable) -> Path:
         described = {"context": self.context, "key": repr(key)} | job.described(problem)
         name = hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
         return self.folder / f"{name[:32]}.pt"
@@ -257,7 +267,7 @@ class Pool:
     what :meth:`expect` announced; loaded jobs leave it.
     """
 
-    def __init__(self, workers: int, make_problem: Callable[..., Problem] | None = None, *args: Any,
+    def __init__(self, workers: int, make_problem: Callable[..., object] | None = None, *args: object,
                  saved: Saved | None = None, progress: bool = False) -> None:
         self.saved, self._paths, self._loaded = saved, [], 0
         self.bar = tqdm(total=0, desc="runs", unit="run", disable=not progress, dynamic_ncols=True)
@@ -276,13 +286,13 @@ class Pool:
         self.bar.total += runs
         self.bar.refresh()
 
-    def submit(self, problem: Problem, plan: Plan[Any], log_every: int, seeds: Sequence[int],
-               key: Any = None, loop: Loop | None = None) -> list[Future]:
+    def submit(self, problem: Problem, plan: Plan[S], log_every: int, seeds: Sequence[int],
+               key: Hashable = None, loop: Loop | None = None) -> list[Future[History]]:
         """One training run of ``plan`` per seed (:class:`Training`, by ``loop``); their futures give
         the histories."""
         return [self.start(Training(plan, log_every, seed, loop), problem, key) for seed in seeds]
 
-    def start(self, job: Job, problem: Any, key: Any = None) -> Future:
+    def start(self, job: Job[P, R], problem: P, key: Hashable = None) -> Future[R]:
         """``job`` on ``problem`` (named ``key`` in the workers): loaded if saved, else queued in
         the workers or run now; the future gives its result."""
         path = None if self.saved is None else self.saved.path(job, problem, key)
@@ -316,27 +326,27 @@ class Pool:
         self._executor.shutdown(wait=True, cancel_futures=abort)
 
 
-def _finished(history: History) -> Future:
-    future: Future = Future()
-    future.set_result(history)
+def _finished(result: R) -> Future[R]:
+    future: Future[R] = Future()
+    future.set_result(result)
     return future
 
 
 _WORKER: dict[str, Any] = {}
 
 
-def _worker_init(make_problem: Callable[..., Problem], args: tuple[Any, ...]) -> None:
+def _worker_init(make_problem: Callable[..., object], args: tuple[object, ...]) -> None:
     torch.set_num_threads(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C: the driver stops the workers,
     signal.signal(signal.SIGTERM, _unwind)  # by SIGTERM, which unwinds (no temporary file is left)
     _WORKER.update(make=make_problem, args=args, problems={})
 
 
-def _unwind(signum: int, frame: Any) -> None:
+def _unwind(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 
-def _worker_run(queued: tuple[Any, Job, Path | None]) -> Any:
+def _worker_run(queued: tuple[Hashable, Job[P, R], Path | None]) -> R:
     key, job, path = queued
     problems = _WORKER["problems"]
     if key not in problems:  # kept: the driver queues the jobs of every problem at once
@@ -344,7 +354,7 @@ def _worker_run(queued: tuple[Any, Job, Path | None]) -> Any:
     return _run_and_save(job, problems[key], path)
 
 
-def _run_and_save(job: Job, problem: Any, path: Path | None) -> Any:
+def _run_and_save(job: Job[P, R], problem: P, path: Path | None) -> R:
     result = job.run(problem)
     if path is not None:
         checkpoint.save(path, result)
@@ -353,9 +363,9 @@ def _run_and_save(job: Job, problem: Any, path: Path | None) -> Any:
 
 @contextlib.contextmanager
 def running(pool: Pool) -> Iterator[Pool]:
-    """``pool`` while its jobs are queued and gathered, then closed. Interrupted (KeyboardInterrupt), it stops the workers and raises KeyboardInterrupt
-    saying how many jobs are saved and how to resume; on any other error it stops them too (the
-    finished jobs are saved)."""
+    """``pool`` while its jobs are queued and gathered, then closed. Interrupted (KeyboardInterrupt), it
+    stops the workers and raises KeyboardInterrupt saying how many jobs are saved and how to resume; on
+    any other error it stops them too (the finished jobs are saved)."""
     try:
         yield pool
     except KeyboardInterrupt:
@@ -371,13 +381,13 @@ def running(pool: Pool) -> Iterator[Pool]:
     pool.close()
 
 
-def grid_points(grid: dict[str, Sequence[Any]]) -> list[Params]:
+def grid_points(grid: Mapping[str, Sequence[object]]) -> list[Params]:
     keys = list(grid)
     return [dict(zip(keys, values)) for values in itertools.product(*(grid[key] for key in keys))]
 
 
 def tune(method: Method, problem: Problem, *, epsilon: float, delta: float, seeds: Sequence[int],
-         progress: bool = False, pool: Pool | None = None, key: Any = None) -> dict[str, Any]:
+         progress: bool = False, pool: Pool | None = None, key: Hashable = None) -> Tuned:
     """Every grid point on ``seeds`` (distinct from the evaluation seeds); the point with the
     lowest mean final training objective wins (diverged runs count as +∞). Returns the choice,
     every point's score and the cost (runs, wall seconds), labelled NOT PRIVATE: the scores are

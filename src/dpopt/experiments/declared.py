@@ -22,11 +22,18 @@ reads.
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .._validate import DpoptError
+from ..json_types import JsonObject, JsonValue
+
+#: A method's ``settings`` table, read by its builder.
+Settings = Mapping[str, JsonValue]
+#: A row of the paper's table (:meth:`Declared.paper`): keys and metrics, a [mean, std] pair as a tuple.
+PaperEntry = dict[str, JsonValue | tuple[JsonValue, ...]]
 
 #: Where the preset files are (packaged with dpopt: see pyproject.toml).
 FOLDER = Path(__file__).with_name("presets")
@@ -80,12 +87,12 @@ class Declared:
     def private(self, method: str) -> bool:
         return self.values["methods"][method].get("private", True)
 
-    def tuned(self) -> dict[str | None, dict[str, dict[float | None, dict[str, Any]]]]:
+    def tuned(self) -> dict[str | None, dict[str, dict[float | None, JsonObject]]]:
         """problem (None: the unnamed one) → method → {ε: values} (ε None: a non-private method's one
         setting). A record without ``problem`` holds for every problem, one without ``epsilon`` at every
         ε; a more specific record wins."""
         keys = self.values.get("problems", [None]) + self.values.get("smoke_problems", [])
-        found: dict[str | None, dict[str, dict[float | None, dict[str, Any]]]] = {key: {} for key in keys}
+        found: dict[str | None, dict[str, dict[float | None, JsonObject]]] = {key: {} for key in keys}
         for record in sorted(self.values["tuned"], key=lambda r: ("problem" in r, "epsilon" in r)):
             for key in [record["problem"]] if "problem" in record else keys:
                 by_eps = found.setdefault(key, {}).setdefault(record["method"], {})
@@ -97,7 +104,7 @@ class Declared:
                     by_eps[None] = record["params"]
         return {key: methods for key, methods in found.items() if methods}
 
-    def paper(self) -> list[dict[str, Any]]:
+    def paper(self) -> list[PaperEntry]:
         """The paper's rows: a [mean, std] pair as a tuple, an omitted ε as None (non-private)."""
         return [{"epsilon": None} | {k: tuple(v) if isinstance(v, list) else v for k, v in row.items()}
                 for row in self.values["paper"]]
@@ -105,6 +112,20 @@ class Declared:
     @property
     def epsilons(self) -> tuple[float, ...]:
         return tuple(float(eps) for eps in self.values["epsilons"])
+
+
+def number(value: JsonValue, name: str) -> float:
+    """``value`` of the declared key ``name``, which must be a number (returned as declared)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise DpoptError(f"{name}={value!r} must be a number")
+    return value
+
+
+def text(value: JsonValue, name: str) -> str:
+    """``value`` of the declared key ``name``, which must be a string."""
+    if not isinstance(value, str):
+        raise DpoptError(f"{name}={value!r} must be a string")
+    return value
 
 
 def load(name: str, folder: Path = FOLDER) -> Declared:
@@ -152,7 +173,7 @@ def _read(path: Path) -> dict[str, Any]:
         raise DpoptError(f"{path}: not a readable preset file ({err})") from None
 
 
-def _check(path: Path, prefix: str, table: dict[str, Any],
+def _check(path: Path, prefix: str, table: Mapping[str, object],
            schema: dict[str, tuple[type | tuple[type, ...], bool]]) -> None:
     for key in table:
         if key not in schema:
