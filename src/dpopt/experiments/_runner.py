@@ -269,7 +269,8 @@ class Pool:
 
     def __init__(self, workers: int, make_problem: Callable[..., object] | None = None, *args: object,
                  saved: Saved | None = None, progress: bool = False) -> None:
-        self.saved, self._paths, self._loaded = saved, [], 0
+        self.saved, self._loaded = saved, 0
+        self._paths: list[Path | None] = []
         self.bar = tqdm(total=0, desc="runs", unit="run", disable=not progress, dynamic_ncols=True)
         if saved is not None:
             saved.folder.mkdir(parents=True, exist_ok=True)

@@ -112,12 +112,11 @@ def _run_all(exp: Experiment, data_dir: str | None, n_seeds: int, quick: bool, r
     chosen: dict[tuple[ProblemKey, str], Params] = {}  # with TUNE_EPSILON: one tuning per method
     test_metrics = exp.TEST_METRICS
     log_points = 10 if quick else exp.LOG_POINTS
-    started_runs: list[tuple[ProblemKey, str, float | None, float, Params, Callable[[], list[History]]]] = []
     # every run is queued before any is awaited: the workers stay busy to the end
+    started_runs: list[tuple[ProblemKey, str, float | None, float, Params, Callable[[], list[History]]]] = []
     keys = exp.problems(quick)
     built = {key: exp.problem(data_dir, key) for key in keys}
-    facts: JsonObject = {str(key): stated | {"preparation": described(exp.preparation(key))}
-                         for key, (_, stated) in built.items()}
+    stated = {key: given | {"preparation": described(exp.preparation(key))} for key, (_, given) in built.items()}
     jobs = _jobs(exp, keys, built)
     pool.expect(sum(1 if method.deterministic else n_seeds for _, method, _ in jobs))
     for key, method, epsilon in jobs:
@@ -131,26 +130,25 @@ def _run_all(exp: Experiment, data_dir: str | None, n_seeds: int, quick: bool, r
                            log_points=log_points, step_fraction=QUICK_STEPS if quick else 1.0, pool=pool, key=key)
         started_runs.append((key, method.name, epsilon if method.private else None, delta, params, wait))
     started_runs.sort(key=lambda run: keys.index(run[0]))  # reported in the preset's order (a stable sort)
-    for key, name, epsilon, delta, params, wait in started_runs:
+    for key, name, row_epsilon, delta, params, wait in started_runs:  # row_epsilon: None for a non-private method
         histories = wait()
-        rows.append({"problem": key, "algorithm": name, "epsilon": epsilon, "seeds": len(histories),
+        rows.append({"problem": key, "algorithm": name, "epsilon": row_epsilon, "seeds": len(histories),
                      "delta": delta, "params": params, "metrics": metrics(histories, exp.METRICS),
                      "accountant": histories[0].accountant,
                      "neighboring_relation": histories[0].neighboring_relation,
                      "_final": {m: [h.final[m] for h in histories] for m in test_metrics}})
-        curves[(key, name, epsilon)] = histories
+        curves[(key, name, row_epsilon)] = histories
         if progress:
-            tqdm.write(f"  {key or ''} {name:>8} ε={epsilon}: training objective (NOT PRIVATE) "
+            tqdm.write(f"  {key or ''} {name:>8} ε={row_epsilon}: training objective (NOT PRIVATE) "
                        f"{rows[-1]['metrics']['objective']['mean']:.5f}")
     tests = _t_tests(rows, exp.COMPARISONS, test_metrics)
     for row in rows:
         del row["_final"]
+    facts: JsonObject = {str(key): value for key, value in stated.items()}
     if not exp.keyed:
         for row in rows:
             del row["problem"]
-        only = facts["None"]
-        assert isinstance(only, dict)  # the one problem's facts, built above
-        facts = only
+        facts = stated[None]
     return {
         "experiment": exp.NAME, "rows": rows,
         "randomness": PUBLISHED.format(last=n_seeds - 1, tuning=", ".join(map(str, exp.TUNING_SEEDS))),
