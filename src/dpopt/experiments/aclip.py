@@ -144,9 +144,9 @@ def build_problem(key: ProblemKey, data_dir: str | None) -> tuple[Problem, JsonO
                 "loss_ratio": float(test.loss(theta)) / initial_loss}
 
     facts: JsonObject = {"n": oracle.n, "n_test": test.n, "dim": oracle.dim, "delta": 1.0 / oracle.n,
-             "reference": "x*" if model == "ridge" and x_star is not None else "non-private optimum",
-             "reference_norm": float(reference.norm()),
-             "nonprivate_loss_ratio": float(test.loss(reference)) / initial_loss}
+                         "reference": "x*" if model == "ridge" and x_star is not None else "non-private optimum",
+                         "reference_norm": float(reference.norm()),
+                         "nonprivate_loss_ratio": float(test.loss(reference)) / initial_loss}
     X_test_t, y_test_t = test.X, test.y
     return Problem(oracle, lambda theta: oracle.error(theta, X_test_t, y_test_t), extra), facts
 

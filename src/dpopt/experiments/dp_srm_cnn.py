@@ -122,9 +122,9 @@ def build_problem(key: ProblemKey, data_dir: str | None) -> tuple[Problem, JsonO
                                  train_metrics=False,
                                  history_metrics=partial(time_to_target, target_error=setting.target_error))
     facts: JsonObject = {"n": len(X), "n_test": len(X_test), "dim": problem.oracle.dim, "model": setting.model,
-             "data": "random CIFAR-shaped images" if setting.random else setting.dataset,
-             "target_error": setting.target_error, "epochs": {str(k): v for k, v in setting.epochs.items()},
-             "delta": DELTA}
+                         "data": "random CIFAR-shaped images" if setting.random else setting.dataset,
+                         "target_error": setting.target_error, "epochs": {str(k): v for k, v in setting.epochs.items()},
+                         "delta": DELTA}
     return problem, facts
 
 

@@ -91,7 +91,7 @@ def problem(key: ProblemKey, data_dir: str | None) -> tuple[Problem, JsonObject]
     oracle = NonconvexLogistic(torch.as_tensor(data.X_train), torch.as_tensor(data.y_train), reg=DATA.parameter("reg"))
     X_test, y_test = torch.as_tensor(data.X_test), torch.as_tensor(data.y_test)
     facts: JsonObject = {"n": data.n, "dim": data.dim, "majority_class_test_error": majority_test_error(data.y_test),
-             "source": data.source}
+                         "source": data.source}
     return Problem(oracle, lambda theta: oracle.error(theta, X_test, y_test)), facts
 
 

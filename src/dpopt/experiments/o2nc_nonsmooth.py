@@ -60,8 +60,8 @@ from ..data.bounds import Preparation
 from ..json_types import JsonObject
 from ..metrics import goldstein
 from ..oracles import TorchModel, TruncatedAbsolute
-from . import declared
 from ..train import History
+from . import declared
 from ._runner import Method, Params, Problem, mean_curve
 from .declared import Settings, number, text
 from .payload import Payload, ProblemKey, Row, Tuned, named, problem_facts
@@ -173,7 +173,7 @@ def problem(key: ProblemKey, data_dir: str | None) -> tuple[Problem, JsonObject]
 
     start = torch.zeros(base.dim, dtype=torch.float64) if theta0 is None else theta0
     facts: JsonObject = {"n": base.n, "d": base.dim, "phi": phi, "alpha": ALPHA, "goldstein_points": GOLDSTEIN_POINTS,
-             "goldstein_seed": 0, "goldstein_start": stationarity(start)}
+                         "goldstein_seed": 0, "goldstein_start": stationarity(start)}
     return Problem(oracle, lambda theta: base.error(theta, X_test, y_test), lambda theta: oracle.take(),
                    theta0=theta0, log_metrics=logged), facts
 
