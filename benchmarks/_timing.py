@@ -123,9 +123,9 @@ def other_processes_share(measure: Callable[[], object]) -> tuple[object, float]
     return result, (max(0.0, others) if math.isfinite(others) else math.nan)
 
 
-def in_child(script: str | Path, quick: bool) -> tuple[dict[str, Any], str]:
-    """Run ``script --child [--quick]`` in a fresh interpreter and return the JSON it reports (via
-    :func:`report_from_child`) and how its OpenMP wait policy was set.
+def in_child(script: str | Path, quick: bool, timeout: float = 900) -> tuple[dict[str, Any], str]:
+    """Run ``script --child [--quick]`` in a fresh interpreter (at most ``timeout`` seconds) and return
+    the JSON it reports (via :func:`report_from_child`) and how its OpenMP wait policy was set.
 
     The child runs with ``OMP_WAIT_POLICY=PASSIVE`` unless the caller set a policy. PyTorch's
     libgomp spins idle worker threads by default; on a 2-CPU machine a worker still spinning after
@@ -141,7 +141,7 @@ def in_child(script: str | Path, quick: bool) -> tuple[dict[str, Any], str]:
         env["OMP_WAIT_POLICY"] = WAIT_POLICY
         how = f"`OMP_WAIT_POLICY={WAIT_POLICY}` (set by `_timing.in_child`, see its docstring)"
     command = [sys.executable, str(Path(script).resolve()), "--child"] + (["--quick"] if quick else [])
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
     lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_MARK)]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"the measuring process failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
@@ -165,6 +165,55 @@ def script(measure: Callable[..., dict[str, Any]], run: Callable[..., dict[str, 
     for check in result["checks"]:
         print(f"{check['name']}: {check['value']:.2f} (target {check['target']}): "
               f"{'PASS' if check['passed'] else 'FAIL'}")
+
+
+class OpacusLoop:
+    """Opacus DP-SGD as its users run it: ``PrivacyEngine().make_private`` of ``model`` and
+    ``optimizer`` (built on it) with Poisson sampling from a ``DataLoader`` of ``batch`` records of
+    ``(X, y)``, noise multiplier ``noise``, clip ``clip``, ``grad_sample_mode`` ``mode`` ("hooks", or
+    "ghost": its ghost clipping). Each call takes ``steps`` steps (default ``steps_per_call``) of the
+    usual loop, zero_grad, forward, mean cross-entropy, backward, step, the loader's batches continuing
+    across epochs (drawing them is inside the timer); returns the seconds per step and the mean batch."""
+
+    def __init__(self, model: Any, optimizer: Any, X: Any, y: Any, *, batch: int, noise: float, clip: float,
+                 mode: str = "hooks", steps_per_call: int = 1) -> None:
+        import warnings
+
+        import torch
+        from opacus import PrivacyEngine
+        from torch.utils.data import DataLoader, TensorDataset
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            made = PrivacyEngine().make_private(
+                module=model, optimizer=optimizer, data_loader=DataLoader(TensorDataset(X, y), batch_size=batch),
+                noise_multiplier=noise, max_grad_norm=clip, poisson_sampling=True, grad_sample_mode=mode,
+                criterion=torch.nn.CrossEntropyLoss())
+        self.model, self.optimizer = made[0], made[1]
+        self.criterion, self.loader = (made[2], made[3]) if mode == "ghost" else (torch.nn.CrossEntropyLoss(), made[2])
+        self.batches, self.steps_per_call = iter(self.loader), steps_per_call
+
+    def _next(self) -> Any:
+        try:
+            return next(self.batches)
+        except StopIteration:  # a new epoch of the loader
+            self.batches = iter(self.loader)
+            return next(self.batches)
+
+    def __call__(self, steps: int | None = None) -> dict[str, float]:
+        import warnings
+
+        steps = steps or self.steps_per_call
+        start, records = time.perf_counter(), 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for _ in range(steps):
+                xb, yb = self._next()
+                self.optimizer.zero_grad()
+                self.criterion(self.model(xb), yb).backward()
+                self.optimizer.step()
+                records += len(yb)
+        return {"seconds": (time.perf_counter() - start) / steps, "batch": records / steps}
 
 
 class Stepper:

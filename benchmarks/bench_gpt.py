@@ -32,13 +32,12 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _timing import Stepper, in_child, interleaved, load_sentence, other_processes_share, script, summary
+from _timing import OpacusLoop, Stepper, in_child, interleaved, load_sentence, other_processes_share, script, summary
 from torch import nn
 
 TITLE = "GPT-style classifier step, batch 64: dpopt DP-SGD vs plain PyTorch and Opacus"
@@ -114,41 +113,10 @@ class Plain:
         return {"seconds": (time.perf_counter() - start) / steps, "batch": float(BATCH)}
 
 
-class Opacus:
-    def __init__(self, X: torch.Tensor, y: torch.Tensor, mode: str) -> None:
-        from opacus import PrivacyEngine
-        from torch.utils.data import DataLoader, TensorDataset
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model = _model()
-            optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-            loader = DataLoader(TensorDataset(X, y), batch_size=BATCH)
-            made = PrivacyEngine().make_private(
-                module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=NOISE, max_grad_norm=CLIP,
-                poisson_sampling=True, grad_sample_mode=mode, criterion=nn.CrossEntropyLoss())
-        self.model, self.optimizer = made[0], made[1]
-        self.criterion, self.loader = (made[2], made[3]) if mode == "ghost" else (nn.CrossEntropyLoss(), made[2])
-        self.batches = iter(self.loader)
-
-    def _next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        try:
-            return next(self.batches)
-        except StopIteration:
-            self.batches = iter(self.loader)
-            return next(self.batches)
-
-    def __call__(self, steps: int = STEPS_PER_ROUND) -> dict[str, float]:
-        start, records = time.perf_counter(), 0
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            for _ in range(steps):
-                xb, yb = self._next()
-                self.optimizer.zero_grad()
-                self.criterion(self.model(xb), yb).backward()
-                self.optimizer.step()
-                records += len(yb)
-        return {"seconds": (time.perf_counter() - start) / steps, "batch": records / steps}
+def _opacus(X: torch.Tensor, y: torch.Tensor, mode: str) -> OpacusLoop:
+    model = _model()
+    return OpacusLoop(model, torch.optim.SGD(model.parameters(), lr=LR), X, y, batch=BATCH, noise=NOISE, clip=CLIP,
+                      mode=mode, steps_per_call=STEPS_PER_ROUND)
 
 
 def measure(quick: bool) -> dict[str, Any]:
@@ -161,7 +129,7 @@ def measure(quick: bool) -> dict[str, Any]:
     contenders: dict[str, Callable[[], dict[str, float]]] = {
         PLAIN: Plain(X, y),
         GHOST: Stepper(dpsgd, TorchModel(_model(), _cross_entropy, X, y), STEPS_PER_ROUND),
-        HOOKS: Opacus(X, y, "hooks"), OPACUS_GHOST: Opacus(X, y, "ghost")} | {
+        HOOKS: _opacus(X, y, "hooks"), OPACUS_GHOST: _opacus(X, y, "ghost")} | {
         name: Stepper(dataclasses.replace(dpsgd, bands=bands), TorchModel(_model(), _cross_entropy, X, y),
                       STEPS_PER_ROUND) for bands, name in BANDED.items()}
     repeats, budget = ((3, 3), 0.0) if quick else ((8, 24), 120.0)

@@ -68,14 +68,13 @@ import math
 import os
 import statistics
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _timing import (Stepper, data_dir, in_child, interleaved, load_sentence, mb, other_processes_share, script,
+from _timing import (OpacusLoop, Stepper, data_dir, in_child, interleaved, load_sentence, mb, other_processes_share, script,
                      status_mb, summary)
 
 TITLE = "MNIST CNN step, batch 256: dpopt DP-SGD / DP-SRM vs plain PyTorch and Opacus"
@@ -138,45 +137,11 @@ class Plain:
         return {"seconds": (time.perf_counter() - start) / steps, "batch": float(BATCH)}
 
 
-class Opacus:
+def _opacus(X: torch.Tensor, y: torch.Tensor) -> OpacusLoop:
     """Opacus DP-SGD as its users run it: ``make_private`` (Poisson, hooks), the usual loop."""
-
-    def __init__(self, X: torch.Tensor, y: torch.Tensor) -> None:
-        from opacus import PrivacyEngine
-        from torch.utils.data import DataLoader, TensorDataset
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model = _model()
-            optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-            loader = DataLoader(TensorDataset(X, y), batch_size=BATCH)
-            self.engine = PrivacyEngine()
-            self.model, self.optimizer, self.loader = self.engine.make_private(
-                module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=NOISE,
-                max_grad_norm=CLIP, poisson_sampling=True)
-        self.criterion = torch.nn.CrossEntropyLoss()
-        self.batches = iter(self.loader)
-
-    def _next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        try:
-            return next(self.batches)
-        except StopIteration:  # a new epoch of the loader
-            self.batches = iter(self.loader)
-            return next(self.batches)
-
-    def __call__(self, steps: int = STEPS_PER_ROUND) -> dict[str, float]:
-        model, optimizer, criterion = self.model, self.optimizer, self.criterion
-        start, records = time.perf_counter(), 0
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            for _ in range(steps):
-                xb, yb = self._next()
-                optimizer.zero_grad()
-                loss = criterion(model(xb), yb)
-                loss.backward()
-                optimizer.step()
-                records += len(yb)
-        return {"seconds": (time.perf_counter() - start) / steps, "batch": records / steps}
+    model = _model()
+    return OpacusLoop(model, torch.optim.SGD(model.parameters(), lr=LR), X, y, batch=BATCH, noise=NOISE, clip=CLIP,
+                      steps_per_call=STEPS_PER_ROUND)
 
 
 def _mnist() -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -234,7 +199,7 @@ def measure(quick: bool) -> dict[str, Any]:
         PLAIN_CL: Plain(X, y, channels_last=True),
         GHOST: Stepper(dpsgd, TorchModel(_model(), _cross_entropy, X, y), STEPS_PER_ROUND),
         SRM: Stepper(dpsrm, TorchModel(_model(), _cross_entropy, X, y), STEPS_PER_ROUND),
-        OPACUS: Opacus(X, y),
+        OPACUS: _opacus(X, y),
         VMAP: Stepper(dpsgd, TorchModel(_model(), _cross_entropy, X, y, engine="vmap"), STEPS_PER_ROUND),
     } | {name: Stepper(dataclasses.replace(dpsgd, bands=bands), TorchModel(_model(), _cross_entropy, X, y),
                        STEPS_PER_ROUND) for bands, name in BANDED.items()}

@@ -70,6 +70,16 @@ def private_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def cache_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """dpopt's cache folder (``dpopt.cache``: e.g. scattering features) in a temporary folder for the
+    whole session, inherited by every child process: tests write nothing into the user's cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        folder = tmp_path_factory.mktemp("cache")
+        patch.setenv("DPOPT_CACHE", str(folder))
+        yield folder
+
+
+@pytest.fixture(scope="session", autouse=True)
 def one_torch_thread() -> None:
     """Tiny tensors run far faster on one thread than two on this 2-core machine."""
     import torch

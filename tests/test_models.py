@@ -1,6 +1,7 @@
 """Tests of the model registry: shapes, layer types (no BatchNorm; every parametrised layer of the
 CNNs on the ghost fast path), seeding, errors, ghost norms equal to vmap norms on real MNIST
-images, and the GroupNorm ResNet-18."""
+images, the GroupNorm ResNet-18, and the ScatterNet + linear model of mnist-sota (its per-record
+gradients under ghost equal vmap's and autograd's, its GroupNorm per record)."""
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from dpopt._validate import DpoptError
 from dpopt.data import read_idx
 from dpopt.models import MODELS, BasicBlock, make_model
 from dpopt.oracles.torch_model import TorchModel
+from dpopt.scattering import Scattering2D
 
 SHAPES = {"mnist-cnn": (784, 26_010), "cnn5": (3072, 167_642), "cnn6": (3072, 550_570)}  # the plain CNNs
 ALLOWED = (nn.Unflatten, nn.Conv2d, nn.Tanh, nn.ReLU, nn.MaxPool2d, nn.Flatten, nn.Linear)
@@ -63,7 +65,8 @@ def test_seed_is_reproducible_and_leaves_the_global_generator_alone():
 
 
 def test_unknown_names_are_refused():
-    with pytest.raises(DpoptError, match=r"^model='resnet' must be one of: mnist-cnn, cnn5, cnn6, resnet18$"):
+    with pytest.raises(DpoptError, match=r"^model='resnet' must be one of: mnist-cnn, cnn5, cnn6, resnet18, "
+                                         r"scatternet-linear$"):
         make_model("resnet")
     with pytest.raises(DpoptError, match=r"^activation='gelu' must be one of: tanh, relu, softplus$"):
         make_model("cnn5", activation="gelu")
@@ -109,7 +112,7 @@ def resnet18() -> nn.Module:
 
 
 def test_resnet18_layers_and_parameter_count(resnet18):
-    assert sorted(MODELS) == ["cnn5", "cnn6", "mnist-cnn", "resnet18"]
+    assert sorted(MODELS) == ["cnn5", "cnn6", "mnist-cnn", "resnet18", "scatternet-linear"]
     assert sum(p.numel() for p in resnet18.parameters()) == RESNET18_PARAMS
     assert list(resnet18.buffers()) == []
     assert isinstance(resnet18, nn.Sequential) and isinstance(resnet18[0], nn.Unflatten)
@@ -162,3 +165,63 @@ def test_resnet18_in_the_torch_oracle(resnet18):
     assert torch.allclose(rows["ghost"].norms().double(), exact, rtol=1e-4, atol=0)
     weights = torch.tensor([1.0, 0.5, 0.0, 0.25])
     assert relative(rows["ghost"].weighted_sum(weights), rows["vmap"].weighted_sum(weights)) < 1e-4
+
+
+# ------------------------------------------------------------------- mnist-sota's models
+
+
+def test_scatternet_linear_layers_options_and_fast_path():
+    """GroupNorm without affine parameters on the 81 × 7 × 7 features, then one linear layer; every
+    layer with parameters on the ghost fast path (run on the whole batch: full speed)."""
+    model = make_model("scatternet-linear", seed=0)
+    assert [type(layer) for layer in model] == [nn.Unflatten, nn.GroupNorm, nn.Flatten, nn.Linear]
+    assert (model[1].num_groups, model[1].num_channels, model[1].affine) == (27, 81, False)
+    assert sum(p.numel() for p in model.parameters()) == 3969 * 10 + 10
+    assert make_model("scatternet-linear", groups=9)[1].num_groups == 9
+    oracle = TorchModel(model, cross_entropy, torch.rand(2, 3969), torch.arange(2))
+    assert oracle.rules() == [("3", "ghost")] and oracle._plan_runs_whole_batch
+    with pytest.raises(DpoptError, match=r"^groups=4 must divide the 81 feature channels"):
+        make_model("scatternet-linear", groups=4)
+    with pytest.raises(DpoptError, match=r"^activation='tanh': model='scatternet-linear' has no activation"):
+        make_model("scatternet-linear", activation="tanh")
+    with pytest.raises(DpoptError, match=r"^options \['groups'\] are not options of model='mnist-cnn'"):
+        make_model("mnist-cnn", groups=3)
+
+
+def test_scatternet_group_norm_is_per_record():
+    """A record's output alone equals its output in a batch whose other records are far off."""
+    model = make_model("scatternet-linear", seed=0).double()
+    X = torch.rand(5, 3969, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    X[1:] *= 1000.0
+    with torch.no_grad():
+        assert torch.allclose(model(X[:1]), model(X)[:1], rtol=1e-12, atol=1e-12)
+        X[2:] = -X[2:]
+        assert torch.allclose(model(X[:1]), model(X)[:1], rtol=1e-12, atol=1e-12)
+
+
+def _record_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """∇ℓ of one record by autograd on the plain module, flat."""
+    model.zero_grad()
+    cross_entropy(model(x[None]), y[None]).sum().backward()
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+
+
+@pytest.mark.parametrize("name", ["mnist-cnn", "scatternet-linear"])
+def test_per_record_gradients_ghost_equal_vmap_and_autograd(name, mnist8):
+    """Each record's gradient (the weighted sum with weight 1 on it alone) under the ghost engine
+    equals vmap's and autograd's on the record alone, in float64, on real MNIST images (their
+    scattering features for the linear model)."""
+    X, y = mnist8
+    if name == "scatternet-linear":
+        X = Scattering2D((28, 28))(X.reshape(-1, 28, 28)).reshape(len(X), -1)
+    model = make_model(name, seed=0).double()
+    oracles = {engine: TorchModel(model, cross_entropy, X, y, engine=engine) for engine in ("ghost", "vmap")}
+    theta, idx = oracles["vmap"].flat_params(), torch.arange(len(X))
+    rows = {engine: oracle.per_record(theta, idx) for engine, oracle in oracles.items()}
+    for i in range(len(X)):
+        one = torch.zeros(len(X), dtype=torch.float64)
+        one[i] = 1.0
+        ghost, vmap = (rows[engine].weighted_sum(one) for engine in ("ghost", "vmap"))
+        exact = _record_gradient(model, X[i], y[i])
+        assert relative(ghost, exact) < 1e-10 and relative(vmap, exact) < 1e-10
+        assert rows["ghost"].norms()[i].item() == pytest.approx(float(exact.norm()), rel=1e-10)

@@ -39,6 +39,13 @@ tempered-sigmoid activations train better under DP-SGD than ReLU); ``activation=
 the TensorFlow Privacy / Opacus variant. None of them has BatchNorm. Inputs are not normalised
 inside the model: the data sets give pixels in [0, 1].
 
+``"scatternet-linear"`` is Tramèr & Boneh (2021)'s ScatterNet + linear model (the strongest
+MNIST baseline of their Table 1; the ``mnist-sota`` reproduction): input the scattering features
+of a 28 × 28 image (:class:`dpopt.scattering.Scattering2D`, J = 2, L = 8: 81 × 7 × 7 = 3,969
+numbers), GroupNorm without affine parameters (``groups`` of the 81 channels; each record's
+features normalised on their own), a linear layer to 10 outputs. ``"mnist-cnn"`` with its default
+tanh is the end-to-end CNN of the same table.
+
 ``"resnet18"`` is the standard CIFAR-10 ResNet-18 (He et al. 2016, "Deep Residual Learning for
 Image Recognition", arXiv:1512.03385, in its usual CIFAR form: 3×3 conv stem of 64 channels,
 stride 1, no max-pool; four stages of two :class:`BasicBlock` with 64 / 128 / 256 / 512 channels
@@ -66,7 +73,9 @@ grows as records × block parameters (up to 4.7 M for a 512-channel block): keep
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -76,7 +85,7 @@ from .oracles import TorchModel
 from .oracles.per_record import SqueezeLast
 
 __all__ = ["ACTIVATIONS", "MODELS", "BasicBlock", "cnn5", "cnn6", "cross_entropy", "logistic_loss", "make_model", "mlp",
-           "mlp_oracle", "mnist_cnn", "resnet18", "squared_loss"]
+           "mlp_oracle", "mnist_cnn", "resnet18", "scatternet_linear", "squared_loss"]
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "softplus": nn.Softplus}
 
@@ -122,6 +131,23 @@ def _cifar10_cnn(config: tuple[int | str, ...], activation: str) -> nn.Sequentia
             channels = int(item)
     layers += [nn.Flatten(), nn.Linear(channels * side * side, 128), act(), nn.Linear(128, 10)]
     return nn.Sequential(*layers)
+
+
+def scatternet_linear(*, groups: int = 27) -> nn.Sequential:
+    """Tramèr & Boneh (2021)'s "ScatterNet + linear" model on the scattering features of a 28 × 28
+    grey image (:class:`dpopt.scattering.Scattering2D`, J = 2, L = 8: 81 channels of 7 × 7, input
+    [B, 3969]): GroupNorm with ``groups`` groups (a divisor of 81) and no affine parameters, which
+    normalises each record's features on their own, then a linear layer to 10 outputs (39,700
+    parameters)."""
+    channels, side = 81, 7
+    if not (isinstance(groups, int) and groups > 0 and channels % groups == 0):
+        raise _validate.DpoptError(f"groups={groups!r} must divide the {channels} feature channels (1, 3, 9, 27 or 81)")
+    return nn.Sequential(
+        nn.Unflatten(1, (channels, side, side)),
+        nn.GroupNorm(groups, channels, affine=False),
+        nn.Flatten(),
+        nn.Linear(channels * side * side, 10),
+    )
 
 
 def _group_norm(channels: int) -> nn.GroupNorm:
@@ -174,6 +200,7 @@ MODELS: dict[str, Callable[..., nn.Sequential]] = {
     "cnn5": cnn5,
     "cnn6": cnn6,
     "resnet18": resnet18,
+    "scatternet-linear": scatternet_linear,
 }
 
 
@@ -236,19 +263,27 @@ def mlp_oracle(X: torch.Tensor, y: torch.Tensor, *, classes: int | None = None,
     return TorchModel(model, loss, X, y, engine="ghost", microbatch_size=max(1, len(X)))
 
 
-def make_model(name: str, *, activation: str | None = None, seed: int | None = None) -> nn.Module:
+def make_model(name: str, *, activation: str | None = None, seed: int | None = None, **options: Any) -> nn.Module:
     """A fresh float32 model ``name`` (one of :data:`MODELS`) on the CPU.
 
     ``activation``: "tanh" or "relu"; ``None`` is the model's own default (tanh for the DP-SRM
-    networks, relu for "resnet18"). ``seed``: if given, the initial weights are drawn from a
-    generator seeded with it (torch's global generator is left as it was), so the same seed
+    networks, relu for "resnet18"; "scatternet-linear" has none). ``options``: the model's own
+    keywords (``groups`` of "scatternet-linear"). ``seed``: if given, the initial weights are drawn
+    from a generator seeded with it (torch's global generator is left as it was), so the same seed
     gives the same model; otherwise from torch's global generator, like any ``nn`` layer. Use
     ``.double()`` / ``.to(device)`` after.
     """
     _validate.one_of("model", name, MODELS)
-    options = {} if activation is None else {"activation": activation}
+    accepted = set(inspect.signature(MODELS[name]).parameters)
     if activation is not None:
         _activation(activation)
+        if "activation" not in accepted:
+            raise _validate.DpoptError(f"activation={activation!r}: model={name!r} has no activation to choose")
+        options["activation"] = activation
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        raise _validate.DpoptError(f"options {unknown} are not options of model={name!r} (its options: "
+                                   f"{', '.join(sorted(accepted)) or 'none'})")
     if seed is None:
         return MODELS[name](**options)
     with torch.random.fork_rng(devices=[]):

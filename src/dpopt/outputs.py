@@ -27,7 +27,7 @@ PRIVATE_METRICS = ("epsilon", "test_error", "expected_passes")
 DIAGNOSTIC_METRICS = ("objective", "grad_norm", "passes", "cpu_time_s", "wall_time_s", "clip_rate", "train_loss")
 
 #: Private metrics of the reproductions: computed on the test data only, or from the test error.
-EXPERIMENT_PRIVATE = ("test_loss", "loss_ratio", "reached_target")
+EXPERIMENT_PRIVATE = ("test_loss", "loss_ratio", "reached_target", "test_accuracy")
 #: Non-private metrics of the reproductions (the papers report them): training-data objectives,
 #: gradient norms and stationarity, distances to a reference fitted on the training data, realised
 #: passes, evaluations and times.

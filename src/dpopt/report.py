@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -42,7 +42,7 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+def markdown_table(rows: Sequence[Mapping[str, object]], columns: Sequence[str]) -> str:
     """A Markdown table of ``rows`` (dicts) with the given ``columns``."""
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_fmt(row.get(column, "")) for column in columns) + " |" for row in rows]
@@ -71,7 +71,7 @@ def to_json(payload: Any, *, indent: int | None = None) -> str:
     return json.dumps(finite(payload), indent=indent, default=str, allow_nan=False)
 
 
-def write_json(path: Path, payload: dict[str, Any]) -> None:
+def write_json(path: Path, payload: Mapping[str, object]) -> None:
     checkpoint.write_text(path, to_json(payload, indent=2) + "\n")
 
 

@@ -17,26 +17,36 @@ import multiprocessing
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from types import FrameType
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
 from scipy import stats
+from torch import Tensor
 from tqdm import tqdm
 
 from .. import _validate, checkpoint
 from ..accounting import scaled
+from ..base import Algorithm, S
+from ..json_types import JsonValue
 from ..outputs import NOT_PRIVATE
 from ..report import Curve, summarise
 from ..resume import describe
 from ..plan import Plan
 from ..train import History, Options, train
+from .payload import Tuned
 
 Params = dict[str, Any]
+#: A job's problem and result (:class:`Job`).
+P = TypeVar("P")
+R = TypeVar("R")
+P_contra = TypeVar("P_contra", contravariant=True)
+R_co = TypeVar("R_co", covariant=True)
 
 
 @dataclass(frozen=True)
@@ -46,18 +56,30 @@ class Method:
     (``tuned[None]`` for a non-private method)."""
 
     name: str
-    build: Callable[[int, Params], tuple[Any, int]]
-    grid: dict[str, Sequence[Any]]
+    build: Callable[[int, Params], tuple[Algorithm[Any], int]]
+    grid: dict[str, Sequence[JsonValue]]
     tuned: dict[float | None, Params] = field(default_factory=dict)
     private: bool = True
     #: Multiplies the calibrated noise multipliers. 1 for every private method; < 1 only for a
     #: comparison row labelled NOT PRIVATE (its ledger then reports the larger ε it really spent).
     noise_scale: float = 1.0
     #: How ``grid`` is searched: :func:`tune`'s signature; None is :func:`tune` itself.
-    tuner: Callable[..., dict[str, Any]] | None = None
+    tuner: Callable[..., Tuned] | None = None
     #: Whether a run does not depend on its seed (no noise, no sampling, a deterministic output
     #: rule): then only the first seed is run, and the report says so.
     deterministic: bool = False
+    #: How a run drives its calibrated plan: None is :func:`dpopt.train.train` (the algorithm's own
+    #: update, :meth:`Problem.run`); else ``loop(params)`` gives the :class:`Loop` of the values
+    #: ``params`` (e.g. a torch optimizer fed by :class:`dpopt.Private`'s releases).
+    loop: Callable[[Params], Loop] | None = None
+
+
+class Loop(Protocol):
+    """A run of a calibrated plan other than the algorithm's own update: ``run(problem, plan, seed,
+    log_every) -> History`` (logged as :meth:`Problem.run` logs); its ``repr`` names everything
+    about it that changes the run (a saved run is found again by it)."""
+
+    def run(self, problem: Problem, plan: Plan[S], seed: int, log_every: int) -> History: ...
 
 
 @dataclass(frozen=True)
@@ -70,20 +92,25 @@ class Problem:
     every log point and at the output (see :func:`dpopt.train.run`)."""
 
     oracle: Any
-    test_error: Callable[[Any], float]
-    extra_metrics: Callable[[Any], dict[str, float]] | None = None
+    test_error: Callable[[Tensor], float]
+    extra_metrics: Callable[[Tensor], dict[str, float]] | None = None
     history_metrics: Callable[[History], dict[str, float]] | None = None
     theta0: torch.Tensor | None = None
     train_metrics: bool = True
-    log_metrics: Callable[[Any], dict[str, float]] | None = None
+    log_metrics: Callable[[Tensor], dict[str, float]] | None = None
 
-    def run(self, plan: Plan[Any], seed: int, log_every: int) -> History:
+    def run(self, plan: Plan[S], seed: int, log_every: int) -> History:
         """One run of ``plan`` on ``seed``, logged every ``log_every`` steps, with the papers'
         non-private measurements (labelled) merged in (:func:`with_diagnostics`)."""
         options = Options(seed=seed, test_error=self.test_error, log_every=log_every, progress=False,
                           diagnostics=True, train_metrics=self.train_metrics, diagnostic_sample=None,
                           log_metrics=self.log_metrics)
-        history = with_diagnostics(train(plan, self.oracle, options, self.theta0))
+        return self.completed(train(plan, self.oracle, options, self.theta0))
+
+    def completed(self, history: History) -> History:
+        """A finished run's ``history`` with its diagnostics merged in (:func:`with_diagnostics`) and
+        the problem's final metrics added."""
+        history = with_diagnostics(history)
         if self.extra_metrics is not None:
             history.final.update(self.extra_metrics(history.theta))
         if self.history_metrics is not None:
@@ -100,6 +127,16 @@ def with_diagnostics(history: History) -> History:
     return dataclasses.replace(history, records=records, final=history.final | diagnostics["final"])
 
 
+def time_to_target(history: History, *, target_error: float, passes: str = "passes") -> dict[str, float]:
+    """Training wall time, CPU time and data passes (the logged quantity ``passes``) at the first
+    logged point whose test error is ≤ ``target_error`` (NaN if none), and whether it was reached
+    (1 or 0)."""
+    hit = next((r for r in history.records if r["test_error"] <= target_error), None)
+    return {"time_to_target_s": hit["wall_time_s"] if hit else math.nan,
+            "cpu_time_to_target_s": hit["cpu_time_s"] if hit else math.nan,
+            "epochs_to_target": hit[passes] if hit else math.nan, "reached_target": float(hit is not None)}
+
+
 def steps_for_passes(passes: float, n: int, first: int, rest: int) -> int:
     """Steps whose expected records visited, first + (T−1)·rest, stay within ``passes``·n (at least 1)."""
     return max(1, 1 + int((passes * n - first) // rest))
@@ -107,7 +144,7 @@ def steps_for_passes(passes: float, n: int, first: int, rest: int) -> int:
 
 def run_seeds(method: Method, params: Params, problem: Problem, *, epsilon: float, delta: float,
               seeds: Sequence[int], log_points: int = 40, step_fraction: float = 1.0,
-              pool: Pool | None = None, key: Any = None) -> list[History]:
+              pool: Pool | None = None, key: Hashable = None) -> list[History]:
     """Calibrate (private methods) once, then run ``method`` once per seed (in ``pool`` if given),
     for ``step_fraction`` of its steps (calibrated for that shorter run); a deterministic method
     on the first seed only."""
@@ -117,11 +154,12 @@ def run_seeds(method: Method, params: Params, problem: Problem, *, epsilon: floa
 
 def start_seeds(method: Method, params: Params, problem: Problem, *, epsilon: float, delta: float,
                 seeds: Sequence[int], log_points: int = 40, step_fraction: float = 1.0,
-                pool: Pool | None = None, key: Any = None) -> Callable[[], list[History]]:
+                pool: Pool | None = None, key: Hashable = None) -> Callable[[], list[History]]:
     """:func:`run_seeds` without waiting: the runs are queued in ``pool`` (so that the runs of
     several methods share the workers) and the returned function waits for their histories.
     Without a pool they run now."""
     algorithm, steps = method.build(problem.oracle.n, params)
+    loop = None if method.loop is None else method.loop(params)
     steps = max(1, round(steps * step_fraction))
     # a reproduction runs at its paper's δ (AClip's is 1/n), which its results state beside every row
     plan = Plan(algorithm, n=problem.oracle.n, steps=steps, delta=delta, allow_large_delta=True)
@@ -132,9 +170,9 @@ def start_seeds(method: Method, params: Params, problem: Problem, *, epsilon: fl
     log_every = max(1, steps // log_points)
     seeds = list(seeds)[:1] if method.deterministic else list(seeds)
     if pool is not None:
-        futures = pool.submit(problem, plan, log_every, seeds, key)
+        futures = pool.submit(problem, plan, log_every, seeds, key, loop)
         return lambda: [future.result() for future in futures]
-    histories = [problem.run(plan, seed, log_every) for seed in seeds]
+    histories = [Training(plan, log_every, seed, loop).run(problem) for seed in seeds]
     return lambda: histories
 
 
@@ -160,35 +198,41 @@ def source_digest() -> str:
     return digest.hexdigest()
 
 
-class Job(Protocol):
+class Job(Protocol[P_contra, R_co]):
     """A unit of work a :class:`Pool` runs on the problem its key names, and keeps: ``run(problem)``
     gives the result (a value :mod:`dpopt.checkpoint` can save), ``described(problem)`` everything
     that determines it (the name it is saved under)."""
 
-    def run(self, problem: Any) -> Any: ...
+    def run(self, problem: P_contra) -> R_co: ...
 
-    def described(self, problem: Any) -> dict[str, str]: ...
+    def described(self, problem: P_contra) -> dict[str, str]: ...
 
 
 @dataclass(frozen=True)
 class Training:
     """A reproduction's job: one training run of the calibrated ``plan`` on ``seed``, logged every
-    ``log_every`` steps; its result is the :class:`~dpopt.train.History`."""
+    ``log_every`` steps, by ``loop`` (None: the algorithm's own update); its result is the
+    :class:`~dpopt.train.History`."""
 
     plan: Plan[Any]
     log_every: int
     seed: int
+    loop: Loop | None = None
 
     def run(self, problem: Problem) -> History:
-        return problem.run(self.plan, self.seed, self.log_every)
+        if self.loop is None:
+            return problem.run(self.plan, self.seed, self.log_every)
+        return self.loop.run(problem, self.plan, self.seed, self.log_every)
 
     def described(self, problem: Problem) -> dict[str, str]:
-        """The problem's oracle and starting point, the calibrated plan, the logging and the seed."""
+        """The problem's oracle and starting point, the calibrated plan, the logging, the seed and
+        the loop (if any)."""
         theta0 = None if problem.theta0 is None else hashlib.sha256(
             problem.theta0.detach().cpu().numpy().tobytes()).hexdigest()
+        loop = {} if self.loop is None else {"loop": self.loop}
         return describe(self.plan.algorithm, problem.oracle, seed=self.seed, theta0=theta0,
                         train_metrics=problem.train_metrics, steps=self.plan.steps, delta=self.plan.delta,
-                        log_every=self.log_every)
+                        log_every=self.log_every, **loop)
 
 
 @dataclass(frozen=True)
@@ -203,7 +247,7 @@ class Saved:
     folder: Path
     context: str
 
-    def path(self, job: Job, problem: Any, key: Any) -> Path:
+    def path(self, job: Job[P, object], problem: P, key: Hashable) -> Path:
         described = {"context": self.context, "key": repr(key)} | job.described(problem)
         name = hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
         return self.folder / f"{name[:32]}.pt"
@@ -223,9 +267,10 @@ class Pool:
     what :meth:`expect` announced; loaded jobs leave it.
     """
 
-    def __init__(self, workers: int, make_problem: Callable[..., Problem] | None = None, *args: Any,
+    def __init__(self, workers: int, make_problem: Callable[..., object] | None = None, *args: object,
                  saved: Saved | None = None, progress: bool = False) -> None:
-        self.saved, self._paths, self._loaded = saved, [], 0
+        self.saved, self._loaded = saved, 0
+        self._paths: list[Path | None] = []
         self.bar = tqdm(total=0, desc="runs", unit="run", disable=not progress, dynamic_ncols=True)
         if saved is not None:
             saved.folder.mkdir(parents=True, exist_ok=True)
@@ -242,12 +287,13 @@ class Pool:
         self.bar.total += runs
         self.bar.refresh()
 
-    def submit(self, problem: Problem, plan: Plan[Any], log_every: int, seeds: Sequence[int],
-               key: Any = None) -> list[Future]:
-        """One training run of ``plan`` per seed (:class:`Training`); their futures give the histories."""
-        return [self.start(Training(plan, log_every, seed), problem, key) for seed in seeds]
+    def submit(self, problem: Problem, plan: Plan[S], log_every: int, seeds: Sequence[int],
+               key: Hashable = None, loop: Loop | None = None) -> list[Future[History]]:
+        """One training run of ``plan`` per seed (:class:`Training`, by ``loop``); their futures give
+        the histories."""
+        return [self.start(Training(plan, log_every, seed, loop), problem, key) for seed in seeds]
 
-    def start(self, job: Job, problem: Any, key: Any = None) -> Future:
+    def start(self, job: Job[P, R], problem: P, key: Hashable = None) -> Future[R]:
         """``job`` on ``problem`` (named ``key`` in the workers): loaded if saved, else queued in
         the workers or run now; the future gives its result."""
         path = None if self.saved is None else self.saved.path(job, problem, key)
@@ -281,27 +327,27 @@ class Pool:
         self._executor.shutdown(wait=True, cancel_futures=abort)
 
 
-def _finished(history: History) -> Future:
-    future: Future = Future()
-    future.set_result(history)
+def _finished(result: R) -> Future[R]:
+    future: Future[R] = Future()
+    future.set_result(result)
     return future
 
 
 _WORKER: dict[str, Any] = {}
 
 
-def _worker_init(make_problem: Callable[..., Problem], args: tuple[Any, ...]) -> None:
+def _worker_init(make_problem: Callable[..., object], args: tuple[object, ...]) -> None:
     torch.set_num_threads(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C: the driver stops the workers,
     signal.signal(signal.SIGTERM, _unwind)  # by SIGTERM, which unwinds (no temporary file is left)
     _WORKER.update(make=make_problem, args=args, problems={})
 
 
-def _unwind(signum: int, frame: Any) -> None:
+def _unwind(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 
-def _worker_run(queued: tuple[Any, Job, Path | None]) -> Any:
+def _worker_run(queued: tuple[Hashable, Job[P, R], Path | None]) -> R:
     key, job, path = queued
     problems = _WORKER["problems"]
     if key not in problems:  # kept: the driver queues the jobs of every problem at once
@@ -309,7 +355,7 @@ def _worker_run(queued: tuple[Any, Job, Path | None]) -> Any:
     return _run_and_save(job, problems[key], path)
 
 
-def _run_and_save(job: Job, problem: Any, path: Path | None) -> Any:
+def _run_and_save(job: Job[P, R], problem: P, path: Path | None) -> R:
     result = job.run(problem)
     if path is not None:
         checkpoint.save(path, result)
@@ -318,9 +364,9 @@ def _run_and_save(job: Job, problem: Any, path: Path | None) -> Any:
 
 @contextlib.contextmanager
 def running(pool: Pool) -> Iterator[Pool]:
-    """``pool`` while its jobs are queued and gathered, then closed. Interrupted (KeyboardInterrupt), it stops the workers and raises KeyboardInterrupt
-    saying how many jobs are saved and how to resume; on any other error it stops them too (the
-    finished jobs are saved)."""
+    """``pool`` while its jobs are queued and gathered, then closed. Interrupted (KeyboardInterrupt), it
+    stops the workers and raises KeyboardInterrupt saying how many jobs are saved and how to resume; on
+    any other error it stops them too (the finished jobs are saved)."""
     try:
         yield pool
     except KeyboardInterrupt:
@@ -336,13 +382,13 @@ def running(pool: Pool) -> Iterator[Pool]:
     pool.close()
 
 
-def grid_points(grid: dict[str, Sequence[Any]]) -> list[Params]:
+def grid_points(grid: Mapping[str, Sequence[object]]) -> list[Params]:
     keys = list(grid)
     return [dict(zip(keys, values)) for values in itertools.product(*(grid[key] for key in keys))]
 
 
 def tune(method: Method, problem: Problem, *, epsilon: float, delta: float, seeds: Sequence[int],
-         progress: bool = False, pool: Pool | None = None, key: Any = None) -> dict[str, Any]:
+         progress: bool = False, pool: Pool | None = None, key: Hashable = None) -> Tuned:
     """Every grid point on ``seeds`` (distinct from the evaluation seeds); the point with the
     lowest mean final training objective wins (diverged runs count as +∞). Returns the choice,
     every point's score and the cost (runs, wall seconds), labelled NOT PRIVATE: the scores are
@@ -388,7 +434,8 @@ def _moments(sample: Sequence[float]) -> tuple[float, float]:
 
 
 #: Curves of a function of a logged quantity: name → (logged quantity, function).
-DERIVED_CURVES: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]] = {"grad_norm_sq": ("grad_norm", np.square)}
+DERIVED_CURVES: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]] = {
+    "grad_norm_sq": ("grad_norm", np.square), "test_accuracy": ("test_error", lambda error: 1 - error)}
 
 
 def mean_curve(histories: Sequence[History], metric: str, x: str = "passes") -> Curve:

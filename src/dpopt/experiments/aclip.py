@@ -28,21 +28,25 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 import torch
 
+from .._validate import DpoptError
 from ..algorithms import DPSGD, AClip, dp_gd
 from ..data import Dataset, load
 from ..data.bounds import Preparation
 from ..data.synthetic import NOISES, heavy_tailed
 from ..data.tabular import standardise
+from ..json_types import JsonObject
 from ..oracles import GLM, LeastSquares, Logistic
 from . import declared
 from ._runner import Params, Problem
+from .declared import Settings, number, text
+from .payload import Payload, ProblemKey, named, problem_facts
 from .preparation import SYNTHETIC as DRAWN, NotPrivate, registered
-from .preset import declared_experiment, declared_methods
+from .preset import Build, Experiment, declared_experiment, declared_methods
 
 SYNTHETIC_DATA_FILE = declared.load("aclip-synthetic")
 REAL_DATA_FILE = declared.load("aclip-real")
@@ -73,14 +77,15 @@ STANDARDISED = NotPrivate("the features standardised with the training split's m
                           "experiment does", _standardised)
 
 
-def preparation(key: str) -> Preparation:
+def preparation(key: ProblemKey) -> Preparation:
     """How problem ``key``'s data are prepared: none for the synthetic data and Adult (binary
     features), :data:`STANDARDISED` for Diabetes."""
-    data = split_key(key)[1]
+    data = split_key(named(key))[1]
     return DRAWN if data in NOISES else STANDARDISED if data == "diabetes" else registered(data)
 
 
-def _arrays(key: str, data_dir: str | None) -> tuple[np.ndarray, ...] | tuple[Any, ...]:
+def _arrays(key: str, data_dir: str | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                                    np.ndarray | None]:
     """(X_train, y_train, X_test, y_test, x* or None) of problem ``key``, prepared as :func:`preparation` says."""
     model, data = split_key(key)
     if data in NOISES:
@@ -124,8 +129,9 @@ def nonprivate_optimum(oracle: GLM) -> torch.Tensor:
     return theta
 
 
-def build_problem(key: str, data_dir: str | None) -> tuple[Problem, dict[str, Any]]:
+def build_problem(key: ProblemKey, data_dir: str | None) -> tuple[Problem, JsonObject]:
     """The training oracle, test metrics and reference point of problem ``key``."""
+    key = named(key)
     model, _ = split_key(key)
     X_train, y_train, X_test, y_test, x_star = _arrays(key, data_dir)
     oracle, test = _oracle(model, X_train, y_train), _oracle(model, X_test, y_test)
@@ -137,10 +143,10 @@ def build_problem(key: str, data_dir: str | None) -> tuple[Problem, dict[str, An
         return {"error_ratio": float((theta - reference).norm()) / initial_error,
                 "loss_ratio": float(test.loss(theta)) / initial_loss}
 
-    facts = {"n": oracle.n, "n_test": test.n, "dim": oracle.dim, "delta": 1.0 / oracle.n,
-             "reference": "x*" if model == "ridge" and x_star is not None else "non-private optimum",
-             "reference_norm": float(reference.norm()),
-             "nonprivate_loss_ratio": float(test.loss(reference)) / initial_loss}
+    facts: JsonObject = {"n": oracle.n, "n_test": test.n, "dim": oracle.dim, "delta": 1.0 / oracle.n,
+                         "reference": "x*" if model == "ridge" and x_star is not None else "non-private optimum",
+                         "reference_norm": float(reference.norm()),
+                         "nonprivate_loss_ratio": float(test.loss(reference)) / initial_loss}
     X_test_t, y_test_t = test.X, test.y
     return Problem(oracle, lambda theta: oracle.error(theta, X_test_t, y_test_t), extra), facts
 
@@ -148,25 +154,37 @@ def build_problem(key: str, data_dir: str | None) -> tuple[Problem, dict[str, An
 # ------------------------------------------------------------------------------------- methods
 
 
-def _settings(data: str) -> dict[str, Any]:
-    """The paper's settings for data set ``data``: batch, then (clip, step size) per method."""
-    settings = SYNTHETIC_DATA_FILE.parameter("paper_settings")
-    return settings["diabetes" if data == "diabetes" else "default"]
+def _paper_settings(data: str) -> declared.Settings:
+    """The paper's settings for data set ``data``: ``batch_size``, then [clip, step size] per method."""
+    return SYNTHETIC_DATA_FILE.parameter("paper_settings")["diabetes" if data == "diabetes" else "default"]
 
 
-def _builder(settings: dict[str, Any], epsilon: float, key: str) -> Callable[[int, Params], tuple[Any, int]] | None:
+def _batch_size(data: str) -> int:
+    """The paper's batch size for data set ``data``."""
+    return int(number(_paper_settings(data)["batch_size"], "batch_size"))
+
+
+def _clip_and_lr(data: str, method: str) -> tuple[float, float]:
+    """The paper's (clip, step size) of ``method`` for data set ``data``."""
+    pair = _paper_settings(data)[method]
+    if not (isinstance(pair, list) and len(pair) == 2):
+        raise DpoptError(f"paper_settings.{method}={pair!r} must be a pair [clip, step size]")
+    return number(pair[0], "clip"), number(pair[1], "step size")
+
+
+def _builder(settings: Settings, epsilon: float, key: ProblemKey) -> Build[DPSGD | AClip] | None:
     """``settings["algorithm"]`` (CC: AClip in the ball of radius ``cc_radius``; UC: unconstrained;
     DP-SGD; DP-GD, one step per epoch) at the paper's clip and step size times the grid's factors,
     for the preset's epochs at the paper's batch; None below ``min_epsilon`` if set."""
-    if epsilon < settings.get("min_epsilon", -math.inf):
+    if epsilon < number(settings.get("min_epsilon", -math.inf), "min_epsilon"):
         return None
-    name, data = settings["algorithm"], split_key(key)[1]
-    paper = _settings(data)
-    batch, (clip0, lr0) = paper["batch_size"], paper[name]
+    key = named(key)
+    name, data = text(settings["algorithm"], "algorithm"), split_key(key)[1]
+    batch, (clip0, lr0) = _batch_size(data), _clip_and_lr(data, name)
     radius = CC_RADIUS[key] if name == "CC" else math.inf
     epochs = EPOCHS[key]
 
-    def build(n: int, p: Params) -> tuple[Any, int]:
+    def build(n: int, p: Params) -> tuple[DPSGD | AClip, int]:
         clip, lr = clip0 * p["clip_factor"], lr0 * p["lr_factor"]
         if name == "DP-GD":
             return dp_gd(lr=lr, clip=clip, noise_multiplier=1.0), epochs
@@ -180,16 +198,24 @@ def _builder(settings: dict[str, Any], epsilon: float, key: str) -> Callable[[in
 # ----------------------------------------------------------------------------------- the notes
 
 
-def verdicts(payload: dict[str, Any]) -> list[dict[str, Any]]:
+#: A row of the verdict table (:func:`verdicts`).
+Verdict = TypedDict("Verdict", {"problem": str, "epsilon": float, "setting": str, "AClip": str,
+                                "AClip error_ratio": float, "DP-SGD error_ratio": float, "AClip ≤ DP-SGD": bool,
+                                "CC with λ-noise (NOT PRIVATE)": float})
+
+
+def verdicts(payload: Payload) -> list[Verdict]:
     """Per problem, ε and column set: the better AClip variant's error ratio against DP-SGD's,
     and the honest-noise price: CC (paper) against CC with the paper's (λ-calibrated) noise."""
-    by = {(r["problem"], r["algorithm"], r["epsilon"]): r["metrics"] for r in payload["rows"]}
-    found = []
-    for problem in dict.fromkeys(r["problem"] for r in payload["rows"]):
+    by = {(r.get("problem"), r["algorithm"], r["epsilon"]): r["metrics"] for r in payload["rows"]}
+    found: list[Verdict] = []
+    for problem in dict.fromkeys(named(r.get("problem")) for r in payload["rows"]):
         for epsilon in SYNTHETIC_DATA_FILE.epsilons:
             for setting in SETTINGS:
-                cells = {name: by.get((problem, f"{name} ({setting})", epsilon)) for name in ("CC", "UC", "DP-SGD")}
-                if any(cell is None for cell in cells.values()):
+                names = ("CC", "UC", "DP-SGD")
+                cells = {name: cell for name in names
+                         if (cell := by.get((problem, f"{name} ({setting})", epsilon))) is not None}
+                if len(cells) < len(names):
                     continue
                 best = min(("CC", "UC"), key=lambda name: cells[name]["error_ratio"]["mean"])
                 aclip, dpsgd = cells[best]["error_ratio"]["mean"], cells["DP-SGD"]["error_ratio"]["mean"]
@@ -202,7 +228,7 @@ def verdicts(payload: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
-def _verdict_lines(payload: dict[str, Any], heavy_tailed_only: bool) -> list[str]:
+def _verdict_lines(payload: Payload, heavy_tailed_only: bool) -> list[str]:
     from ..report import markdown_table
 
     rows = verdicts(payload)
@@ -231,25 +257,27 @@ def _verdict_lines(payload: dict[str, Any], heavy_tailed_only: bool) -> list[str
     return lines
 
 
-def _paper_noise_lines(payload: dict[str, Any], epochs: int) -> list[str]:
+def _paper_noise_lines(payload: Payload, epochs: int) -> list[str]:
     """What the paper's σ̂ formula (c = 1) gives at these problems' settings, accounted exactly;
     and the restarted variant's advanced-composition split (τ = 4 stages) against exact composition."""
     from ..algorithms.aclip import paper_noise
     from ..report import markdown_table
 
-    rows, seen = [], set()
-    for key, facts in payload["facts"].items():
-        batch = _settings(split_key(key)[1])["batch_size"]
-        setting = (facts["n"], batch)
+    rows: list[dict[str, object]] = []
+    seen = set()
+    for key in payload["facts"]:
+        facts = problem_facts(payload, key)
+        n, delta, batch = int(number(facts["n"], "n")), number(facts["delta"], "delta"), _batch_size(split_key(key)[1])
+        setting = (n, batch)
         if setting in seen:
             continue
         seen.add(setting)
-        steps = max(1, round(epochs * facts["n"] / batch))
+        steps = max(1, round(epochs * n / batch))
         for restarts in (1, 4):
             for epsilon in SYNTHETIC_DATA_FILE.epsilons:
-                result = paper_noise(epsilon=epsilon, delta=facts["delta"], n=facts["n"], batch_size=batch,
+                result = paper_noise(epsilon=epsilon, delta=delta, n=n, batch_size=batch,
                                      steps=max(1, steps // restarts), restarts=restarts)
-                rows.append({"n": facts["n"], "m": batch, "steps": steps, "restarts τ": restarts,
+                rows.append({"n": n, "m": batch, "steps": steps, "restarts τ": restarts,
                              "claimed ε": epsilon, "σ̂/λ": result["sigma_over_lambda"],
                              "exact ε, sensitivity λ": result["rows"][0]["epsilon"],
                              "exact ε, sensitivity 2λ": result["rows"][1]["epsilon"]})
@@ -261,14 +289,14 @@ def _paper_noise_lines(payload: dict[str, Any], epochs: int) -> list[str]:
             markdown_table(rows, columns)]
 
 
-def _cc_paper(payload: dict[str, Any], problem: str, epsilon: float) -> float:
+def _cc_paper(payload: Payload, problem: str, epsilon: float) -> float:
     for row in payload["rows"]:
-        if row["problem"] == problem and row["algorithm"] == "CC (paper)" and row["epsilon"] == epsilon:
+        if row.get("problem") == problem and row["algorithm"] == "CC (paper)" and row["epsilon"] == epsilon:
             return row["metrics"]["error_ratio"]["mean"]
     return math.nan
 
 
-def _edges(payload: dict[str, Any]) -> list[str]:
+def _edges(payload: Payload) -> list[str]:
     """Tuned choices at an edge of their grid (a wider grid might have done better)."""
     grid = SYNTHETIC_DATA_FILE["methods"]["CC (tuned)"]["grid"]
     found = []
@@ -277,13 +305,13 @@ def _edges(payload: dict[str, Any]) -> list[str]:
             at = [f"{name}={row['params'][name]:g}" for name, values in grid.items()
                   if row["params"][name] in (values[0], values[-1])]
             if at:
-                found.append(f"{row['problem']} {row['algorithm']} ({', '.join(at)})")
+                found.append(f"{row.get('problem')} {row['algorithm']} ({', '.join(at)})")
     return found
 
 
-def _analyses(epochs: int, synthetic: bool) -> Callable[[dict[str, Any]], list[str]]:
+def _analyses(epochs: int, synthetic: bool) -> Callable[[Payload], list[str]]:
     """The tuned choices at a grid edge, the verdict table and the paper's noise formula at these settings."""
-    def analyses(payload: dict[str, Any]) -> list[str]:
+    def analyses(payload: Payload) -> list[str]:
         edges = _edges(payload)
         return (["* Choices at an edge of the grid: " + "; ".join(edges) + "." if edges
                  else "* No tuned choice is at an edge of the grid."]
@@ -291,7 +319,7 @@ def _analyses(epochs: int, synthetic: bool) -> Callable[[dict[str, Any]], list[s
     return analyses
 
 
-def _preset(data: declared.Declared, synthetic: bool) -> Any:
+def _preset(data: declared.Declared, synthetic: bool) -> Experiment:
     return declared_experiment(data, make_problem=build_problem, make_methods=declared_methods(data, BUILDERS),
                                preparation=preparation, analyses=_analyses(data["epochs"], synthetic))
 
@@ -301,5 +329,5 @@ BUILDERS = {name: _builder for name in SYNTHETIC_DATA_FILE["methods"]}
 EPOCHS = {key: data["epochs"] for data in (SYNTHETIC_DATA_FILE, REAL_DATA_FILE) for key in data["problems"]}
 SYNTHETIC = _preset(SYNTHETIC_DATA_FILE, synthetic=True)
 REAL = _preset(REAL_DATA_FILE, synthetic=False)
-SYNTHETIC_DATA = tuple(split_key(key)[1] for key in SYNTHETIC.PROBLEMS if key.startswith("logistic:"))
-REAL_DATA = tuple(split_key(key)[1] for key in REAL.PROBLEMS if key.startswith("logistic:"))
+SYNTHETIC_DATA = tuple(split_key(key)[1] for key in map(named, SYNTHETIC.PROBLEMS) if key.startswith("logistic:"))
+REAL_DATA = tuple(split_key(key)[1] for key in map(named, REAL.PROBLEMS) if key.startswith("logistic:"))

@@ -7,24 +7,27 @@ paper's table, the methods' settings, the notes) is ``presets/aclip-cifar10.toml
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
 from ..algorithms import DPSGD, AClip
 from ..data import load
 from ..data.bounds import Preparation
+from ..json_types import JsonObject
 from . import declared
 from ._runner import Params, Problem
 from ._torch import classifier_problem
+from .declared import Settings, number
+from .payload import ProblemKey, named
 from .preparation import registered
-from .preset import declared_experiment, declared_methods
+from .preset import Build, declared_experiment, declared_methods
 
 DATA = declared.load("aclip-cifar10")
 SMOKE_RECORDS = DATA.parameter("smoke_records")
 
 
-def preparation(key: str) -> Preparation:
+def preparation(key: ProblemKey) -> Preparation:
     """CIFAR-10's registered public preparation (pixels / 255: nothing to do), for both problems."""
     return registered("cifar10")
 
@@ -36,26 +39,27 @@ def cifar_arrays(data_dir: str | None, records: int | None) -> tuple[np.ndarray,
     return data.X_train[cut], data.y_train[cut], data.X_test[cut], data.y_test[cut]
 
 
-def build_cifar_problem(key: str, data_dir: str | None) -> tuple[Problem, dict[str, Any]]:
+def build_cifar_problem(key: ProblemKey, data_dir: str | None) -> tuple[Problem, JsonObject]:
     """ResNet-18 (GroupNorm) on CIFAR-10 from its initial weights; key ``resnet18:cifar10-smoke``
     uses ``smoke_records`` records."""
-    smoke = key.endswith("-smoke")
+    smoke = named(key).endswith("-smoke")
     problem = classifier_problem("resnet18", *cifar_arrays(data_dir, SMOKE_RECORDS if smoke else None),
                                  microbatch_size=8 if smoke else 64)
-    facts = {"n": problem.oracle.n, "dim": problem.oracle.dim, "smoke": smoke, "delta": DATA["delta"]}
+    facts: JsonObject = {"n": problem.oracle.n, "dim": problem.oracle.dim, "smoke": smoke, "delta": DATA["delta"]}
     return problem, facts
 
 
-def _builder(algorithm: type) -> Any:
+def _builder(algorithm: type[AClip] | type[DPSGD]) -> Callable[[Settings, float, ProblemKey], Build[AClip | DPSGD]]:
     """AClip (λ = ``clip``, unconstrained: the paper's UC) or DP-SGD (C = ``clip``) at the file's batch
     (the smoke version's, for ``smoke_steps`` steps), for the preset's epochs."""
-    def builder(settings: dict[str, Any], epsilon: float, key: str) -> Any:
-        smoke = key.endswith("-smoke")
+    def builder(settings: Settings, epsilon: float, key: ProblemKey) -> Build[AClip | DPSGD]:
+        smoke = named(key).endswith("-smoke")
         batch = DATA.parameter("smoke_batch_size" if smoke else "batch_size")
 
-        def build(n: int, p: Params) -> tuple[Any, int]:
+        def build(n: int, p: Params) -> tuple[AClip | DPSGD, int]:
             steps = DATA.parameter("smoke_steps") if smoke else round(DATA["epochs"] * n / batch)
-            return algorithm(lr=settings["lr"], clip=settings["clip"], noise_multiplier=1.0, batch_size=batch), steps
+            lr, clip = number(settings["lr"], "lr"), number(settings["clip"], "clip")
+            return algorithm(lr=lr, clip=clip, noise_multiplier=1.0, batch_size=batch), steps
         return build
     return builder
 

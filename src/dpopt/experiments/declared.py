@@ -5,7 +5,8 @@ code: the ε list and δ, the problems, seeds, metrics and comparisons, the pape
 method's grid and settings, the values the last tuning chose (with its date, command and cost),
 preset-specific values (``[parameters]``, read by the preset's code through
 :meth:`Declared.parameter`), and the report's static text in Markdown: ``notes``; ``problem_note``,
-a line filled from each problem's facts; ``quick_note``, added under ``--quick``; and per baseline
+a line filled from each problem's facts; ``quick_note``, added under ``--quick``; ``figure_note``, a
+line added to every figure's title (e.g. how the hyper-parameters were chosen); and per baseline
 an explanation of the comparisons it wins. A file with ``extends = "<other preset>"`` is a
 variant: the other file's values, its own replacing them key by key (a table is replaced whole).
 A key the schema does not know, a missing key or a value of the wrong type is an error that names
@@ -21,11 +22,18 @@ reads.
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .._validate import DpoptError
+from ..json_types import JsonObject, JsonValue
+
+#: A method's ``settings`` table, read by its builder.
+Settings = Mapping[str, JsonValue]
+#: A row of the paper's table (:meth:`Declared.paper`): keys and metrics, a [mean, std] pair as a tuple.
+PaperEntry = dict[str, JsonValue | tuple[JsonValue, ...]]
 
 #: Where the preset files are (packaged with dpopt: see pyproject.toml).
 FOLDER = Path(__file__).with_name("presets")
@@ -41,6 +49,7 @@ SCHEMA: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "tuning": (dict, False), "notes": (str, True), "explanations": (dict, True), "parameters": (dict, True),
     "problems": (list, False), "smoke_problems": (list, False), "tune_epsilon": (_NUMBER, False),
     "epochs": (int, False), "extends": (str, False), "problem_note": (str, False), "quick_note": (str, False),
+    "figure_note": (str, False),
 }
 #: Keys of a ``[methods.<name>]`` table.
 METHOD_SCHEMA: dict[str, tuple[type | tuple[type, ...], bool]] = {
@@ -78,12 +87,12 @@ class Declared:
     def private(self, method: str) -> bool:
         return self.values["methods"][method].get("private", True)
 
-    def tuned(self) -> dict[str | None, dict[str, dict[float | None, dict[str, Any]]]]:
+    def tuned(self) -> dict[str | None, dict[str, dict[float | None, JsonObject]]]:
         """problem (None: the unnamed one) → method → {ε: values} (ε None: a non-private method's one
         setting). A record without ``problem`` holds for every problem, one without ``epsilon`` at every
         ε; a more specific record wins."""
         keys = self.values.get("problems", [None]) + self.values.get("smoke_problems", [])
-        found: dict[str | None, dict[str, dict[float | None, dict[str, Any]]]] = {key: {} for key in keys}
+        found: dict[str | None, dict[str, dict[float | None, JsonObject]]] = {key: {} for key in keys}
         for record in sorted(self.values["tuned"], key=lambda r: ("problem" in r, "epsilon" in r)):
             for key in [record["problem"]] if "problem" in record else keys:
                 by_eps = found.setdefault(key, {}).setdefault(record["method"], {})
@@ -95,7 +104,7 @@ class Declared:
                     by_eps[None] = record["params"]
         return {key: methods for key, methods in found.items() if methods}
 
-    def paper(self) -> list[dict[str, Any]]:
+    def paper(self) -> list[PaperEntry]:
         """The paper's rows: a [mean, std] pair as a tuple, an omitted ε as None (non-private)."""
         return [{"epsilon": None} | {k: tuple(v) if isinstance(v, list) else v for k, v in row.items()}
                 for row in self.values["paper"]]
@@ -103,6 +112,20 @@ class Declared:
     @property
     def epsilons(self) -> tuple[float, ...]:
         return tuple(float(eps) for eps in self.values["epsilons"])
+
+
+def number(value: JsonValue, name: str) -> float:
+    """``value`` of the declared key ``name``, which must be a number (returned as declared)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise DpoptError(f"{name}={value!r} must be a number")
+    return value
+
+
+def text(value: JsonValue, name: str) -> str:
+    """``value`` of the declared key ``name``, which must be a string."""
+    if not isinstance(value, str):
+        raise DpoptError(f"{name}={value!r} must be a string")
+    return value
 
 
 def load(name: str, folder: Path = FOLDER) -> Declared:
@@ -150,7 +173,7 @@ def _read(path: Path) -> dict[str, Any]:
         raise DpoptError(f"{path}: not a readable preset file ({err})") from None
 
 
-def _check(path: Path, prefix: str, table: dict[str, Any],
+def _check(path: Path, prefix: str, table: Mapping[str, object],
            schema: dict[str, tuple[type | tuple[type, ...], bool]]) -> None:
     for key in table:
         if key not in schema:

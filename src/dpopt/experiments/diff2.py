@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -51,13 +50,16 @@ from ..algorithms.diff2 import paper_ratios
 from ..data import load
 from ..data.bounds import Preparation
 from ..data.tabular import prepared
+from ..json_types import JsonObject
 from ..models import mlp_oracle
 from ..sampling import Clients
 from ..train import History
 from . import declared
 from ._runner import Method, Params, Problem
+from .declared import Settings
+from .payload import ProblemKey, named
 from .preparation import NotPrivate
-from .preset import declared_experiment, declared_methods
+from .preset import Build, MakeMethods, Tuning, declared_experiment, declared_methods
 
 REGRESSION_DATA = declared.load("diff2-regression")
 CLASSIFICATION_DATA = declared.load("diff2-classification")
@@ -67,14 +69,14 @@ PAPER = NotPrivate("the DIFF2 paper's: the features standardised with the traini
                    "target divided by its largest |y| over the training and test splits", prepared)
 
 
-def preparation(key: str) -> Preparation:
+def preparation(key: ProblemKey) -> Preparation:
     """:data:`PAPER`, for every problem: a reproduction of the paper's setting."""
     return PAPER
 
 
-def build_problem(key: str, data_dir: str | None) -> tuple[Problem, dict[str, Any]]:
+def build_problem(key: ProblemKey, data_dir: str | None) -> tuple[Problem, JsonObject]:
     """Problem ``name`` or ``name:k`` (its first k training records: the smoke version)."""
-    name, _, subset = key.partition(":")
+    name, _, subset = named(key).partition(":")
     data = preparation(key).prepare(load(name, data_dir))
     X, y = data.X_train, data.y_train
     if subset:
@@ -89,8 +91,8 @@ def build_problem(key: str, data_dir: str | None) -> tuple[Problem, dict[str, An
     def extra(theta: torch.Tensor) -> dict[str, float]:
         return {"grad_norm_sq": float(oracle.gradient(theta).norm()) ** 2, "test_loss": float(test.loss(theta))}
 
-    facts = {"n": oracle.n, "n_test": test.n, "dim": oracle.dim, "features": int(X.shape[1]), "task": data.task,
-             "clients": CLIENTS, "records_per_client": oracle.n // CLIENTS}
+    facts: JsonObject = {"n": oracle.n, "n_test": test.n, "dim": oracle.dim, "features": int(X.shape[1]),
+                         "task": data.task, "clients": CLIENTS, "records_per_client": oracle.n // CLIENTS}
     return Problem(oracle, test_error, extra, history_metrics=lowest_loss, theta0=oracle.flat_params()), facts
 
 
@@ -100,19 +102,19 @@ def lowest_loss(history: History) -> dict[str, float]:
     return {"min_objective": min(record["objective"] for record in history.records)}
 
 
-def _builder(settings: dict[str, Any], epsilon: float, key: str) -> Callable[[int, Params], tuple[Any, int]]:
+def _builder(settings: Settings, epsilon: float, key: ProblemKey) -> Build[DIFF2]:
     """DIFF2-GD with C1, C2, T and the paper's z1 : z2 split (u = ``U``), for ``ROUNDS`` rounds."""
-    def build(n: int, p: Params) -> tuple[Any, int]:
+    def build(n: int, p: Params) -> tuple[DIFF2, int]:
         return DIFF2(lr=p["lr"], clip=p["clip"], clip_diff=p["clip_diff"], restart=p["restart"],
                      noise_multiplier1=1.0, noise_multiplier2=1.0, clients=Clients(n, CLIENTS), output_rule="last",
                      noise_ratios=paper_ratios(ROUNDS, p["restart"], U)), ROUNDS
     return build
 
 
-def _gd(noise: float) -> Callable[[dict[str, Any], float, str], Callable[[int, Params], tuple[Any, int]]]:
+def _gd(noise: float) -> Callable[[Settings, float, ProblemKey], Build[DIFF2]]:
     """DIFF2 with T = 1 (exactly DP-GD on the clients' records) and noise multiplier ``noise``: GD at 0."""
-    def builder(settings: dict[str, Any], epsilon: float, key: str) -> Callable[[int, Params], tuple[Any, int]]:
-        def build(n: int, p: Params) -> tuple[Any, int]:
+    def builder(settings: Settings, epsilon: float, key: ProblemKey) -> Build[DIFF2]:
+        def build(n: int, p: Params) -> tuple[DIFF2, int]:
             return DIFF2(lr=p["lr"], clip=p["clip"], clip_diff=1.0, restart=1, noise_multiplier1=noise,
                          noise_multiplier2=noise, clients=Clients(n, CLIENTS), output_rule="last"), ROUNDS
         return build
@@ -122,13 +124,13 @@ def _gd(noise: float) -> Callable[[dict[str, Any], float, str], Callable[[int, P
 BUILDERS = {"GD": _gd(0.0), "DP-GD": _gd(1.0), "DIFF2-GD": _builder}
 
 
-def _methods(data: declared.Declared) -> Callable[[str, int, Any, float], list[Method]]:
+def _methods(data: declared.Declared) -> MakeMethods:
     """The file's methods; on a problem of ``transferred`` each grid is the one point chosen on its
     source problem (only η is searched)."""
     make = declared_methods(data, BUILDERS)
     transferred, tuned = data.parameter("transferred"), data.tuned()
 
-    def methods(key: str, epochs: int, chosen: Any, epsilon: float) -> list[Method]:
+    def methods(key: ProblemKey, epochs: int, chosen: Tuning, epsilon: float) -> list[Method]:
         found = make(key, epochs, chosen, epsilon)
         if key not in transferred:
             return found

@@ -35,19 +35,20 @@ import math
 import dataclasses
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
 
 import numpy as np
 
 from ..algorithms import DPSGD, DPSRM
 from ..data import load
 from ..data.bounds import Preparation
-from ..train import History
+from ..json_types import JsonObject, JsonValue
 from . import declared
-from ._runner import Method, Params, Problem, steps_for_passes
+from ._runner import Method, Params, Problem, steps_for_passes, time_to_target
 from ._torch import classifier_problem
+from .declared import Settings, number
+from .payload import Payload, ProblemKey, named
 from .preparation import SYNTHETIC, registered
-from .preset import declared_experiment, declared_methods
+from .preset import Build, MakeMethods, Tuning, declared_experiment, declared_methods
 
 MNIST_DATA = declared.load("dp-srm-mnist")
 CIFAR10_DATA = declared.load("dp-srm-cifar10")
@@ -71,7 +72,7 @@ class Setting:
     microbatch_size: int = 512
     records: int | None = None
     random: bool = False
-    grid: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    grid: dict[str, tuple[JsonValue, ...]] = field(default_factory=dict)
 
 
 def _settings(*files: declared.Declared) -> dict[str, Setting]:
@@ -90,10 +91,10 @@ SETTINGS = _settings(MNIST_DATA, CIFAR10_DATA)
 # ------------------------------------------------------------------------------- the problems
 
 
-def preparation(key: str) -> Preparation:
+def preparation(key: ProblemKey) -> Preparation:
     """How problem ``key``'s data are prepared: its data set's registered public preparation
     (pixels / 255: nothing to do), or none for random images."""
-    return _prepared(SETTINGS[key])
+    return _prepared(SETTINGS[named(key)])
 
 
 def _prepared(setting: Setting) -> Preparation:
@@ -113,37 +114,28 @@ def arrays(setting: Setting, data_dir: str | None) -> tuple[np.ndarray, ...]:
     return data.X_train[cut], data.y_train[cut], data.X_test[cut], data.y_test[cut]
 
 
-def time_to_target(history: History, *, target_error: float) -> dict[str, float]:
-    """Training wall time, CPU time and data passes at the first logged point whose test error is
-    ≤ ``target_error`` (NaN if none), and whether it was reached (1 or 0)."""
-    hit = next((r for r in history.records if r["test_error"] <= target_error), None)
-    return {"time_to_target_s": hit["wall_time_s"] if hit else math.nan,
-            "cpu_time_to_target_s": hit["cpu_time_s"] if hit else math.nan,
-            "epochs_to_target": hit["passes"] if hit else math.nan, "reached_target": float(hit is not None)}
-
-
-def build_problem(key: str, data_dir: str | None) -> tuple[Problem, dict[str, Any]]:
+def build_problem(key: ProblemKey, data_dir: str | None) -> tuple[Problem, JsonObject]:
     """The classifier of problem ``key`` (see :data:`SETTINGS`) and facts for the report."""
-    setting = SETTINGS[key]
+    setting = SETTINGS[named(key)]
     X, y, X_test, y_test = arrays(setting, data_dir)
     problem = classifier_problem(setting.model, X, y, X_test, y_test, microbatch_size=setting.microbatch_size,
                                  train_metrics=False,
                                  history_metrics=partial(time_to_target, target_error=setting.target_error))
-    facts = {"n": len(X), "n_test": len(X_test), "dim": problem.oracle.dim, "model": setting.model,
-             "data": "random CIFAR-shaped images" if setting.random else setting.dataset,
-             "target_error": setting.target_error, "epochs": {str(k): v for k, v in setting.epochs.items()},
-             "delta": DELTA}
+    facts: JsonObject = {"n": len(X), "n_test": len(X_test), "dim": problem.oracle.dim, "model": setting.model,
+                         "data": "random CIFAR-shaped images" if setting.random else setting.dataset,
+                         "target_error": setting.target_error, "epochs": {str(k): v for k, v in setting.epochs.items()},
+                         "delta": DELTA}
     return problem, facts
 
 
-def _dp_srm(settings: dict[str, Any], epsilon: float, key: str) -> Any:
+def _dp_srm(settings: Settings, epsilon: float, key: ProblemKey) -> Build[DPSRM] | None:
     """DP-SRM (C1 = the problem's clip, γ = C2, b0 = b0_factor·b), Poisson sampling, for the problem's
     data passes at ``epsilon`` (None if the problem does not run at that ε, e.g. CNN6 outside ε = 8)."""
-    setting = SETTINGS[key]
+    setting = SETTINGS[named(key)]
     if epsilon not in setting.epochs:
         return None
 
-    def build(n: int, p: Params) -> tuple[Any, int]:
+    def build(n: int, p: Params) -> tuple[DPSRM, int]:
         b, b0 = p["batch_size"], p["batch_size"] * p["b0_factor"]
         algorithm = DPSRM(lr=p["lr"], clip=setting.clip, clip_diff=p["clip_diff"], gamma=p["clip_diff"],
                           noise_multiplier0=1.0, noise_multiplier=1.0, batch_size0=b0, batch_size=b)
@@ -151,44 +143,44 @@ def _dp_srm(settings: dict[str, Any], epsilon: float, key: str) -> Any:
     return build
 
 
-def _dp_sgd(settings: dict[str, Any], epsilon: float, key: str) -> Any:
+def _dp_sgd(settings: Settings, epsilon: float, key: ProblemKey) -> Build[DPSGD] | None:
     """DP-SGD (C = the problem's clip), Poisson sampling, as :func:`_dp_srm`."""
-    setting = SETTINGS[key]
+    setting = SETTINGS[named(key)]
     if epsilon not in setting.epochs:
         return None
 
-    def build(n: int, p: Params) -> tuple[Any, int]:
+    def build(n: int, p: Params) -> tuple[DPSGD, int]:
         b = p["batch_size"]
         algorithm = DPSGD(lr=p["lr"], clip=setting.clip, noise_multiplier=1.0, batch_size=b)
         return algorithm, steps_for_passes(setting.epochs[epsilon], n, b, b)
     return build
 
 
-def _methods(data: declared.Declared) -> Any:
+def _methods(data: declared.Declared) -> MakeMethods:
     """The file's methods, each grid with the problem's replaced values."""
     make = declared_methods(data, {"DP-SRM": _dp_srm, "DP-SGD": _dp_sgd})
 
-    def methods(key: str, epochs: int, tuned: Any, epsilon: float) -> list[Method]:
-        return [dataclasses.replace(method, grid=method.grid | SETTINGS[key].grid)
+    def methods(key: ProblemKey, epochs: int, tuned: Tuning, epsilon: float) -> list[Method]:
+        return [dataclasses.replace(method, grid=method.grid | SETTINGS[named(key)].grid)
                 for method in make(key, epochs, tuned, epsilon)]
     return methods
 
 
 # ----------------------------------------------------------------------------------- reports
 
-def _mnist_analyses(payload: dict[str, Any]) -> list[str]:
+def _mnist_analyses(payload: Payload) -> list[str]:
     """At full size, our ε = 7 errors and times beside the paper's (a miss called a miss)."""
     lines = []
     rows = {(r["algorithm"], r["epsilon"]): r["metrics"] for r in payload["rows"] if r["epsilon"] == 7.0}
-    paper = {r["algorithm"]: r["metrics"]["test_error"]["mean"] for r in payload["paper"]}
+    paper = {r["algorithm"]: number(r["metrics"]["test_error"]["mean"], "test_error") for r in payload["paper"]}
     if not payload["quick"] and rows:
         for name in ("DP-SRM", "DP-SGD"):
             ours = rows[(name, 7.0)]["test_error"]["mean"]
             verdict = "matches or beats" if ours <= paper[name] + 0.002 else "**misses**"
             lines.append(f"* ε = 7: {name} test error {ours:.2%} {verdict} the paper's {paper[name]:.2%} (within "
                          "0.2 points counts as a match).")
-        times = {name: (rows[(name, 7.0)]["time_to_target_s"]["mean"], rows[(name, 7.0)]["cpu_time_to_target_s"]["mean"])
-                 for name in ("DP-SRM", "DP-SGD")}
+        times = {name: (rows[(name, 7.0)]["time_to_target_s"]["mean"],
+                        rows[(name, 7.0)]["cpu_time_to_target_s"]["mean"]) for name in ("DP-SRM", "DP-SGD")}
         if all(math.isfinite(wall) for wall, _ in times.values()):
             (srm, srm_cpu), (sgd, sgd_cpu) = times["DP-SRM"], times["DP-SGD"]
             verdict = "faster" if srm < sgd else "**slower** (a miss: the paper reports DP-SRM > 2× faster)"

@@ -43,8 +43,8 @@ Sizes, chosen so that the full run (5 seeds) takes under 30 min on 2 shared core
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -53,14 +53,20 @@ from torch import Tensor, nn
 from .. import report
 from ..algorithms import DPSGD
 from ..algorithms import o2nc_params as params
+from ..algorithms.o2nc import O2NC
+from ..base import PerRecord
 from ..data import load
 from ..data.bounds import Preparation
+from ..json_types import JsonObject
 from ..metrics import goldstein
 from ..oracles import TorchModel, TruncatedAbsolute
+from ..train import History
 from . import declared
 from ._runner import Method, Params, Problem, mean_curve
+from .declared import Settings, number, text
+from .payload import Payload, ProblemKey, Row, Tuned, named, problem_facts
 from .preparation import SYNTHETIC, registered
-from .preset import declared_experiment, declared_methods
+from .preset import Build, declared_experiment, declared_methods
 
 DATA = declared.load("o2nc-nonsmooth")
 NAME = DATA["name"]
@@ -77,11 +83,11 @@ class Counted:
     ``losses_along``: 2m per record) and gradients (``gradients_at``, ``per_record``); :meth:`take`
     returns the counts and resets them, :attr:`calls` holds them so far."""
 
-    def __init__(self, oracle: Any) -> None:
+    def __init__(self, oracle: TorchModel | TruncatedAbsolute) -> None:
         self.oracle = oracle
         self.calls = {"function_evals": 0, "gradient_evals": 0}
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         return getattr(self.oracle, name)
 
     def losses_at(self, points: Tensor, indices: Tensor) -> Tensor:
@@ -89,9 +95,9 @@ class Counted:
         return self.oracle.losses_at(points, indices)
 
     @property
-    def losses_along(self) -> Any:
+    def losses_along(self) -> Callable[[Tensor, Tensor, float, Tensor], Tensor]:
         """The wrapped oracle's fast path, counted (AttributeError where it has none, as unwrapped)."""
-        along = self.oracle.losses_along
+        along = getattr(self.oracle, "losses_along")  # a GLM's; a network has none
 
         def counted(x: Tensor, directions: Tensor, alpha: float, indices: Tensor) -> Tensor:
             self.calls["function_evals"] += 2 * directions.shape[0] * directions.shape[1]
@@ -102,7 +108,7 @@ class Counted:
         self.calls["gradient_evals"] += points.shape[0] * points.shape[1]
         return self.oracle.gradients_at(points, indices)
 
-    def per_record(self, theta: Tensor, indices: Tensor) -> Any:
+    def per_record(self, theta: Tensor, indices: Tensor) -> PerRecord:
         self.calls["gradient_evals"] += len(indices)
         return self.oracle.per_record(theta, indices)
 
@@ -129,13 +135,17 @@ def hinge(out: Tensor, y: Tensor) -> Tensor:
     return torch.relu(1 - y * out.squeeze(-1))
 
 
-def preparation(key: str) -> Preparation:
+def preparation(key: ProblemKey) -> Preparation:
     """How problem ``key``'s data are prepared: ijcnn1's registered public preparation (LIBSVM's
     scaling into [-1, 1]: nothing to do), or none for the synthetic family."""
     return registered("ijcnn1") if key == "ijcnn1-relu" else SYNTHETIC
 
 
-def problem(key: str, data_dir: str | None) -> tuple[Problem, dict[str, Any]]:
+def problem(key: ProblemKey, data_dir: str | None) -> tuple[Problem, JsonObject]:
+    """The hinge network on ijcnn1 or a synthetic robust regression, its oracle counted (:class:`Counted`),
+    and facts for the report (the Goldstein stationarity at θ0 among them)."""
+    key = named(key)
+    base: TorchModel | TruncatedAbsolute
     if key == "ijcnn1-relu":
         data = preparation(key).prepare(load("ijcnn1", data_dir))
         order = np.random.default_rng(0).permutation(len(data.X_train))[:N_TRAIN]
@@ -162,31 +172,36 @@ def problem(key: str, data_dir: str | None) -> tuple[Problem, dict[str, Any]]:
         return {"goldstein": stationarity(theta), **calls, "oracle_calls": sum(calls.values())}
 
     start = torch.zeros(base.dim, dtype=torch.float64) if theta0 is None else theta0
-    facts = {"n": base.n, "d": base.dim, "phi": phi, "alpha": ALPHA, "goldstein_points": GOLDSTEIN_POINTS,
-             "goldstein_seed": 0, "goldstein_start": stationarity(start)}
+    facts: JsonObject = {"n": base.n, "d": base.dim, "phi": phi, "alpha": ALPHA, "goldstein_points": GOLDSTEIN_POINTS,
+                         "goldstein_seed": 0, "goldstein_start": stationarity(start)}
     return Problem(oracle, lambda theta: base.error(theta, X_test, y_test), lambda theta: oracle.take(),
                    theta0=theta0, log_metrics=logged), facts
 
 
-def _o2nc(settings: dict[str, Any], epsilon: float, key: str) -> Any:
+def _o2nc(settings: Settings, epsilon: float, key: ProblemKey) -> Build[O2NC]:
     """O2NC with the theorems' settings (:mod:`dpopt.algorithms.o2nc_params`) for ``settings["estimator"]``:
     "zeroth" (Theorem 3.1), "first" (Theorem 6.1) or "zhang" (Zhang et al. 2024, m = d); L = 1, Φ = 1 on
     the hinge network, 2 on the synthetic family; the grid's constants c_D and c."""
-    d, phi = _dimension(key), 1.0 if key == "ijcnn1-relu" else 2.0
-    common = {"epsilon": epsilon, "delta": DELTA, "alpha": ALPHA, "lipschitz": 1.0, "phi": phi}
+    d, phi = _dimension(named(key)), 1.0 if key == "ijcnn1-relu" else 2.0
+    estimator = text(settings["estimator"], "estimator")
 
-    def build(n: int, p: Params) -> tuple[Any, int]:
+    def build(n: int, p: Params) -> tuple[O2NC, int]:
         constants = params.Constants(radius=p["c_D"], concentration=p["c"], max_directions=MAX_DIRECTIONS)
-        if settings["estimator"] == "zhang":
-            return params.zhang2024(n=n, d=d, constants=constants, **common)
-        return params.single_pass(n=n, d=d, estimator=settings["estimator"], constants=constants, **common)
+        if estimator == "zhang":
+            return params.zhang2024(n=n, d=d, constants=constants, epsilon=epsilon, delta=DELTA, alpha=ALPHA,
+                                    lipschitz=1.0, phi=phi)
+        return params.single_pass(n=n, d=d, estimator=estimator, constants=constants, epsilon=epsilon, delta=DELTA,
+                                  alpha=ALPHA, lipschitz=1.0, phi=phi)
     return build
 
 
-def _dpsgd(settings: dict[str, Any], epsilon: float, key: str) -> Any:
-    def build(n: int, p: Params) -> tuple[Any, int]:
-        algo = DPSGD(lr=p["lr"], clip=1.0, noise_multiplier=1.0, batch_size=settings["batch_size"])
-        return algo, settings["epochs"] * n // settings["batch_size"]
+def _dpsgd(settings: Settings, epsilon: float, key: ProblemKey) -> Build[DPSGD]:
+    """DP-SGD with clip 1 at the settings' batch size, for their epochs."""
+    batch_size, epochs = int(number(settings["batch_size"], "batch_size")), int(number(settings["epochs"], "epochs"))
+
+    def build(n: int, p: Params) -> tuple[DPSGD, int]:
+        algo = DPSGD(lr=p["lr"], clip=1.0, noise_multiplier=1.0, batch_size=batch_size)
+        return algo, epochs * n // batch_size
     return build
 
 
@@ -209,7 +224,7 @@ def _dimension(key: str) -> int:
     return _synthetic_key(key)[0]
 
 
-def select_constants(data_dir: str | None = None, workers: int = 2) -> dict[str, Any]:
+def select_constants(data_dir: str | None = None, workers: int = 2) -> dict[str, Tuned]:
     """Re-select the tuned constants: every point of its grid for each O2NC method on the
     ``tuning_problem`` and tuning seeds of the preset file, scored by :func:`~dpopt.experiments._runner.tune`
     (mean final training objective), at ε = 1. Tuning is not privacy-accounted."""
@@ -227,20 +242,20 @@ def select_constants(data_dir: str | None = None, workers: int = 2) -> dict[str,
             pool.close()
 
 
-def _cell(row: dict[str, Any], metric: str) -> str:
+def _cell(row: Row, metric: str) -> str:
     value = row["metrics"][metric]
     return f"{value['mean']:.4g} ({value['std']:.2g})"
 
 
-def _rows(payload: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
-    return {(row["problem"], row["algorithm"]): row for row in payload["rows"]}
+def _rows(payload: Payload) -> dict[tuple[str, str], Row]:
+    return {(named(row.get("problem")), row["algorithm"]): row for row in payload["rows"]}
 
 
-def _histories(payload: dict[str, Any], key: str, name: str) -> list[Any]:
+def _histories(payload: Payload, key: str, name: str) -> list[History]:
     return next(h for (problem_, method, _), h in payload["_curves"].items() if problem_ == key and method == name)
 
 
-def threshold(payload: dict[str, Any], key: str) -> float:
+def threshold(payload: Payload, key: str) -> float:
     """τ, the common Goldstein threshold of problem ``key``: the worst (largest) of the four
     methods' mean Goldstein stationarity of the last logged iterate θ_T — a level every method
     reaches on average by its end, so that "calls to reach τ" is defined for all of them."""
@@ -248,7 +263,7 @@ def threshold(payload: dict[str, Any], key: str) -> float:
                for name in (*O2NC_METHODS, "DP-SGD"))
 
 
-def calls_to_reach(histories: list[Any], tau: float, start: float) -> list[float]:
+def calls_to_reach(histories: Sequence[History], tau: float, start: float) -> list[float]:
     """Per seed: the per-record oracle calls (function evaluations for zeroth order, gradients
     otherwise) spent when a logged iterate's Goldstein stationarity is first ≤ τ (0 if θ0 already
     is); NaN for a seed that never reaches τ."""
@@ -265,13 +280,13 @@ def slope(dims: np.ndarray, values: np.ndarray) -> float:
     return float(np.polyfit(np.log(dims), np.log(values), 1)[0])
 
 
-def _reach_lines(payload: dict[str, Any], keys: list[str]) -> list[str]:
+def _reach_lines(payload: Payload, keys: list[str]) -> list[str]:
     table = []
     for key in keys:
-        start = payload["facts"][key]["goldstein_start"]
+        start = _start(payload, key)
         thresholds = (("worst last", threshold(payload, key)), (f"{REACH_FRACTION:g} × θ0", REACH_FRACTION * start))
         for label, tau in thresholds:
-            row: dict[str, Any] = {"problem": key, "Goldstein at θ0": start, "τ": f"{tau:.4g} ({label})"}
+            row: dict[str, object] = {"problem": key, "Goldstein at θ0": start, "τ": f"{tau:.4g} ({label})"}
             for name in (*O2NC_METHODS, "DP-SGD"):
                 calls = np.array(calls_to_reach(_histories(payload, key, name), tau, start))
                 hit = calls[np.isfinite(calls)]
@@ -289,8 +304,7 @@ def _reach_lines(payload: dict[str, Any], keys: list[str]) -> list[str]:
             "", report.markdown_table(table, list(table[0]) if table else []), ""]
 
 
-def _scaling_lines(payload: dict[str, Any], rows: dict[tuple[str, str], dict[str, Any]],
-                   keys: list[str]) -> list[str]:
+def _scaling_lines(payload: Payload, rows: dict[tuple[str, str], Row], keys: list[str]) -> list[str]:
     synthetic_keys = [key for key in keys if key.startswith("synthetic")]
     if len(synthetic_keys) < 2:
         return []
@@ -298,7 +312,7 @@ def _scaling_lines(payload: dict[str, Any], rows: dict[tuple[str, str], dict[str
     slopes = {name: slope(dims, np.array([rows[(key, name)]["metrics"]["goldstein"]["mean"]
                                           for key in synthetic_keys]))
               for name in (*O2NC_METHODS, "DP-SGD")}
-    start = slope(dims, np.array([payload["facts"][key]["goldstein_start"] for key in synthetic_keys]))
+    start = slope(dims, np.array([_start(payload, key) for key in synthetic_keys]))
     return [f"(b) Scaling with d (synthetic family, d = {', '.join(str(int(d)) for d in dims)}): log-log slope of the "
             "mean Goldstein stationarity at the output against d: "
             + ", ".join(f"{name} {value:+.3f}" for name, value in slopes.items())
@@ -306,18 +320,23 @@ def _scaling_lines(payload: dict[str, Any], rows: dict[tuple[str, str], dict[str
             f"Zhang − ours of +0.5 (at a fixed target); measured: {slopes[ZHANG] - slopes[OURS]:+.3f}.", ""]
 
 
-def analyses(payload: dict[str, Any]) -> list[str]:
+def _start(payload: Payload, key: str) -> float:
+    """The Goldstein stationarity at θ0 of problem ``key`` (its facts')."""
+    return number(problem_facts(payload, key)["goldstein_start"], "goldstein_start")
+
+
+def analyses(payload: Payload) -> list[str]:
     """What the report computes for this preset beyond the verdicts: the Goldstein stationarity
     table, (b) the scaling with d and (c) the oracle calls to a common threshold."""
     rows = _rows(payload)
-    keys = [key for key in PRESET.problems(payload["quick"]) if (key, OURS) in rows]
+    keys = [key for key in map(named, PRESET.problems(payload["quick"])) if (key, OURS) in rows]
     lines = ["", "Goldstein stationarity ‖∂̄_{2α}F‖ at the output, mean (std) over seeds, and the ratio "
              "Zhang et al. / ours (> 1: ours is more stationary):", ""]
     table = []
     for key in keys:
         ours, zhang, first, sgd = (rows[(key, name)] for name in (*O2NC_METHODS, "DP-SGD"))
         ratio = zhang["metrics"]["goldstein"]["mean"] / ours["metrics"]["goldstein"]["mean"]
-        table.append({"problem": key, "at θ0": payload["facts"][key]["goldstein_start"],
+        table.append({"problem": key, "at θ0": _start(payload, key),
                       OURS: _cell(ours, "goldstein"), ZHANG: _cell(zhang, "goldstein"),
                       "Zhang/ours": ratio, FIRST: _cell(first, "goldstein"), "DP-SGD": _cell(sgd, "goldstein"),
                       "ZO calls (ours)": ours["metrics"]["function_evals"]["mean"],
@@ -331,11 +350,11 @@ def analyses(payload: dict[str, Any]) -> list[str]:
     return lines
 
 
-def figures(out_dir: Path, payload: dict[str, Any]) -> None:
+def figures(out_dir: Path, payload: Payload) -> None:
     """``goldstein_vs_d.png``: stationarity of each method against the dimension (synthetic family);
     ``goldstein_vs_calls.png``: stationarity of the iterate against per-record oracle calls."""
     rows = _rows(payload)
-    keys = [key for key in PRESET.problems(payload["quick"]) if (key, OURS) in rows]
+    keys = [key for key in map(named, PRESET.problems(payload["quick"])) if (key, OURS) in rows]
     synthetic_keys = [key for key in keys if key.startswith("synthetic")]
     if synthetic_keys:
         dims = np.array([_dimension(key) for key in synthetic_keys], dtype=float)

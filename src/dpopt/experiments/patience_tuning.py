@@ -21,8 +21,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Hashable, Sequence
+from typing import TypedDict
 
 import dp_accounting as dpa
 import torch
@@ -30,15 +30,17 @@ from tqdm import tqdm
 
 from .. import train
 from ..accounting import Ledger, epsilon_of
+from ..base import S
 from ..outputs import NOT_PRIVATE
 from ..plan import Plan
-from ._runner import Method, Problem, grid_points
+from ._runner import Method, Params, Pool, Problem, grid_points
+from .payload import Tuned
 
 #: η = 0.5^i, i = 0 … 9, from large to small.
 STEP_SIZES = tuple(0.5**i for i in range(10))
 
 
-def patience_run(plan: Plan[Any], problem: Problem, seed: int, *, check_every: int = 20,
+def patience_run(plan: Plan[S], problem: Problem, seed: int, *, check_every: int = 20,
                  patience: int = 5, factor: float = 1.05) -> tuple[float, Ledger, int]:
     """One tuning run of ``plan`` (the loop of :func:`dpopt.train.train`, by its
     :class:`~dpopt.train.Stepper`) with the abandon rule.
@@ -66,9 +68,9 @@ def patience_run(plan: Plan[Any], problem: Problem, seed: int, *, check_every: i
 
 
 def patience_tune(method: Method, problem: Problem, *, epsilon: float, delta: float, seeds: Sequence[int],
-                  progress: bool = False, pool: Any = None, key: Any = None,
+                  progress: bool = False, pool: Pool | None = None, key: Hashable = None,
                   step_sizes: Sequence[float] = STEP_SIZES, check_every: int = 20, patience: int = 5,
-                  factor: float = 1.05) -> dict[str, Any]:
+                  factor: float = 1.05) -> Tuned:
     """The paper's search over ``method.grid`` × ``step_sizes`` (one run per trial, on
     ``seeds[0]``), with :func:`dpopt.experiments._runner.tune`'s signature (``pool`` unused: the
     trials are sequential by nature). Returns the choice (grid point and ``lr``), every point's
@@ -76,7 +78,8 @@ def patience_tune(method: Method, problem: Problem, *, epsilon: float, delta: fl
     runs' events composed (0 for a non-private method); labelled NOT PRIVATE (the scores are
     training losses without noise; the private selection is :func:`dpopt.tuning.tune`)."""
     start = time.perf_counter()
-    scores, ledgers, rounds = [], [], 0
+    scores: list[_Score] = []
+    ledgers, rounds = [], 0
     n = problem.oracle.n
     for point in tqdm(grid_points(method.grid), desc=f"tune {method.name} ε={epsilon}", disable=not progress,
                       leave=False):
@@ -84,14 +87,14 @@ def patience_tune(method: Method, problem: Problem, *, epsilon: float, delta: fl
         plan = Plan(algorithm, n=n, steps=steps, delta=delta, allow_large_delta=True)  # the paper's δ
         if method.private:  # η does not change the noise: one calibration per point
             plan = plan.calibrated(epsilon)
-        score: dict[str, Any] = {"params": point, "objective": math.inf, "lr": None, "abandoned": []}
+        score: _Score = {"params": point, "objective": math.inf, "lr": None, "abandoned": []}
         for lr in step_sizes:
             loss, ledger, ran = patience_run(plan.with_algorithm(dataclasses.replace(plan.algorithm, lr=lr)), problem,
                                              seeds[0], check_every=check_every, patience=patience, factor=factor)
             ledgers.append(ledger)
             rounds += ran
             if math.isfinite(loss):
-                score.update(objective=loss, lr=lr)
+                score["objective"], score["lr"] = loss, lr
                 break
             score["abandoned"].append(lr)
         scores.append(score)
@@ -99,6 +102,16 @@ def patience_tune(method: Method, problem: Problem, *, epsilon: float, delta: fl
     return {"label": NOT_PRIVATE, "chosen": {**best["params"], "lr": best["lr"]}, "scores": scores,
             "cost": {"runs": len(ledgers), "rounds": rounds, "wall_time_s": time.perf_counter() - start,
                      "epsilon_composed": composed_epsilon(ledgers, delta) if method.private else 0.0}}
+
+
+class _Score(TypedDict):
+    """A grid point's result: its final training loss (+∞ if every η was abandoned), the η kept
+    (None: none) and the η abandoned."""
+
+    params: Params
+    objective: float
+    lr: float | None
+    abandoned: list[float]
 
 
 def composed_epsilon(ledgers: Sequence[Ledger], delta: float) -> float:

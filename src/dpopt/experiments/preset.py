@@ -6,16 +6,30 @@ methods come from callables.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from ..base import Algorithm
 from ..data.bounds import Preparation
+from ..json_types import JsonObject
 from ._runner import Method, Params, Problem
-from .declared import Declared
+from .declared import Declared, PaperEntry, Settings
+from .payload import Payload, ProblemKey, Tuned, problem_facts
 from .patience_tuning import patience_tune
 from .verdicts import comparison_lines
+
+
+A = TypeVar("A")
+#: A method's ``build(n, params) -> (algorithm, steps)``, of algorithm type ``A``.
+Build = Callable[[int, Params], tuple[A, int]]
+#: The tuned values of a problem's methods: method → {ε (None: a non-private method): values}.
+Tuning = dict[str, dict[float | None, Params]]
+#: ``make_problem(key, data_dir) -> (problem, facts)``.
+MakeProblem = Callable[[ProblemKey, str | None], tuple[Problem, JsonObject]]
+#: ``make_methods(key, epochs, tuned, epsilon) -> methods``.
+MakeMethods = Callable[[ProblemKey, int, Tuning, float], list[Method]]
 
 
 @dataclass(frozen=True)
@@ -37,79 +51,82 @@ class Experiment:
 
     NAME: str
     EPSILONS: tuple[float, ...]
-    PAPER: list[dict[str, Any]]
+    PAPER: list[PaperEntry]
     METRICS: tuple[str, ...]
     TABLE_METRICS: tuple[str, ...]
     PAPER_METRICS: tuple[str, ...]
     TEST_METRICS: tuple[str, ...]
     COMPARISONS: list[tuple[str, str]]
     epochs: int
-    make_problem: Callable[[Any, str | None], tuple[Problem, dict[str, Any]]]
-    make_methods: Callable[[Any, int, Any, float], list[Method]]
-    delta_of: Callable[[Any], float]
-    describe: Callable[[dict[str, Any]], str]
-    preparation: Callable[[Any], Preparation]
-    PROBLEMS: tuple[Any, ...] = (None,)
+    make_problem: MakeProblem
+    make_methods: MakeMethods
+    delta_of: Callable[[ProblemKey], float]
+    describe: Callable[[Payload], str]
+    preparation: Callable[[ProblemKey], Preparation]
+    PROBLEMS: tuple[ProblemKey, ...] = (None,)
     CURVES: dict[str, str | tuple[str, str]] = field(default_factory=lambda: {"training objective": "objective"})
-    TUNED: dict[Any, Any] = field(default_factory=dict)
-    TUNING_COST: dict[str, Any] = field(default_factory=dict)
+    TUNED: dict[ProblemKey, Tuning] = field(default_factory=dict)
+    TUNING_COST: JsonObject = field(default_factory=dict)
     TUNING_SEEDS: tuple[int, ...] = (1000, 1001, 1002)
     TUNE_EPSILON: float | None = None
-    SMOKE_PROBLEMS: tuple[Any, ...] | None = None
+    SMOKE_PROBLEMS: tuple[ProblemKey, ...] | None = None
     LOG_POINTS: int = 40
     SEEDS: int = 10
-    draw: Callable[[Path, dict[str, Any]], None] | None = None
+    draw: Callable[[Path, Payload], None] | None = None
     #: How the ``TUNED`` values were chosen (the command and its date), for the report.
     TUNED_BY: str = ""
+    #: A line added to every figure's title ("" for none).
+    FIGURE_NOTE: str = ""
 
     @property
     def keyed(self) -> bool:
         """Whether the rows name their problem (False for one unnamed problem)."""
         return self.PROBLEMS != (None,)
 
-    def problems(self, quick: bool) -> tuple[Any, ...]:
+    def problems(self, quick: bool) -> tuple[ProblemKey, ...]:
         return self.SMOKE_PROBLEMS if quick and self.SMOKE_PROBLEMS else self.PROBLEMS
 
-    def problem(self, data_dir: str | None, key: Any) -> tuple[Problem, dict[str, Any]]:
+    def problem(self, data_dir: str | None, key: ProblemKey) -> tuple[Problem, JsonObject]:
         return self.make_problem(key, data_dir)
 
-    def methods(self, epsilon: float, key: Any) -> list[Method]:
+    def methods(self, epsilon: float, key: ProblemKey) -> list[Method]:
         return self.make_methods(key, self.epochs, self.TUNED.get(key, {}), epsilon)
 
-    def delta(self, key: Any) -> float:
+    def delta(self, key: ProblemKey) -> float:
         return self.delta_of(key)
 
-    def notes(self, payload: dict[str, Any]) -> str:
+    def notes(self, payload: Payload) -> str:
         return self.describe(payload)
 
-    def figures(self, out_dir: Path, payload: dict[str, Any]) -> None:
+    def figures(self, out_dir: Path, payload: Payload) -> None:
         if self.draw is not None:
             self.draw(out_dir, payload)
 
 
-
 #: Builds a method's ``build(n, params) -> (algorithm, steps)`` from its declared ``settings``, the ε
-#: and the problem key; None where the method does not run at that ε on that problem.
-Builder = Callable[[dict[str, Any], float, Any], Callable[[int, Params], tuple[Any, int]] | None]
+#: and the problem key; None where the method does not run at that ε on that problem. (An algorithm of
+#: any state type: each method's own.)
+Builder = Callable[[Settings, float, ProblemKey], Callable[[int, Params], tuple[Algorithm[Any], int]] | None]
 
 
-def declared_experiment(data: Declared, *, make_problem: Callable[[Any, str | None], tuple[Problem, dict[str, Any]]],
-                        make_methods: Callable[[Any, int, Any, float], list[Method]],
-                        preparation: Callable[[Any], Preparation],
-                        analyses: Callable[[dict[str, Any]], list[str]] | None = None,
-                        draw: Callable[[Path, dict[str, Any]], None] | None = None) -> Experiment:
+def declared_experiment(data: Declared, *, make_problem: MakeProblem, make_methods: MakeMethods,
+                        preparation: Callable[[ProblemKey], Preparation],
+                        analyses: Callable[[Payload], list[str]] | None = None,
+                        draw: Callable[[Path, Payload], None] | None = None) -> Experiment:
     """The :class:`Experiment` of a preset file: its declared fields, the code's problem and method
-    builders and its problems' preparation, and as notes the file's text (``notes``, a ``problem_note`` per problem, the ``quick_note``
-    under ``--quick``), then :func:`~dpopt.experiments.verdicts.comparison_lines` (the generic rule),
-    then what ``analyses(payload)`` computes for this preset, if anything."""
+    builders and its problems' preparation, and as notes the file's text (``notes``, a ``problem_note``
+    per problem, the ``quick_note`` under ``--quick``), then
+    :func:`~dpopt.experiments.verdicts.comparison_lines` (the generic rule), then what
+    ``analyses(payload)`` computes for this preset, if anything."""
     delta = data["delta"]
 
-    def describe(payload: dict[str, Any]) -> str:
+    def describe(payload: Payload) -> str:
         lines = [data["notes"].strip().format(facts=payload["facts"], seeds=payload["seeds"],
                                               log_points=payload["log_points"], parameters=data["parameters"],
                                               epochs=data.get("epochs"))]
         if "problem_note" in data.values:
-            lines += [data["problem_note"].strip().format(key=key, **facts) for key, facts in payload["facts"].items()]
+            lines += [data["problem_note"].strip().format(key=key, **problem_facts(payload, key))
+                      for key in payload["facts"]]
         if payload["quick"] and "quick_note" in data.values:
             lines.append(data["quick_note"].strip().format(parameters=data["parameters"]))
         lines += comparison_lines(payload, data["verdict_metrics"], data["explanations"])
@@ -125,21 +142,23 @@ def declared_experiment(data: Declared, *, make_problem: Callable[[Any, str | No
         PROBLEMS=tuple(data.get("problems", [None])),
         SMOKE_PROBLEMS=tuple(data["smoke_problems"]) if "smoke_problems" in data.values else None,
         CURVES={title: spec if isinstance(spec, str) else tuple(spec) for title, spec in data["curves"].items()},
-        TUNED=data.tuned(), TUNING_COST=data.get("tuning", {}).get("cost", {}), TUNING_SEEDS=tuple(data["tuning_seeds"]),
+        TUNED=data.tuned(), TUNING_COST=data.get("tuning", {}).get("cost", {}),
+        TUNING_SEEDS=tuple(data["tuning_seeds"]),
         TUNE_EPSILON=data.get("tune_epsilon"), LOG_POINTS=data["log_points"], SEEDS=data["seeds"], draw=draw,
-        TUNED_BY=f"`{tuning['command']}` on {tuning['date']}" if (tuning := data.get("tuning")) else "")
+        TUNED_BY=f"`{tuning['command']}` on {tuning['date']}" if (tuning := data.get("tuning")) else "",
+        FIGURE_NOTE=data.get("figure_note", ""))
 
 
 #: How a method's grid is searched, by the name a preset file gives (``tuner``): every grid point
 #: scored by its final training objective (:func:`~dpopt.experiments._runner.tune`), or the DIFF2
 #: paper's step-size search with patience (:func:`~dpopt.experiments.patience_tuning.patience_tune`).
-TUNERS: dict[str, Callable[..., dict[str, Any]] | None] = {"grid": None, "patience": patience_tune}
+TUNERS: dict[str, Callable[..., Tuned] | None] = {"grid": None, "patience": patience_tune}
 
 
-def declared_methods(data: Declared, builders: dict[str, Builder]) -> Callable[[Any, int, Any, float], list[Method]]:
+def declared_methods(data: Declared, builders: Mapping[str, Builder]) -> MakeMethods:
     """``make_methods`` of a preset file: its methods in the file's order, each built by
     ``builders[name]`` from its ``settings``, with its grid, tuned values and tuner."""
-    def make(key: Any, epochs: int, tuned: dict[str, dict[float | None, Params]], epsilon: float) -> list[Method]:
+    def make(key: ProblemKey, epochs: int, tuned: Tuning, epsilon: float) -> list[Method]:
         found = []
         for name, spec in data["methods"].items():
             build = builders[name](spec.get("settings", {}), epsilon, key)

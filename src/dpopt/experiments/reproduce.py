@@ -22,15 +22,19 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 from tqdm import tqdm
 
 from .. import _validate, outputs, report
-from ._runner import (Method, Pool, Problem, Saved, mean_curve, metrics, one_sided_p, running, source_digest,
+from ..json_types import JsonObject, JsonValue
+from ..report import Curve
+from ..train import History
+from ._runner import (Method, Params, Pool, Problem, Saved, mean_curve, metrics, one_sided_p, running, source_digest,
                       start_seeds, tune, writable)
+from .declared import PaperEntry
+from .payload import ClassifiedRow, PaperRow, Payload, ProblemKey, Results, Row, TTest, Tuned
 from .preparation import LABEL, described, is_public
 from .preset import Experiment
 
@@ -43,7 +47,8 @@ def _preset(name: str) -> Experiment:
 
 
 #: Axis labels of the logged quantities curves can be drawn against (``CURVES`` values ``(metric, x)``).
-X_LABELS = {"passes": "data passes (epochs)", "wall_time_s": "training wall time (s)"}
+X_LABELS = {"passes": "data passes (epochs)", "expected_passes": "expected data passes (epochs)",
+            "wall_time_s": "training wall time (s)"}
 
 #: ``--quick`` runs 2 seeds of every method for this fraction of its steps (noise calibrated for
 #: the shorter run): a smoke test of the whole pipeline, not numbers to compare with the paper.
@@ -56,7 +61,7 @@ PUBLISHED = ("published seeds: the runs of every row use seeds 0 to {last}, and 
 
 def reproduce(name: str, *, seeds: int | None = None, quick: bool = False, out: str | Path | None = None,
               data_dir: str | None = None, retune: bool = False, progress: bool = False,
-              workers: int | None = None) -> dict[str, Any]:
+              workers: int | None = None) -> Results:
     """Run experiment ``name`` and write its report under ``out`` (default ``results/<name>``).
 
     Seeds run in ``workers`` processes (default: one per core); their number defaults to the
@@ -78,12 +83,13 @@ def reproduce(name: str, *, seeds: int | None = None, quick: bool = False, out: 
     return _classified(payload)
 
 
-def _problem_of(name: str, data_dir: str | None, key: Any) -> Problem:
+def _problem_of(name: str, data_dir: str | None, key: ProblemKey) -> Problem:
     """The experiment's problem ``key`` alone (built in each worker process)."""
     return _preset(name).problem(data_dir, key)[0]
 
 
-def _jobs(exp: Experiment, keys: tuple[Any, ...], built: dict[Any, Any]) -> list[tuple[Any, Method, float]]:
+def _jobs(exp: Experiment, keys: tuple[ProblemKey, ...],
+          built: Mapping[ProblemKey, tuple[Problem, JsonObject]]) -> list[tuple[ProblemKey, Method, float]]:
     """(problem key, method, ε) of every row, in the order they are queued: the largest problems
     first, so the workers' last runs are short ones; a non-private method once per problem (it
     does not depend on ε)."""
@@ -98,16 +104,19 @@ def _jobs(exp: Experiment, keys: tuple[Any, ...], built: dict[Any, Any]) -> list
 
 
 def _run_all(exp: Experiment, data_dir: str | None, n_seeds: int, quick: bool, retune: bool,
-             progress: bool, pool: Pool) -> dict[str, Any]:
+             progress: bool, pool: Pool) -> Payload:
     started = time.perf_counter()
-    rows, tuning, curves = [], {}, {}
-    chosen: dict[tuple[Any, str], dict[str, Any]] = {}  # with TUNE_EPSILON: one tuning per method
+    rows: list[Row] = []
+    tuning: dict[str, Tuned] = {}
+    curves: dict[tuple[ProblemKey, str, float | None], list[History]] = {}
+    chosen: dict[tuple[ProblemKey, str], Params] = {}  # with TUNE_EPSILON: one tuning per method
     test_metrics = exp.TEST_METRICS
     log_points = 10 if quick else exp.LOG_POINTS
-    started_runs = []  # every run is queued before any is awaited: the workers stay busy to the end
+    # every run is queued before any is awaited: the workers stay busy to the end
+    started_runs: list[tuple[ProblemKey, str, float | None, float, Params, Callable[[], list[History]]]] = []
     keys = exp.problems(quick)
     built = {key: exp.problem(data_dir, key) for key in keys}
-    facts = {str(key): stated | {"preparation": described(exp.preparation(key))} for key, (_, stated) in built.items()}
+    stated = {key: given | {"preparation": described(exp.preparation(key))} for key, (_, given) in built.items()}
     jobs = _jobs(exp, keys, built)
     pool.expect(sum(1 if method.deterministic else n_seeds for _, method, _ in jobs))
     for key, method, epsilon in jobs:
@@ -121,37 +130,38 @@ def _run_all(exp: Experiment, data_dir: str | None, n_seeds: int, quick: bool, r
                            log_points=log_points, step_fraction=QUICK_STEPS if quick else 1.0, pool=pool, key=key)
         started_runs.append((key, method.name, epsilon if method.private else None, delta, params, wait))
     started_runs.sort(key=lambda run: keys.index(run[0]))  # reported in the preset's order (a stable sort)
-    for key, name, epsilon, delta, params, wait in started_runs:
+    for key, name, row_epsilon, delta, params, wait in started_runs:  # row_epsilon: None for a non-private method
         histories = wait()
-        rows.append({"problem": key, "algorithm": name, "epsilon": epsilon, "seeds": len(histories),
+        rows.append({"problem": key, "algorithm": name, "epsilon": row_epsilon, "seeds": len(histories),
                      "delta": delta, "params": params, "metrics": metrics(histories, exp.METRICS),
                      "accountant": histories[0].accountant,
                      "neighboring_relation": histories[0].neighboring_relation,
                      "_final": {m: [h.final[m] for h in histories] for m in test_metrics}})
-        curves[(key, name, epsilon)] = histories
+        curves[(key, name, row_epsilon)] = histories
         if progress:
-            tqdm.write(f"  {key or ''} {name:>8} ε={epsilon}: training objective (NOT PRIVATE) "
+            tqdm.write(f"  {key or ''} {name:>8} ε={row_epsilon}: training objective (NOT PRIVATE) "
                        f"{rows[-1]['metrics']['objective']['mean']:.5f}")
     tests = _t_tests(rows, exp.COMPARISONS, test_metrics)
     for row in rows:
         del row["_final"]
+    facts: JsonObject = {str(key): value for key, value in stated.items()}
     if not exp.keyed:
         for row in rows:
             del row["problem"]
-        facts = facts["None"]
+        facts = stated[None]
     return {
         "experiment": exp.NAME, "rows": rows,
         "randomness": PUBLISHED.format(last=n_seeds - 1, tuning=", ".join(map(str, exp.TUNING_SEEDS))),
-        "paper": [_paper_row(row, exp.delta(row.get("problem"))) for row in exp.PAPER],
+        "paper": [_paper_row(row, exp.delta) for row in exp.PAPER],
         "seeds": n_seeds, "quick": quick, "log_points": log_points, "facts": facts, "t_tests": tests,
         "grids": {m.name: m.grid for m in exp.methods(exp.EPSILONS[0], exp.problems(quick)[0])},
         "tuning": tuning or exp.TUNING_COST, "wall_time_s": time.perf_counter() - started, "_curves": curves,
     }
 
 
-def _params(method: Method, epsilon: float | None, retune: bool, problem: Any, exp: Experiment,
-            progress: bool, pool: Pool, key: Any, delta: float,
-            chosen: dict[tuple[Any, str], dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def _params(method: Method, epsilon: float | None, retune: bool, problem: Problem, exp: Experiment,
+            progress: bool, pool: Pool, key: ProblemKey, delta: float,
+            chosen: dict[tuple[ProblemKey, str], Params]) -> tuple[Params, Tuned | None]:
     """The preset's tuned hyper-parameters for ``epsilon`` (None for a non-private method), or tune.
 
     A method with an empty grid is never tuned (its one point is its setting). A preset with
@@ -161,16 +171,16 @@ def _params(method: Method, epsilon: float | None, retune: bool, problem: Any, e
     at = exp.TUNE_EPSILON
     if at is not None and (key, method.name) in chosen:
         return chosen[(key, method.name)], None
-    result = (method.tuner or tune)(method, problem, epsilon=at or epsilon or exp.EPSILONS[0], delta=delta, seeds=exp.TUNING_SEEDS,
-                  progress=progress, pool=pool, key=key)
+    result = (method.tuner or tune)(method, problem, epsilon=at or epsilon or exp.EPSILONS[0], delta=delta,
+                                    seeds=exp.TUNING_SEEDS, progress=progress, pool=pool, key=key)
     chosen[(key, method.name)] = result["chosen"]
     return result["chosen"], result
 
 
-def _t_tests(rows: list[dict[str, Any]], pairs: list[tuple[str, str]], test_metrics: tuple[str, ...]) -> list[dict[str, Any]]:
+def _t_tests(rows: Sequence[Row], pairs: Sequence[tuple[str, str]], test_metrics: Sequence[str]) -> list[TTest]:
     """One-sided Welch tests of mean(ours) < mean(baseline), per problem and ε, for each pair."""
-    by_key = {(row["problem"], row["algorithm"], row["epsilon"]): row for row in rows}
-    tests = []
+    by_key = {(row.get("problem"), row["algorithm"], row["epsilon"]): row for row in rows}
+    tests: list[TTest] = []
     for (key, name, epsilon), row in by_key.items():
         for ours, baseline in pairs:
             other = by_key.get((key, baseline, epsilon))
@@ -182,17 +192,25 @@ def _t_tests(rows: list[dict[str, Any]], pairs: list[tuple[str, str]], test_metr
     return tests
 
 
-def _paper_row(row: dict[str, Any], delta: float) -> dict[str, Any]:
-    def metric(value: Any) -> dict[str, float | None]:
+def _paper_row(row: PaperEntry, delta_of: Callable[[ProblemKey], float]) -> PaperRow:
+    """A row of the paper's table (:meth:`~dpopt.experiments.declared.Declared.paper`) with its
+    problem's δ, each metric as its mean and std (None where the paper gives none)."""
+    def metric(value: JsonValue | tuple[JsonValue, ...]) -> dict[str, JsonValue]:
         mean, std = value if isinstance(value, tuple) else (value, None)
         return {"mean": mean, "std": std}
 
-    keys = [key for key in ("problem", "algorithm", "epsilon") if key in row]
-    return {**{key: row[key] for key in keys}, "delta": delta,
-            "metrics": {k: metric(v) for k, v in row.items() if k not in keys}}
+    problem, algorithm, epsilon = row.get("problem"), row["algorithm"], row["epsilon"]
+    if not (isinstance(problem, str | None) and isinstance(algorithm, str)
+            and (epsilon is None or isinstance(epsilon, int | float))):
+        raise _validate.DpoptError(f"paper row {row!r}: problem and algorithm must be names, epsilon a number")
+    metrics = {k: metric(v) for k, v in row.items() if k not in ("problem", "algorithm", "epsilon")}
+    if problem is None:
+        return {"algorithm": algorithm, "epsilon": epsilon, "delta": delta_of(None), "metrics": metrics}
+    return {"problem": problem, "algorithm": algorithm, "epsilon": epsilon, "delta": delta_of(problem),
+            "metrics": metrics}
 
 
-def _write(out_dir: Path, payload: dict[str, Any], exp: Experiment) -> None:
+def _write(out_dir: Path, payload: Payload, exp: Experiment) -> None:
     curves = payload["_curves"]
     report.write_json(out_dir / "results.json", _classified(payload))
     report.write_text(out_dir / "results.md", _markdown(payload, exp))
@@ -201,7 +219,7 @@ def _write(out_dir: Path, payload: dict[str, Any], exp: Experiment) -> None:
              for title, spec in exp.CURVES.items()}
     for key in exp.problems(payload["quick"]):
         for epsilon in exp.EPSILONS:
-            panels: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {title: {} for title in shown}
+            panels: dict[str, dict[str, Curve]] = {title: {} for title in shown}
             for (problem, method, eps), histories in curves.items():
                 if problem == key and eps in (epsilon, None):
                     for title, (metric, x) in shown.items():
@@ -217,42 +235,45 @@ def _write(out_dir: Path, payload: dict[str, Any], exp: Experiment) -> None:
                                  title=f"{exp.NAME}{f' {key}' if key is not None else ''}: private methods at ε = "
                                        f"{epsilon:g}, δ = {', '.join(f'{d:g}' for d in sorted(deltas))} (non-private "
                                        f"ones: ε = ∞)\nmean over {payload['seeds']} seeds, band ± 1 std"
-                                       + ("" if unlabelled else f"\n{LABEL}: no ε here is a guarantee"))
+                                       + ("" if unlabelled else f"\n{LABEL}: no ε here is a guarantee")
+                                       + (f"\n{exp.FIGURE_NOTE}" if exp.FIGURE_NOTE else ""))
 
 
-def _classified(payload: dict[str, Any]) -> dict[str, Any]:
+def _classified(payload: Payload) -> Results:
     """results.json, every field classified (:mod:`dpopt.outputs`): the private results, and apart
     under ``"diagnostics"`` (labelled) each row's non-private metrics, the facts and t-tests computed
     from training-data metrics, the non-private tuning and the wall time."""
-    rows = []
+    rows: list[ClassifiedRow] = []
     for row in payload["rows"]:
         private, diagnostic = outputs.split(row["metrics"])
-        rows.append(row | {"metrics": private, "diagnostics": {"label": outputs.NOT_PRIVATE, "metrics": diagnostic}})
+        rows.append({**row, "metrics": private, "diagnostics": {"label": outputs.NOT_PRIVATE, "metrics": diagnostic}})
     facts = _by_problem(payload["facts"])
     public_facts = [{k: v for k, v in f.items() if k not in outputs.DIAGNOSTIC_FACTS} for f in facts]
     training_facts = [{k: v for k, v in f.items() if k == "problem" or k in outputs.DIAGNOSTIC_FACTS} for f in facts]
     tests = [_split_test(test) for test in payload["t_tests"]]
-    return {key: payload[key] for key in ("experiment", "randomness", "paper", "seeds", "quick", "log_points",
-                                          "grids")} | {
-        "rows": rows, "facts": public_facts, "t_tests": [private for private, _ in tests if _tested(private)],
+    return {
+        "experiment": payload["experiment"], "randomness": payload["randomness"], "paper": payload["paper"],
+        "seeds": payload["seeds"], "quick": payload["quick"], "log_points": payload["log_points"],
+        "grids": payload["grids"], "rows": rows, "facts": public_facts,
+        "t_tests": [private for private, _ in tests if _tested(private)],
         "diagnostics": {"label": outputs.NOT_PRIVATE, "facts": [f for f in training_facts if len(f) > 1],
                         "t_tests": [diagnostic for _, diagnostic in tests if _tested(diagnostic)],
                         "tuning": payload["tuning"],
                         "wall_time_s": payload["wall_time_s"]}}
 
 
-def _by_problem(facts: dict[str, Any]) -> list[dict[str, Any]]:
+def _by_problem(facts: JsonObject) -> list[JsonObject]:
     """A preset's facts as a list of records, ``problem`` naming the problem where there are several."""
     if facts and all(isinstance(value, dict) and key not in outputs.PUBLIC_BY_NAME for key, value in facts.items()):
-        return [{"problem": key, **value} for key, value in facts.items()]
+        return [{"problem": key, **value} for key, value in facts.items() if isinstance(value, dict)]
     return [facts]
 
 
-def _tested(test: dict[str, Any]) -> bool:
+def _tested(test: Mapping[str, object]) -> bool:
     return any(key.startswith("p_") for key in test)
 
 
-def _split_test(test: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _split_test(test: TTest) -> tuple[TTest, TTest]:
     """A t-test row's p-values on private metrics, and those on non-private ones (with the row's keys)."""
     keys = {k: v for k, v in test.items() if not k.startswith("p_")}
     private = {k: v for k, v in test.items() if k.startswith("p_") and outputs.is_private(k.removeprefix("p_"))}
@@ -265,11 +286,12 @@ def _titled(title: str, spec: str | tuple[str, str]) -> str:
     return title if outputs.is_private(metric) else f"{title} (NOT PRIVATE)"
 
 
-def _markdown(payload: dict[str, Any], exp: Experiment) -> str:
+def _markdown(payload: Payload, exp: Experiment) -> str:
     keyed = payload["rows"] and "problem" in payload["rows"][0]
     table_metrics, paper_metrics, test_metrics = list(exp.TABLE_METRICS), list(exp.PAPER_METRICS), exp.TEST_METRICS
     head = (["problem"] if keyed else []) + ["algorithm", "epsilon"]
-    shown = {c: f"spent {c}" if c in head else outputs.shown(c) for c in table_metrics}  # the ledger's ε beside the target
+    # the ledger's ε beside the target
+    shown = {c: f"spent {c}" if c in head else outputs.shown(c) for c in table_metrics}
     paper_by_key = {(r.get("problem"), r["algorithm"], r["epsilon"]): r["metrics"] for r in payload["paper"]}
     table_rows = []
     for row in payload["rows"]:
@@ -278,6 +300,8 @@ def _markdown(payload: dict[str, Any], exp: Experiment) -> str:
                            "seeds": row["seeds"], **{shown[c]: row["metrics"][c] for c in table_metrics},
                            **{f"paper {c}": _paper_cell(paper.get(c)) for c in paper_metrics}})
     first = payload["rows"][0]
+    chosen = {(str(r.get('problem')) + ' ' if keyed else '') + r['algorithm'] + ' ε=' + str(r['epsilon']): r['params']
+              for r in payload['rows']}
     lines = [
         f"# {payload['experiment']}", "",
         f"{payload['seeds']} seeds (mean (std)); δ = {_deltas(payload['rows'])}; accountant: {first['accountant']}; "
@@ -286,7 +310,8 @@ def _markdown(payload: dict[str, Any], exp: Experiment) -> str:
            if payload["quick"] else ""), "",
         f"Randomness: {payload['randomness']}.", "",
         *_preparation_lines(exp, payload["quick"]),
-        report.markdown_table(table_rows, head + ["seeds"] + list(shown.values()) + [f"paper {c}" for c in paper_metrics]),
+        report.markdown_table(table_rows,
+                              head + ["seeds"] + list(shown.values()) + [f"paper {c}" for c in paper_metrics]),
         "", "`seeds`: runs behind the row (1 for a method whose runs do not depend on the seed).", "",
         "## One-sided Welch t-tests (ours < baseline), p-values", "",
         report.markdown_table([row | {f"p_{outputs.shown(m)}": row[f"p_{m}"] for m in test_metrics}
@@ -296,7 +321,7 @@ def _markdown(payload: dict[str, Any], exp: Experiment) -> str:
         f"Columns marked (NOT PRIVATE): {outputs.NOT_PRIVATE}; the papers report them.", "",
         "## Notes", "", exp.notes(payload), "",
         "## Tuning", "", f"Grids: `{payload['grids']}`.", "",
-        f"Chosen (NOT PRIVATE where tuned here: selected on training-data objectives): `{ {(str(r.get('problem')) + ' ' if keyed else '') + r['algorithm'] + ' ε=' + str(r['epsilon']): r['params'] for r in payload['rows']} }`.", "",
+        f"Chosen (NOT PRIVATE where tuned here: selected on training-data objectives): `{chosen}`.", "",
         *([f"The preset's values were chosen by {exp.TUNED_BY}.", ""] if exp.TUNED_BY else []),
         f"Tuning cost (NOT PRIVATE tuning: chosen by the training objective without noise; its privacy cost is "
         f"not in the ε above): `{_tuning_cost(payload['tuning'])}`.", "",
@@ -314,7 +339,7 @@ def _preparation_lines(exp: Experiment, quick: bool) -> list[str]:
     return lines
 
 
-def _deltas(rows: list[dict[str, Any]]) -> str:
+def _deltas(rows: Sequence[Row]) -> str:
     """The δ of the rows: one value, or one per problem."""
     per = {row.get("problem"): row["delta"] for row in rows}
     if len(set(per.values())) == 1:
@@ -322,11 +347,11 @@ def _deltas(rows: list[dict[str, Any]]) -> str:
     return ", ".join(f"{delta:.3g} ({problem})" for problem, delta in per.items())
 
 
-def _paper_cell(value: Any) -> Any:
+def _paper_cell(value: Mapping[str, JsonValue] | None) -> JsonValue | Mapping[str, JsonValue]:
     if value is None:
         return ""
     return value if value["std"] is not None else value["mean"]
 
 
-def _tuning_cost(tuning: dict[str, Any]) -> dict[str, Any]:
+def _tuning_cost(tuning: Mapping[str, object]) -> dict[str, object]:
     return {key: value.get("cost", value) if isinstance(value, dict) else value for key, value in tuning.items()}

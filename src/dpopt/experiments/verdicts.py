@@ -11,26 +11,28 @@ file, keyed by the baseline's name).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+
+from .payload import Payload, p_value
 
 #: The significance level of the verdicts.
 LEVEL = 0.05
 
 
-def comparison_lines(payload: dict[str, Any], verdict_metrics: Sequence[str], explanations: dict[str, str]) -> list[str]:
+def comparison_lines(payload: Payload, verdict_metrics: Sequence[str], explanations: Mapping[str, str]) -> list[str]:
     """The verdict lines of ``payload`` (its rows and t-tests)."""
     tests = payload["t_tests"]
-    means = {(row.get("problem"), row["algorithm"], row["epsilon"]): row["metrics"] for row in payload["rows"]}
+    means: dict[tuple[object, object, object], dict[str, dict[str, float]]] = {
+        (row.get("problem"), row["algorithm"], row["epsilon"]): row["metrics"] for row in payload["rows"]}
     lines = []
     for ours in dict.fromkeys(test["ours"] for test in tests):
         mine = [test for test in tests if test["ours"] == ours]
-        misses = [test for test in mine if not all(test[f"p_{m}"] < LEVEL for m in verdict_metrics)]
+        misses = [test for test in mine if not all(p_value(test, m) < LEVEL for m in verdict_metrics)]
         lines.append(f"* {ours} is below its baseline on {' and '.join(verdict_metrics)} with "
                      f"p < {LEVEL} in {len(mine) - len(misses)} of {len(mine)} comparisons.")
         for test in misses:
             where = f"{test['problem']}, " if "problem" in test else ""
-            p_values = ", ".join(f"{test[f'p_{m}']:.3g} ({m})" for m in verdict_metrics)
+            p_values = ", ".join(f"{p_value(test, m):.3g} ({m})" for m in verdict_metrics)
             first = verdict_metrics[0]
             mean = {name: means[(test.get("problem"), name, test["epsilon"])][first]
                     for name in (ours, test["baseline"])}
@@ -38,7 +40,7 @@ def comparison_lines(payload: dict[str, Any], verdict_metrics: Sequence[str], ex
                 f"* **Miss:** {where}ε = {test['epsilon']:g}, {ours} vs {test['baseline']}: p = {p_values} — not "
                 f"significant at {LEVEL} on every metric ({first}: {_cell(mean[ours])} vs "
                 f"{_cell(mean[test['baseline']])}).")
-        missed = dict.fromkeys(test["baseline"] for test in misses)
+        missed = dict.fromkeys(str(test["baseline"]) for test in misses)
         lines += [f"* Against {baseline}: {explanations[baseline]}" for baseline in missed if baseline in explanations]
     return lines
 

@@ -1,0 +1,139 @@
+"""A reproduction's run as a practitioner writes it: :class:`dpopt.Private` and a torch optimizer.
+
+Step t: ``Private.backward()`` releases g̃_t, the plan's algorithm's noised gradient at the
+module's current parameters (its event goes to the ledger, checked against the plan); the
+optimizer (SGD with momentum, Adam, …) takes its step from it at the learning rate of the
+schedule, ``lr · schedule(t / T)``. The output is the last iterate θ_T, or the exponential moving
+average of the iterates
+
+    θ̄_t = β_t θ̄_{t−1} + (1 − β_t) θ_t,    β_t = min(β, (1 + t) / (10 + t)),   θ̄_0 = θ_0
+
+(the usual warm-up of the decay, so that the first iterates do not weigh for long). Everything
+after the release is post-processing of released values and of the public θ_0: the optimizer,
+its state, the schedule and the average cost no privacy; the plan's ε is the run's.
+
+Logged like :meth:`dpopt.experiments._runner.Problem.run`: at every ``log_every`` steps and at
+the end the private metrics of the output so far (ε of the ledger, test error, expected data
+passes) and, labelled NOT PRIVATE, the training wall and CPU time (evaluations not counted).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .. import _validate
+from ..outputs import NOT_PRIVATE
+from ..plan import Plan
+from ..private import Private
+from ..train import History, StepClock, all_finite
+from ._runner import Problem
+
+#: Learning-rate schedules by name: the factor of ``lr`` at the fraction f = t/T of the run.
+SCHEDULES: dict[str, Callable[[float], float]] = {
+    "constant": lambda f: 1.0,
+    "cosine": lambda f: 0.5 * (1 + math.cos(math.pi * f)),
+    "linear": lambda f: 1 - f,
+}
+#: Where an optimizer may be named from (a class taking ``params, lr=…, **options``).
+OPTIMIZER_MODULES = ("torch.optim", "dpopt.optim")
+
+
+def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
+    """The optimizer class ``name`` ("torch.optim.SGD", "dpopt.optim.AdamBC", …); a DpoptError
+    naming it if it is not in :data:`OPTIMIZER_MODULES` or does not exist (in this dpopt)."""
+    module, _, attribute = name.rpartition(".")
+    if module not in OPTIMIZER_MODULES:
+        raise _validate.DpoptError(f"optimizer={name!r} must be a class of {' or '.join(OPTIMIZER_MODULES)}")
+    try:
+        found = getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError):
+        raise _validate.DpoptError(f"optimizer={name!r} does not exist in this installation") from None
+    if not (isinstance(found, type) and issubclass(found, torch.optim.Optimizer)):
+        raise _validate.DpoptError(f"optimizer={name!r} is not a torch optimizer class")
+    return found
+
+
+@dataclass(frozen=True)
+class OptimizerLoop:
+    """``optimizer`` (a name for :func:`optimizer_class`) at learning rate ``lr`` with ``options``
+    (name, value pairs, e.g. ``(("momentum", 0.9),)``), under ``schedule`` (a name of
+    :data:`SCHEDULES`), its output the last iterate (``ema`` None) or the moving average of the
+    iterates with decay ``ema`` = β ∈ (0, 1)."""
+
+    optimizer: str
+    lr: float
+    options: tuple[tuple[str, Any], ...] = ()
+    schedule: str = "constant"
+    ema: float | None = None
+
+    def __post_init__(self) -> None:
+        optimizer_class(self.optimizer)
+        _validate.positive("lr", self.lr)
+        _validate.one_of("schedule", self.schedule, SCHEDULES)
+        if self.ema is not None and not 0 < self.ema < 1:
+            raise _validate.DpoptError(f"ema={self.ema!r} must be in (0, 1) (or None: the last iterate)")
+
+    def run(self, problem: Problem, plan: Plan[Any], seed: int, log_every: int) -> History:
+        """One run of ``plan`` on ``problem`` (its oracle's module from θ0, its data, engine and
+        chunks) with ``seed``, logged every ``log_every`` steps; the output's final metrics and the
+        problem's (:meth:`Problem.completed`)."""
+        oracle = problem.oracle
+        module = copy.deepcopy(oracle.module)
+        if problem.theta0 is not None:
+            torch.nn.utils.vector_to_parameters(problem.theta0.to(oracle.dtype),
+                                                [p for p in module.parameters() if p.requires_grad])
+        private = Private(module, oracle.loss_fn, (oracle.X, oracle.y), algorithm=plan.algorithm, epsilon=None,
+                          delta=plan.delta, steps=plan.steps, seed=seed, accountant=plan.accountant,
+                          engine=oracle.engine, microbatch_size=oracle.microbatch_size,
+                          allow_large_delta=plan.allow_large_delta)
+        if private.plan.run_event != plan.run_event:  # the run spends what the plan calibrated, no more
+            raise _validate.DpoptError(f"the run's planned event differs from the plan's ({private.plan.run_event} vs "
+                                       f"{plan.run_event})")
+        optimizer = optimizer_class(self.optimizer)(module.parameters(), lr=self.lr, **dict(self.options))
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: SCHEDULES[self.schedule](t / plan.steps))
+        average = private.oracle.flat_params().double() if self.ema is not None else None
+        per_step = plan.algorithm.sampler(0, plan.n).expected_size / plan.n
+        records: list[dict[str, float]] = []
+        logged: list[dict[str, float]] = []
+        stopped = None
+
+        def output() -> Tensor:
+            return average if average is not None else private.oracle.flat_params().double()
+
+        def measure(t: int) -> dict[str, float]:
+            theta = output()
+            return {"epsilon": private.epsilon(), "test_error": problem.test_error(theta), "expected_passes": t * per_step}
+
+        clock = StepClock()
+        for t in private:
+            private.backward()
+            optimizer.step()
+            schedule.step()
+            if average is not None:
+                decay = min(self.ema, (1 + t) / (10 + t))
+                average.mul_(decay).add_(private.oracle.flat_params().double(), alpha=1 - decay)
+            if (t + 1) % log_every == 0 or t + 1 == plan.steps:
+                with clock.paused():
+                    records.append({"step": t + 1} | measure(t + 1))
+                    logged.append({"step": t + 1, "cpu_time_s": clock.cpu, "wall_time_s": clock.wall})
+                if not all_finite(output()):
+                    stopped = f"diverged at step {t + 1}: θ has non-finite entries"
+                    break
+        clock.stop()
+        ledger = private.ledger
+        final_time = {"cpu_time_s": clock.cpu, "wall_time_s": clock.wall}
+        history = History(records=records, final=dict(records[-1]) | {"step": private.t}, theta=output(),
+                          delta=plan.delta, accountant=ledger.accountant,
+                          neighboring_relation=ledger.neighboring_relation, steps_done=private.t,
+                          randomness=private.stepper.origin, stopped=stopped,
+                          diagnostics={"label": NOT_PRIVATE, "records": logged, "final": final_time},
+                          diverged_at=private.t if stopped else None)
+        return problem.completed(history)

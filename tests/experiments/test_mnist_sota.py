@@ -1,0 +1,165 @@
+"""The mnist-sota preset: its declaration (the published recipes, the methods still to come, every
+output field classified, the NOT PRIVATE tuning labelled), its loop (a torch optimizer on
+``Private``'s releases, the moving average as post-processing), saved runs told apart by their
+loop, and ``--quick`` end to end."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import torch
+
+from dpopt import outputs
+from dpopt.algorithms import DPSGD
+from dpopt.experiments import mnist_sota
+from dpopt.experiments._runner import Problem, Saved, Training
+from dpopt.experiments.optimizer_loop import OptimizerLoop
+from dpopt.experiments.reproduce import reproduce
+from dpopt.models import cross_entropy
+from dpopt.oracles import TorchModel
+from dpopt.plan import Plan
+
+DATA = mnist_sota.DATA
+
+
+def test_the_published_recipes_are_the_dp_sgd_rows():
+    """Tramèr & Boneh's README: CNN b = 512, lr 0.5, 40 epochs; ScatterNet b = 4096, lr 8; C = 0.1,
+    SGD momentum 0.9; the ε = 1 row is the ScatterNet recipe."""
+    tuned = mnist_sota.PRESET.TUNED
+    assert tuned["tanh-cnn:mnist"]["DP-SGD"] == {3.0: {"lr": 0.5, "batch_size": 512, "epochs": 40, "clip": 0.1}}
+    scatter = tuned["scatternet:mnist"]["DP-SGD"]
+    assert set(scatter) == {3.0, 1.0} and all((p["lr"], p["batch_size"], p["clip"]) == (8.0, 4096, 0.1)
+                                              for p in scatter.values())
+    for spec in DATA["methods"].values():
+        assert spec["settings"]["algorithm"] == "dp-sgd" and spec["grid"] == {}
+    assert DATA["methods"]["DP-SGD"]["settings"] == {"algorithm": "dp-sgd", "optimizer": "torch.optim.SGD",
+                                                     "options": {"momentum": 0.9}}
+    assert mnist_sota.SETTINGS["scatternet:mnist"].model_options == {"groups": 27}
+
+
+def test_methods_run_where_the_file_gives_values_and_this_dpopt_has_them():
+    methods = mnist_sota.PRESET.methods
+    assert [m.name for m in methods(1.0, "tanh-cnn:mnist")] == []
+    for key in ("tanh-cnn:mnist", "scatternet:mnist"):
+        tuned = mnist_sota.PRESET.TUNED[key]
+        assert [m.name for m in methods(3.0, key)] == [
+            name for name, spec in DATA["methods"].items() if 3.0 in tuned.get(name, {})
+            and mnist_sota.unavailable(spec) is None]
+    cnn, = (m for m in methods(3.0, "tanh-cnn:mnist") if m.name == "DP-SGD")
+    algorithm, steps = cnn.build(60_000, cnn.tuned[3.0])
+    assert isinstance(algorithm, DPSGD) and (algorithm.batch_size, algorithm.clip) == (512, 0.1)
+    assert steps == round(40 * 60_000 / 512)
+    assert cnn.loop(cnn.tuned[3.0]) == OptimizerLoop("torch.optim.SGD", lr=0.5, options=(("momentum", 0.9),))
+
+
+def test_a_method_this_dpopt_cannot_run_is_left_out_with_the_reason():
+    """The slots for methods still being written: an algorithm option no algorithm has, an optimizer
+    that does not exist yet; the report names each one left out and why."""
+    base = {"algorithm": "dp-sgd", "optimizer": "torch.optim.SGD", "options": {}}
+    assert mnist_sota.unavailable({"settings": base}) is None
+    missing = mnist_sota.unavailable({"settings": base | {"algorithm_options": {"no_such_knob": 4}}})
+    assert missing.startswith("options ['no_such_knob'] are not hyper-parameters of any algorithm")
+    assert mnist_sota.unavailable({"settings": base | {"optimizer": "dpopt.optim.NoSuch"}}) == (
+        "optimizer='dpopt.optim.NoSuch' does not exist in this installation")
+    assert "must be a class of torch.optim or dpopt.optim" in mnist_sota.unavailable(
+        {"settings": base | {"optimizer": "os.system"}})
+    lines = mnist_sota.analyses({"rows": [], "quick": True})
+    left_out = [name for name, spec in DATA["methods"].items() if mnist_sota.unavailable(spec) is not None]
+    assert lines == [f"* **Not run: {name}** — {mnist_sota.unavailable(DATA['methods'][name])}" for name in left_out]
+    assert {"DP-SGD + banded noise", "DP-SGD + quantile clipping", "DP-AdamBC"} <= set(DATA["methods"])
+
+
+# ------------------------------------------------------------------------------ the loop
+
+
+def _toy_problem(seen: list[torch.Tensor]) -> Problem:
+    """A small linear classifier on random data; its test error records every θ it is asked about."""
+    gen = torch.Generator().manual_seed(0)
+    X, y = torch.randn(200, 6, generator=gen), torch.randint(0, 3, (200,), generator=gen)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        module = torch.nn.Sequential(torch.nn.Linear(6, 3))
+    oracle = TorchModel(module, cross_entropy, X, y)
+
+    def test_error(theta: torch.Tensor) -> float:
+        seen.append(theta.clone())
+        return 0.5
+
+    return Problem(oracle, test_error, theta0=oracle.flat_params().double(), train_metrics=False)
+
+
+def _plan(n: int) -> Plan:
+    return Plan(DPSGD(lr=1.0, clip=0.5, noise_multiplier=1.0, batch_size=20), n=n, steps=12, delta=1e-3).calibrated(2.0)
+
+
+def test_the_moving_average_is_post_processing_of_the_iterates():
+    """The same seed with and without the average: the same iterates θ_t (the average changes no
+    release), and the output θ̄_t = β_t θ̄_{t−1} + (1 − β_t) θ_t, β_t = min(β, (1 + t)/(10 + t))."""
+    last, averaged = [], []
+    plain = OptimizerLoop("torch.optim.SGD", lr=0.3, options=(("momentum", 0.9),))
+    plan = _plan(200)
+    history = plain.run(_toy_problem(last), plan, seed=5, log_every=1)
+    average = OptimizerLoop("torch.optim.SGD", lr=0.3, options=(("momentum", 0.9),), ema=0.5)
+    other = average.run(_toy_problem(averaged), plan, seed=5, log_every=1)
+    assert len(last) == len(averaged) == 12 and history.steps_done == other.steps_done == 12
+    expected = _toy_problem([]).theta0
+    for t, theta in enumerate(last):
+        decay = min(0.5, (1 + t) / (10 + t))
+        expected = decay * expected + (1 - decay) * theta
+        assert torch.allclose(averaged[t], expected, rtol=1e-12, atol=1e-12)
+    assert torch.equal(other.theta, averaged[-1]) and torch.equal(history.theta, last[-1])
+    assert not torch.allclose(last[-1], averaged[-1])
+    assert history.final["epsilon"] == pytest.approx(plan.epsilon(), rel=1e-6) and plan.epsilon() <= 2.0
+    assert set(history.diagnostics["final"]) == {"cpu_time_s", "wall_time_s"}
+
+
+def test_the_loop_is_checked():
+    with pytest.raises(Exception, match="optimizer='torch.optim.NoSuch' does not exist"):
+        OptimizerLoop("torch.optim.NoSuch", lr=0.1)
+    with pytest.raises(Exception, match=r"schedule='step' must be one of: constant, cosine, linear"):
+        OptimizerLoop("torch.optim.SGD", lr=0.1, schedule="step")
+    with pytest.raises(Exception, match=r"ema=1.0 must be in \(0, 1\)"):
+        OptimizerLoop("torch.optim.SGD", lr=0.1, ema=1.0)
+
+
+def test_saved_runs_of_two_loops_on_one_plan_are_kept_apart(tmp_path):
+    """Two methods with the same calibrated plan but another optimizer setting (the average, the
+    learning rate) are different runs: a saved run of one is never loaded for the other."""
+    problem = _toy_problem([])
+    plan, saved = _plan(200), Saved(tmp_path, "mnist-sota test")
+    loops = [None, OptimizerLoop("torch.optim.SGD", lr=0.3), OptimizerLoop("torch.optim.SGD", lr=0.3, ema=0.9),
+             OptimizerLoop("torch.optim.SGD", lr=0.6)]
+    paths = {saved.path(Training(plan, 4, 0, loop), problem, "key") for loop in loops}
+    assert len(paths) == len(loops)
+
+
+# ------------------------------------------------------------------------------ end to end
+
+
+def test_quick_reproduction(shared_data_dir, tmp_path, monkeypatch):
+    """``--quick`` on 1,000 records: every row at its ε (spent ≥ 0.99 ε), every field of results.json
+    classified, the NOT PRIVATE tuning labelled in results.json, results.md and the figures."""
+    monkeypatch.setenv("DPOPT_CACHE", str(tmp_path / "cache"))
+    payload = reproduce("mnist-sota", quick=True, seeds=1, out=tmp_path, data_dir=str(shared_data_dir), workers=1)
+    expected = {(key, name, eps) for key, by_method in mnist_sota.PRESET.TUNED.items() if key.endswith("-smoke")
+                for name, by_eps in by_method.items() for eps in by_eps
+                if mnist_sota.unavailable(DATA["methods"][name]) is None}
+    assert {(r["problem"], r["algorithm"], r["epsilon"]) for r in payload["rows"]} == expected
+    for row in payload["rows"]:
+        assert 0.99 * row["epsilon"] <= row["metrics"]["epsilon"]["mean"] <= row["epsilon"]
+        accuracy = row["metrics"]["test_accuracy"]["mean"]
+        assert accuracy == pytest.approx(1 - row["metrics"]["test_error"]["mean"]) and 0 <= accuracy <= 1
+        assert row["diagnostics"]["metrics"]["wall_time_s"]["mean"] > 0
+    written: dict[str, Any] = json.loads((tmp_path / "results.json").read_text())
+    assert outputs.unclassified(written) == []
+    assert written["diagnostics"]["tuning"]["label"].startswith("NOT PRIVATE tuning")
+    assert "**Hyper-parameters: NOT PRIVATE tuning.**" in (tmp_path / "results.md").read_text()
+    assert "NOT PRIVATE tuning" in mnist_sota.PRESET.FIGURE_NOTE
+    assert {p.name for p in tmp_path.glob("*.png")} == {
+        "curves_tanh-cnn-mnist-smoke_eps3.0.png", "curves_scatternet-mnist-smoke_eps3.0.png",
+        "curves_scatternet-mnist-smoke_eps1.0.png"}
+    facts = {f["problem"]: f for f in written["facts"]}
+    assert facts["scatternet:mnist-smoke"]["dim"] == 39_700 and facts["tanh-cnn:mnist-smoke"]["dim"] == 26_010
+    assert facts["scatternet:mnist-smoke"]["n"] == 1000
