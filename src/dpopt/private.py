@@ -151,8 +151,8 @@ class Private:
         if isinstance(algorithm, str):
             entry = registry.entry(algorithm)
             if not entry.private:
-                raise _validate.DpoptError(f"algorithm={algorithm!r} is not private (ε = ∞): train it with dpopt.run as "
-                                           "a non-private reference")
+                raise _validate.DpoptError(f"algorithm={algorithm!r} is not private (ε = ∞): train it with "
+                                           "dpopt.run as a non-private reference")
             if epsilon is None:
                 raise _validate.DpoptError(f"epsilon=None keeps the noise multipliers of an algorithm object; "
                                            f"algorithm={algorithm!r} by name needs an epsilon to calibrate to")

@@ -51,7 +51,8 @@ def _toy(**changes: Any) -> Experiment:
         TABLE_METRICS=("test_error", "objective", "grad_norm", "passes", "cpu_time_s"),
         PAPER_METRICS=("test_error", "grad_norm", "passes"), TEST_METRICS=("objective", "grad_norm"), epochs=0,
         PAPER=[{"algorithm": "DP-SGD", "epsilon": 1.0, "test_error": (0.1, 0.01), "passes": 3}],
-        make_problem=lambda key, data_dir: _problem(data_dir, key), make_methods=lambda key, epochs, tuned, eps: _methods(eps),
+        make_problem=lambda key, data_dir: _problem(data_dir, key),
+        make_methods=lambda key, epochs, tuned, eps: _methods(eps),
         delta_of=lambda key: 1e-5, describe=lambda payload: "toy notes", preparation=lambda key: SYNTHETIC), **changes)
 
 
@@ -159,7 +160,8 @@ def test_the_largest_problem_is_queued_first_and_reported_in_the_preset_order(
           make_methods=lambda key, epochs, tuned, eps: _methods(eps)[:1], EPSILONS=(1.0,), PAPER=[])
     queued = []
     start = driver.start_seeds
-    monkeypatch.setattr(driver, "start_seeds", lambda *args, key, **kw: queued.append(key) or start(*args, key=key, **kw))
+    monkeypatch.setattr(driver, "start_seeds",
+                        lambda *args, key, **kw: queued.append(key) or start(*args, key=key, **kw))
     payload = reproduce(toy, seeds=1, out=tmp_path, workers=1)
     assert queued == ["large", "small"]
     assert [row["problem"] for row in payload["rows"]] == ["small", "large"]
@@ -192,7 +194,8 @@ def _comparable(payload: dict[str, Any]) -> dict[str, Any]:
     rows = [{**row, "diagnostics": {k: v for k, v in row["diagnostics"]["metrics"].items() if not k.endswith("time_s")}}
             for row in payload["rows"]]
     diagnostics = payload["diagnostics"]
-    tuning = {name: {"chosen": value["chosen"], "scores": value["scores"]} for name, value in diagnostics["tuning"].items()}
+    tuning = {name: {"chosen": value["chosen"], "scores": value["scores"]}
+              for name, value in diagnostics["tuning"].items()}
     return json.loads(report.to_json({**payload, "rows": rows, "diagnostics": {**diagnostics, "tuning": tuning,
                                                                                 "wall_time_s": None}}))
 
@@ -297,7 +300,8 @@ def test_results_json_classifies_every_field(toy: str, tmp_path: Path) -> None:
     reproduce(toy, seeds=2, out=tmp_path, workers=1)
     written = json.loads((tmp_path / "results.json").read_text())
     assert outputs.unclassified(written) == []
-    assert outputs.unclassified(written | {"facts": [{"n": 400, "goldstein_start": 0.3}]}) == ["facts[].goldstein_start"]
+    assert (outputs.unclassified(written | {"facts": [{"n": 400, "goldstein_start": 0.3}]})
+            == ["facts[].goldstein_start"])
     assert outputs.unclassified(written | {"t_tests": [{"p_objective": 0.1}]}) == ["t_tests[].p_objective"]
     assert outputs.unclassified(written | {"tuning": written["diagnostics"]["tuning"]}) == ["tuning"]
     assert outputs.unclassified(written | {"wall_time_s": 3.0}) == ["wall_time_s"]
@@ -329,15 +333,16 @@ def test_results_say_where_the_randomness_came_from_and_label_a_preparation_that
     paper = NotPrivate("a paper's standardisation", prepared)
     _with(monkeypatch, PROBLEMS=("public", "standardised"), EPSILONS=(1.0,), PAPER=[],
           preparation=lambda key: paper if key == "standardised" else SYNTHETIC,
-          make_problem=lambda key, data_dir: _problem(data_dir), make_methods=lambda key, epochs, tuned, eps: _methods(eps)[:1])
+          make_problem=lambda key, data_dir: _problem(data_dir),
+          make_methods=lambda key, epochs, tuned, eps: _methods(eps)[:1])
     reproduce("toy", seeds=2, out=tmp_path, workers=1)
     written = json.loads((tmp_path / "results.json").read_text())
     assert written["randomness"].startswith("published seeds: the runs of every row use seeds 0 to 1, and a tuning "
                                             "run here seeds 100;") and "not a guarantee" in written["randomness"]
     facts = {fact["problem"]: fact["preparation"] for fact in written["facts"]}
     assert facts == {"public": "none: synthetic data drawn from a public distribution with a fixed seed",
-                     "standardised": f"{LABEL}: a paper's standardisation, computed from the data without noise; one record "
-                              "moves every other, so no ε shown for this problem is a guarantee"}
+                     "standardised": f"{LABEL}: a paper's standardisation, computed from the data without noise; "
+                                     "one record moves every other, so no ε shown for this problem is a guarantee"}
     assert outputs.unclassified(written) == []
     text = (tmp_path / "results.md").read_text()
     assert f"Randomness: {written['randomness']}." in text

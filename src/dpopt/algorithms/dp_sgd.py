@@ -213,12 +213,13 @@ def _std(noise_multiplier: float, clipped: mechanisms.Bounded) -> float:
 def dp_gd(*, lr: float, clip: float, noise_multiplier: float, output_rule: str = "last",
           noise: mechanisms.Noise = mechanisms.CONTINUOUS) -> DPSGD:
     """DP-GD: DP-SGD on the full batch every step (replace-one adjacency)."""
-    return DPSGD(lr=lr, clip=clip, noise_multiplier=noise_multiplier, sampling=sampling.FullBatch, output_rule=output_rule,
-                 noise=noise)
+    return DPSGD(lr=lr, clip=clip, noise_multiplier=noise_multiplier, sampling=sampling.FullBatch,
+                 output_rule=output_rule, noise=noise)
 
 
 def rrpsgd(*, lr: float, clip: float, noise_multiplier: float, batch_size: int,
-           sampling: sampling.BatchSampling = sampling.Poisson, noise: mechanisms.Noise = mechanisms.CONTINUOUS) -> DPSGD:
+           sampling: sampling.BatchSampling = sampling.Poisson,
+           noise: mechanisms.Noise = mechanisms.CONTINUOUS) -> DPSGD:
     """RRPSGD (Zhang, Zheng, Mou, Wang 2017, "random round private SGD"): DP-SGD whose output is
     the iterate of a uniformly random round R. R is drawn up front, independently of the data, so
     the output rule costs no privacy; the noise is calibrated, and the ledger charged, for all T

@@ -242,9 +242,10 @@ def _audit(plan: Plan[Any], place: Pair, engine: Engine, *, name: str, runs: int
 def audit_one_run(plan: Plan[Any], *, name: str, canaries: int | None = None, confidence: float = 0.95,
                   engine: Engine = ClosedForm(), seed: int = 0, progress: bool = False) -> AuditResult:
     """One-run audit (Steinke, Nasr, Jagielski 2023; :mod:`dpopt.audit.one_run`): ``canaries``
-    slots (default: every record the run uses), each holding the canary with probability ½ (the auditor's coin, from ``seed``), one
-    training run, each slot scored by −output_r; the guesses k₊ = k₋ are planned from the claim
-    alone (a Gaussian mechanism of the claimed ε's μ), so planning spends no confidence.
+    slots (default: every record the run uses), each holding the canary with probability ½ (the
+    auditor's coin, from ``seed``), one training run, each slot scored by −output_r; the guesses
+    k₊ = k₋ are planned from the claim alone (a Gaussian mechanism of the claimed ε's μ), so planning
+    spends no confidence.
 
     For models where many runs cost too much. It is weaker than many runs (ε-randomized-response
     guesses, no trade-off curve): ``smallest_refutable_epsilon`` says how much. ``progress``: a

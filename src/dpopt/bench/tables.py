@@ -66,7 +66,8 @@ def markdown(result: dict[str, Any], command: str) -> str:
         lines += [f"## {problem['problem']}: {problem['model']} on {problem['dataset']}", "",
                   f"{name} of the privately selected θ, mean (std) over {problem['seeds']} seeds; δ = "
                   f"{problem['delta']:g}; trials per tuning: {problem['trials']}; steps {problem['steps']}; "
-                  f"grids {problem['grids']}. Each ε is the total for tuning and training (RDP accountant); the largest "
+                  f"grids {problem['grids']}. Each ε is the total for tuning and training (RDP accountant); "
+                  "the largest "
                   f"ε any tuning claimed: {spent:.4g}. Bold: the lowest mean, unless another is within {TIE:.1%} of it "
                   "(a tie: no winner).", "",
                   *([f"Data preparation: {problem['preparation']}.", ""] if "preparation" in problem else []),

@@ -163,7 +163,10 @@ def train_and_write(request: RunRequest) -> Output | None:
     else:
         oracle = make_oracle(request.model, torch.as_tensor(dataset.X_train), torch.as_tensor(dataset.y_train),
                              reg=request.reg)
-        test_error = (lambda theta: oracle.error(theta, X_test, y_test))
+
+        def test_error(theta: torch.Tensor) -> float:
+            return oracle.error(theta, X_test, y_test)
+
     processes = distributed.world_size()
     if processes > 1 and request.backend == "local":
         oracle = distributed.Sharded(oracle)

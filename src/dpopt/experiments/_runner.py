@@ -318,7 +318,8 @@ def _run_and_save(job: Job, problem: Any, path: Path | None) -> Any:
 
 @contextlib.contextmanager
 def running(pool: Pool) -> Iterator[Pool]:
-    """``pool`` while its jobs are queued and gathered, then closed. Interrupted (KeyboardInterrupt), it stops the workers and raises KeyboardInterrupt
+    """``pool`` while its jobs are queued and gathered, then closed. Interrupted (KeyboardInterrupt), it
+    stops the workers and raises KeyboardInterrupt
     saying how many jobs are saved and how to resume; on any other error it stops them too (the
     finished jobs are saved)."""
     try:

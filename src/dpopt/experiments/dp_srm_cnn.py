@@ -187,7 +187,8 @@ def _mnist_analyses(payload: dict[str, Any]) -> list[str]:
             verdict = "matches or beats" if ours <= paper[name] + 0.002 else "**misses**"
             lines.append(f"* ε = 7: {name} test error {ours:.2%} {verdict} the paper's {paper[name]:.2%} (within "
                          "0.2 points counts as a match).")
-        times = {name: (rows[(name, 7.0)]["time_to_target_s"]["mean"], rows[(name, 7.0)]["cpu_time_to_target_s"]["mean"])
+        times = {name: (rows[(name, 7.0)]["time_to_target_s"]["mean"],
+                        rows[(name, 7.0)]["cpu_time_to_target_s"]["mean"])
                  for name in ("DP-SRM", "DP-SGD")}
         if all(math.isfinite(wall) for wall, _ in times.values()):
             (srm, srm_cpu), (sgd, sgd_cpu) = times["DP-SRM"], times["DP-SGD"]

@@ -99,7 +99,8 @@ def declared_experiment(data: Declared, *, make_problem: Callable[[Any, str | No
                         analyses: Callable[[dict[str, Any]], list[str]] | None = None,
                         draw: Callable[[Path, dict[str, Any]], None] | None = None) -> Experiment:
     """The :class:`Experiment` of a preset file: its declared fields, the code's problem and method
-    builders and its problems' preparation, and as notes the file's text (``notes``, a ``problem_note`` per problem, the ``quick_note``
+    builders and its problems' preparation, and as notes the file's text (``notes``, a
+    ``problem_note`` per problem, the ``quick_note``
     under ``--quick``), then :func:`~dpopt.experiments.verdicts.comparison_lines` (the generic rule),
     then what ``analyses(payload)`` computes for this preset, if anything."""
     delta = data["delta"]
@@ -125,7 +126,8 @@ def declared_experiment(data: Declared, *, make_problem: Callable[[Any, str | No
         PROBLEMS=tuple(data.get("problems", [None])),
         SMOKE_PROBLEMS=tuple(data["smoke_problems"]) if "smoke_problems" in data.values else None,
         CURVES={title: spec if isinstance(spec, str) else tuple(spec) for title, spec in data["curves"].items()},
-        TUNED=data.tuned(), TUNING_COST=data.get("tuning", {}).get("cost", {}), TUNING_SEEDS=tuple(data["tuning_seeds"]),
+        TUNED=data.tuned(), TUNING_COST=data.get("tuning", {}).get("cost", {}),
+        TUNING_SEEDS=tuple(data["tuning_seeds"]),
         TUNE_EPSILON=data.get("tune_epsilon"), LOG_POINTS=data["log_points"], SEEDS=data["seeds"], draw=draw,
         TUNED_BY=f"`{tuning['command']}` on {tuning['date']}" if (tuning := data.get("tuning")) else "")
 

@@ -161,13 +161,14 @@ def _params(method: Method, epsilon: float | None, retune: bool, problem: Any, e
     at = exp.TUNE_EPSILON
     if at is not None and (key, method.name) in chosen:
         return chosen[(key, method.name)], None
-    result = (method.tuner or tune)(method, problem, epsilon=at or epsilon or exp.EPSILONS[0], delta=delta, seeds=exp.TUNING_SEEDS,
-                  progress=progress, pool=pool, key=key)
+    result = (method.tuner or tune)(method, problem, epsilon=at or epsilon or exp.EPSILONS[0], delta=delta,
+                                    seeds=exp.TUNING_SEEDS, progress=progress, pool=pool, key=key)
     chosen[(key, method.name)] = result["chosen"]
     return result["chosen"], result
 
 
-def _t_tests(rows: list[dict[str, Any]], pairs: list[tuple[str, str]], test_metrics: tuple[str, ...]) -> list[dict[str, Any]]:
+def _t_tests(rows: list[dict[str, Any]], pairs: list[tuple[str, str]],
+             test_metrics: tuple[str, ...]) -> list[dict[str, Any]]:
     """One-sided Welch tests of mean(ours) < mean(baseline), per problem and ε, for each pair."""
     by_key = {(row["problem"], row["algorithm"], row["epsilon"]): row for row in rows}
     tests = []
@@ -269,7 +270,8 @@ def _markdown(payload: dict[str, Any], exp: Experiment) -> str:
     keyed = payload["rows"] and "problem" in payload["rows"][0]
     table_metrics, paper_metrics, test_metrics = list(exp.TABLE_METRICS), list(exp.PAPER_METRICS), exp.TEST_METRICS
     head = (["problem"] if keyed else []) + ["algorithm", "epsilon"]
-    shown = {c: f"spent {c}" if c in head else outputs.shown(c) for c in table_metrics}  # the ledger's ε beside the target
+    # the ledger's ε beside the target
+    shown = {c: f"spent {c}" if c in head else outputs.shown(c) for c in table_metrics}
     paper_by_key = {(r.get("problem"), r["algorithm"], r["epsilon"]): r["metrics"] for r in payload["paper"]}
     table_rows = []
     for row in payload["rows"]:
@@ -278,6 +280,8 @@ def _markdown(payload: dict[str, Any], exp: Experiment) -> str:
                            "seeds": row["seeds"], **{shown[c]: row["metrics"][c] for c in table_metrics},
                            **{f"paper {c}": _paper_cell(paper.get(c)) for c in paper_metrics}})
     first = payload["rows"][0]
+    chosen = {(str(r.get("problem")) + " " if keyed else "") + r["algorithm"] + " ε=" + str(r["epsilon"]): r["params"]
+              for r in payload["rows"]}
     lines = [
         f"# {payload['experiment']}", "",
         f"{payload['seeds']} seeds (mean (std)); δ = {_deltas(payload['rows'])}; accountant: {first['accountant']}; "
@@ -286,7 +290,8 @@ def _markdown(payload: dict[str, Any], exp: Experiment) -> str:
            if payload["quick"] else ""), "",
         f"Randomness: {payload['randomness']}.", "",
         *_preparation_lines(exp, payload["quick"]),
-        report.markdown_table(table_rows, head + ["seeds"] + list(shown.values()) + [f"paper {c}" for c in paper_metrics]),
+        report.markdown_table(table_rows,
+                              head + ["seeds"] + list(shown.values()) + [f"paper {c}" for c in paper_metrics]),
         "", "`seeds`: runs behind the row (1 for a method whose runs do not depend on the seed).", "",
         "## One-sided Welch t-tests (ours < baseline), p-values", "",
         report.markdown_table([row | {f"p_{outputs.shown(m)}": row[f"p_{m}"] for m in test_metrics}
@@ -296,7 +301,7 @@ def _markdown(payload: dict[str, Any], exp: Experiment) -> str:
         f"Columns marked (NOT PRIVATE): {outputs.NOT_PRIVATE}; the papers report them.", "",
         "## Notes", "", exp.notes(payload), "",
         "## Tuning", "", f"Grids: `{payload['grids']}`.", "",
-        f"Chosen (NOT PRIVATE where tuned here: selected on training-data objectives): `{ {(str(r.get('problem')) + ' ' if keyed else '') + r['algorithm'] + ' ε=' + str(r['epsilon']): r['params'] for r in payload['rows']} }`.", "",
+        f"Chosen (NOT PRIVATE where tuned here: selected on training-data objectives): `{chosen}`.", "",
         *([f"The preset's values were chosen by {exp.TUNED_BY}.", ""] if exp.TUNED_BY else []),
         f"Tuning cost (NOT PRIVATE tuning: chosen by the training objective without noise; its privacy cost is "
         f"not in the ε above): `{_tuning_cost(payload['tuning'])}`.", "",

@@ -18,7 +18,8 @@ from typing import Any
 LEVEL = 0.05
 
 
-def comparison_lines(payload: dict[str, Any], verdict_metrics: Sequence[str], explanations: dict[str, str]) -> list[str]:
+def comparison_lines(payload: dict[str, Any], verdict_metrics: Sequence[str],
+                     explanations: dict[str, str]) -> list[str]:
     """The verdict lines of ``payload`` (its rows and t-tests)."""
     tests = payload["t_tests"]
     means = {(row.get("problem"), row["algorithm"], row["epsilon"]): row["metrics"] for row in payload["rows"]}

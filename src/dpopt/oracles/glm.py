@@ -105,7 +105,8 @@ class GLM:
         self.X = torch.as_tensor(X, dtype=torch.float64)
         self.y = torch.as_tensor(y, dtype=torch.float64)
         if self.X.ndim != 2 or self.y.shape != (self.X.shape[0],):
-            raise _validate.DpoptError(f"X.shape={tuple(self.X.shape)} and y.shape={tuple(self.y.shape)} must be [n, d] and [n]")
+            raise _validate.DpoptError(f"X.shape={tuple(self.X.shape)} and y.shape={tuple(self.y.shape)} "
+                                       "must be [n, d] and [n]")
         if not (self.X.isfinite().all() and self.y.isfinite().all()):
             raise _validate.DpoptError("data must be finite: X or y contains NaN or inf")
         self.reg = _validate.non_negative("reg", reg)
@@ -275,7 +276,8 @@ class LeastSquares(Ridge):
 
 
 class TruncatedAbsolute(GLM):
-    """Robust regression with the truncated absolute loss min(|⟨x, θ⟩ − y|, τ), τ = ``cap``: nonsmooth (kinks at residuals 0 and ±τ), nonconvex, and ‖x_i‖-Lipschitz in θ.
+    """Robust regression with the truncated absolute loss min(|⟨x, θ⟩ − y|, τ), τ = ``cap``: nonsmooth
+    (kinks at residuals 0 and ±τ), nonconvex, and ‖x_i‖-Lipschitz in θ.
     φ′(u) = sign(u − y)·1[|u − y| < τ] (the convention at the kinks is immaterial: a null set)."""
 
     def __init__(self, X: Tensor, y: Tensor, *, cap: float = 1.0) -> None:

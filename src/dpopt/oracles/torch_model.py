@@ -143,11 +143,11 @@ def reject_batch_norm(module: nn.Module) -> None:
         if isinstance(m, _BatchNorm):
             raise _validate.DpoptError(
                 f"module={name or type(module).__name__!r} is {type(m).__name__}, which cannot be trained with "
-                "differential privacy: BatchNorm normalises each record with the statistics of its whole batch, so "
-                "one record's gradient depends on the other records in the batch and clipping each record's "
-                "gradient no longer bounds its influence (the sensitivity). Use nn.GroupNorm instead (e.g. "
-                "nn.GroupNorm(G, C), G the largest divisor of C up to 32), or nn.LayerNorm / nn.InstanceNorm2d: they normalise each record on "
-                "its own; dpopt.fix(model) returns a copy with every BatchNorm replaced by GroupNorm")
+                "differential privacy: BatchNorm normalises each record with the statistics of its whole batch, so one "
+                "record's gradient depends on the other records in the batch and clipping each record's gradient no "
+                "longer bounds its influence (the sensitivity). Use nn.GroupNorm instead (e.g. nn.GroupNorm(G, C), G "
+                "the largest divisor of C up to 32), or nn.LayerNorm / nn.InstanceNorm2d: they normalise each record "
+                "on its own; dpopt.fix(model) returns a copy with every BatchNorm replaced by GroupNorm")
 
 
 def reject_recurrent(module: nn.Module) -> None:
