@@ -125,7 +125,7 @@ def load(path: Path, key: Key | None = None) -> Any:
         raise _validate.DpoptError(f"{name} is not authenticated: it carries no tag (format 1: saved results, or a "
                                    "file rewritten without the checkpoint key), and a run resumes only a checkpoint "
                                    "tagged under the user's key; it was not used")
-    if key is not None and not hmac.compare_digest(key.tag(payload), tag):
+    if key is not None and tag is not None and not hmac.compare_digest(key.tag(payload), tag):
         raise _validate.DpoptError(f"{name} is not authenticated: its tag does not verify under the checkpoint key "
                                    f"{str(key.path)!r}, so it was edited after it was written, or written under "
                                    "another key (another user, machine or DPOPT_STATE); it was not used")

@@ -120,7 +120,7 @@ def _is_dpopt_record(cls: type) -> bool:
 def _fields(v: Any) -> dict[str, Any]:
     """A NamedTuple's fields, or a dataclass's constructor fields."""
     if isinstance(v, tuple):
-        return v._asdict()
+        return v._asdict()  # type: ignore[attr-defined]  # a NamedTuple: see _is_dpopt_record
     return {f.name: getattr(v, f.name) for f in dataclasses.fields(v) if f.init}
 
 

@@ -35,7 +35,8 @@ class Selection(Protocol):
     """How many runs a private selection makes (:mod:`dpopt.tuning.trials`): ``wrap`` turns one
     run's event into the event of releasing the best of K runs."""
 
-    mean: float
+    @property
+    def mean(self) -> float: ...  # read-only: the distributions are frozen dataclasses
 
     def wrap(self, event: DpEvent) -> DpEvent: ...
 

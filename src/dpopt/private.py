@@ -161,6 +161,7 @@ class Private:
             raise _validate.DpoptError(f"options {sorted(options)} build an algorithm by name; algorithm="
                                        f"{type(algorithm).__name__} is already built")
         if steps is None:
+            assert epochs is not None  # (exactly one of them: checked above)
             steps = steps_for_epochs(algorithm, n, epochs)
         self.plan = plan_for(algorithm, n=n, steps=steps, delta=delta, epsilon=epsilon, accountant=accountant,
                              allow_large_delta=allow_large_delta)
@@ -277,6 +278,7 @@ class Private:
         """The algorithm's output θ (flat, float64): its output rule (last iterate, RRPSGD's
         random iterate, AClip's average) over the iterates so far."""
         if self._own_update is False:
+            assert isinstance(self.algorithm, Directed)  # backward() refuses any other
             return self.algorithm.output(self.algorithm.moved(self.stepper.state, self._theta()))
         return self.algorithm.output(self.stepper.state)
 
@@ -310,6 +312,7 @@ class Private:
         under the user's checkpoint key; the journal records it as the run's latest checkpoint."""
         state = self.stepper.state
         if self._own_update is False:
+            assert isinstance(self.algorithm, Directed)  # backward() refuses any other
             state = self.algorithm.moved(state, self._theta())
         checkpoint.save(Path(path), {
             "private": self._described(), "step": self.stepper.t, "state": state,

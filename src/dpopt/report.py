@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -117,7 +117,7 @@ def pyplot() -> Any:
     return plt
 
 
-def curves_figure(path: Path, panels: dict[str, dict[str, Curve | tuple[Any, Any]]], *, title: str,
+def curves_figure(path: Path, panels: Mapping[str, Mapping[str, Curve | tuple[Any, Any]]], *, title: str,
                   xlabel: str | dict[str, str], ylabel: str | dict[str, str] | None = None,
                   log_y: bool = True, log_x: bool = False) -> int:
     """One subplot per panel title; each maps a line label to a :class:`Curve` (or ``(x, y)``);
@@ -165,13 +165,16 @@ def curves_figure(path: Path, panels: dict[str, dict[str, Curve | tuple[Any, Any
     return omitted
 
 
-def _drawable(lines: dict[str, Curve | tuple[Any, Any]], log_x: bool, log_y: bool) -> dict[str, tuple[Curve, int]]:
+def _drawable(lines: Mapping[str, Curve | tuple[Any, Any]], log_x: bool, log_y: bool
+              ) -> dict[str, tuple[Curve, int]]:
     """Each line's drawable points (see :func:`curves_figure`) and how many it lost."""
     import numpy as np
 
     drawn = {}
     for label, curve in lines.items():
-        x, y, spread = (np.asarray(v, dtype=float) if v is not None else None for v in Curve(*curve))
+        x, y, spread = Curve(*curve)
+        x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+        spread = None if spread is None else np.asarray(spread, dtype=float)
         keep = ((np.abs(x) <= DRAWABLE) & (np.abs(y) <= DRAWABLE)  # (False for NaN)
                 & ((x > 0) | (not log_x)) & ((y > 0) | (not log_y)))
         drawn[label] = (Curve(x[keep], y[keep], None if spread is None else spread[keep]), int((~keep).sum()))
@@ -183,9 +186,9 @@ def lower_ends(ax: Any, mean: Sequence[float], spread: Sequence[float]) -> np.nd
     ``mean − spread``, or the mean itself where that is ≤ 0 on a log axis."""
     import numpy as np
 
-    mean = np.asarray(mean, dtype=float)
-    low = mean - np.asarray(spread, dtype=float)
-    return np.where((low > 0) | (ax.get_yscale() == "linear"), low, mean)
+    centre = np.asarray(mean, dtype=float)
+    low = centre - np.asarray(spread, dtype=float)
+    return np.where((low > 0) | (ax.get_yscale() == "linear"), low, centre)
 
 
 def scale(log: bool, values: list[Any]) -> str:

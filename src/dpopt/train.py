@@ -28,7 +28,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self, cast
 
 import numpy as np
 import torch
@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from . import _validate, checkpoint, journal, lock, resume
 from .accounting import Ledger, accountant_note
-from .base import (Algorithm, Averaged, Batch, ClosedForm, KeyedSampling, NoiseSource, Oracle, SelfDiagnosing,
+from .base import (S, Algorithm, Averaged, Batch, ClosedForm, KeyedSampling, NoiseSource, Oracle, SelfDiagnosing,
                    SharedNoise)
 from .mechanisms import Discrete, SeededNoise
 from .outputs import NOT_PRIVATE
@@ -102,10 +102,9 @@ def randomness(seed: int | None, noise_source: NoiseSource | None = None) -> tup
     With ``seed``, both are derived from it (reproducible). Without, from the operating system:
     a predictable seed would let anyone who reruns the public configuration subtract the noise
     and replay the Poisson sample that amplification by sampling assumes secret."""
-    seeded = seed is not None
-    if seeded:
+    if seed is not None:
         _validate.non_negative("seed", seed)
-    root = np.random.SeedSequence(seed if seeded else int.from_bytes(os.urandom(16), "little"))
+    root = np.random.SeedSequence(seed if seed is not None else int.from_bytes(os.urandom(16), "little"))
     sample_seed, noise_seed = root.generate_state(2, dtype=np.uint64)
     sample_gen = torch.Generator().manual_seed(int(sample_seed))
     if noise_source is not None:
@@ -114,9 +113,9 @@ def randomness(seed: int | None, noise_source: NoiseSource | None = None) -> tup
     return sample_gen, SeededNoise(int(noise_seed)), origin(seed)
 
 
-def step(algorithm: Algorithm[Any], oracle: Oracle, state: Any, t: int, ledger: Ledger,
+def step(algorithm: Algorithm[S], oracle: Oracle, state: S, t: int, ledger: Ledger,
          sample_gen: torch.Generator, source: NoiseSource, *, inference: bool = False,
-         keyed: bool = False) -> tuple[Any, int]:
+         keyed: bool = False) -> tuple[S, int]:
     """Step t of a run: draw the batch, let the algorithm step, record its event in ``ledger``.
 
     Returns the new state and the batch size. This is everything :func:`train` does per step
@@ -128,7 +127,9 @@ def step(algorithm: Algorithm[Any], oracle: Oracle, state: Any, t: int, ledger: 
     n)`` (which refuses to draw for a keyed algorithm's secret groups: forgetting the flag fails).
     """
     with torch.inference_mode(inference):
-        sampler = algorithm.batch_sampler(state, t, oracle.n) if keyed else algorithm.sampler(t, oracle.n)
+        # keyed: isinstance(algorithm, KeyedSampling), asked once per run by the caller
+        sampler = (cast(KeyedSampling[S], algorithm).batch_sampler(state, t, oracle.n) if keyed
+                   else algorithm.sampler(t, oracle.n))
         indices = sampler.sample(sample_gen)
         state, event = algorithm.step(state, Batch(t, indices, sampler), oracle, source)
     ledger.record(event)
@@ -204,7 +205,7 @@ class Stepper:
 
     @classmethod
     def start(cls, plan: Plan[Any], oracle: Oracle, *, theta0: Tensor, seed: int | None = None,
-              noise_source: NoiseSource | None = None) -> Stepper:
+              noise_source: NoiseSource | None = None) -> Self:
         """Step 0 of a run of ``plan`` on ``oracle`` from ``theta0``, its randomness as
         :func:`randomness` says. The oracle must hold the plan's n records."""
         if oracle.n != plan.n:
@@ -397,6 +398,7 @@ def _train(stepper: Stepper, options: Options, *, stop_at: int, log_every: int, 
         } | (log_metrics(theta) if log_metrics else {})
 
     def save(t: int) -> None:
+        assert path is not None  # saves only to a checkpoint path
         checkpoint.save(path, {
             "settings": described, "step": t, "state": stepper.state, "visited": visited, "expected": expected,
             "records": records, "diagnostics": logged, "sample_gen": stepper.sample_gen.get_state(),
@@ -433,6 +435,7 @@ def _train(stepper: Stepper, options: Options, *, stop_at: int, log_every: int, 
     if diagnostics:
         own = dict(algorithm.diagnostics(stepper.state)) if isinstance(algorithm, SelfDiagnosing) else {}
         report = {"label": NOT_PRIVATE, "records": logged, "final": diagnose(theta) | own}
+    stopped: str | None
     if diverged_at is not None:
         stopped = f"diverged at step {diverged_at}: θ has non-finite entries"
     else:

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from .base import Algorithm
 from .oracles.loaded import Loaded
+from .oracles.torch_model import TorchModel
 from .train import Stepper
 
 
@@ -38,6 +39,7 @@ class Watched(Stepper):
     the last step's mean training loss at its iterate (NaN before the first step, for an empty
     batch, and for a step that takes no gradient at its iterate, e.g. O2NC's at random points)."""
 
+    oracle: TorchModel  # (the field of Stepper, narrowed: it keeps its place)
     train_loss: float = math.nan
 
     def step(self) -> int:

@@ -82,8 +82,8 @@ def _gdp_mu_squared(event: dpa.DpEvent) -> float | None:
         inner = _gdp_mu_squared(event.event)
         return None if inner is None else event.count * inner
     if isinstance(event, dpa.ComposedDpEvent):
-        parts = [_gdp_mu_squared(sub) for sub in event.events]
-        return None if None in parts else sum(parts)
+        parts = [part for sub in event.events if (part := _gdp_mu_squared(sub)) is not None]
+        return sum(parts) if len(parts) == len(event.events) else None
     return None
 
 
@@ -94,10 +94,12 @@ def _gdp_start(event_of: Callable[[float], dpa.DpEvent], epsilon: float, delta: 
         return 1.0
 
     def delta_of(mu: float) -> float:  # δ(ε) of μ-GDP
-        return special.ndtr(-epsilon / mu + mu / 2) - math.exp(epsilon) * special.ndtr(-epsilon / mu - mu / 2)
+        return float(special.ndtr(-epsilon / mu + mu / 2) - math.exp(epsilon) * special.ndtr(-epsilon / mu - mu / 2))
 
     def excess(log_scale: float) -> float:
-        return math.log(_gdp_mu_squared(event_of(math.exp(log_scale)))) - 2 * math.log(mu)
+        mu_squared = _gdp_mu_squared(event_of(math.exp(log_scale)))
+        assert mu_squared is not None  # the family's events are Gaussian at every scale, as at 1.0
+        return math.log(mu_squared) - 2 * math.log(mu)
 
     try:
         mu = optimize.brentq(lambda m: delta_of(m) - delta, 1e-6, 50.0)

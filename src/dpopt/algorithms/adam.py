@@ -72,7 +72,7 @@ class AdamBCState(NamedTuple):
     m: Tensor         # first moment
     v: Tensor         # second moment
     noise: float      # φ_t, the noise's share of v_t
-    count: int        # t: the updates made
+    count: int  # type: ignore[assignment]  # t: the updates made (shadows tuple.count; the name is in checkpoints)
 
     @property
     def theta(self) -> Tensor:

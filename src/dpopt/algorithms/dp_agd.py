@@ -174,7 +174,8 @@ class DPAGD:
         rows = oracle.per_record(state.theta, batch.indices)
         clipped, _ = clipping.clip_sum([clipping.Term(1.0, rows, self.clip)], batch.sampler.relation)
         rho_select = self.select_fraction * self.rho_total
-        remaining, events = state.remaining, []
+        remaining = state.remaining
+        events: list[dpa.DpEvent] = []
 
         rho_g, rho_s, last = _round(remaining, state.rho_grad, rho_select)
         noised = self._gaussian(clipped, rho_g, source, events)

@@ -164,6 +164,7 @@ def lower_bound(kind: BoundKind, out: np.ndarray, inside: np.ndarray, delta: flo
         picked = choose(kind, score(out[:h_out]), score(inside[:h_in]), delta, confidence)
         if best is None or picked.epsilon > best[1].epsilon:
             best = (score, picked)
+    assert best is not None  # statistics() gave at least one statistic
     score, picked = best
     return evaluate(kind, score(out[h_out:]), score(inside[h_in:]), picked.threshold, delta, confidence)
 

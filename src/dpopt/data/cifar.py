@@ -40,7 +40,7 @@ from dpopt.data.dataset import DataError
 try:  # numpy >= 2 (and the forward-compatibility alias of late numpy 1.x)
     from numpy._core.multiarray import _reconstruct
 except ImportError:  # pragma: no cover - numpy 1.x without numpy._core
-    from numpy.core.multiarray import _reconstruct
+    from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]
 
 __all__ = ["FOLDER", "TEST_MEMBER", "TRAIN_MEMBERS", "read_cifar10"]
 

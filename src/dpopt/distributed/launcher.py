@@ -105,7 +105,8 @@ def _supervise(ranks: list[Any], beats: Any, rank_timeout: float, folder: Path) 
     """Wait until every rank has exited 0; raise the first failure (see :func:`launch`). Each
     round decides from one reading of the exit codes, so a rank that dies between two readings
     is still seen as failed (not as finished)."""
-    seen, alive_at = list(beats), [None] * len(ranks)  # last heartbeat count, and when it changed
+    seen = list(beats)  # last heartbeat count
+    alive_at: list[float | None] = [None] * len(ranks)  # and when it changed
     while True:
         codes = [process.exitcode for process in ranks]
         failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
@@ -120,7 +121,7 @@ def _supervise(ranks: list[Any], beats: Any, rank_timeout: float, folder: Path) 
         for rank, process in enumerate(ranks):
             if beats[rank] != seen[rank]:
                 seen[rank], alive_at[rank] = beats[rank], now
-            elif alive_at[rank] is not None and process.exitcode is None and now - alive_at[rank] > rank_timeout:
+            elif (last := alive_at[rank]) is not None and process.exitcode is None and now - last > rank_timeout:
                 raise DpoptError(f"rank {rank} stopped responding: no sign of life for {rank_timeout:g} s (stopped, "
                                  "or hung outside Python; --rank-timeout sets the limit); the other ranks were "
                                  "stopped; completed checkpoints are intact")

@@ -96,6 +96,7 @@ def with_diagnostics(history: History) -> History:
     tables and figures, which report the papers' non-private measurements (training objective,
     gradient norm, realised passes, times) labelled as such."""
     diagnostics = history.diagnostics
+    assert diagnostics is not None, "a reproduction's runs are made with diagnostics"
     records = [private | logged for private, logged in zip(history.records, diagnostics["records"], strict=True)]
     return dataclasses.replace(history, records=records, final=history.final | diagnostics["final"])
 
@@ -223,9 +224,10 @@ class Pool:
     what :meth:`expect` announced; loaded jobs leave it.
     """
 
-    def __init__(self, workers: int, make_problem: Callable[..., Problem] | None = None, *args: Any,
+    def __init__(self, workers: int, make_problem: Callable[..., object] | None = None, *args: Any,
                  saved: Saved | None = None, progress: bool = False) -> None:
-        self.saved, self._paths, self._loaded = saved, [], 0
+        self.saved, self._loaded = saved, 0
+        self._paths: list[Path | None] = []
         self.bar = tqdm(total=0, desc="runs", unit="run", disable=not progress, dynamic_ncols=True)
         if saved is not None:
             saved.folder.mkdir(parents=True, exist_ok=True)
@@ -255,6 +257,7 @@ class Pool:
         if path is not None and path.exists():
             self._loaded += 1
             self.bar.total = max(self.bar.n, self.bar.total - 1)
+            assert self.saved is not None  # (the path is its)
             self.bar.set_postfix_str(f"{self._loaded} loaded from {self.saved.folder}")
             return _finished(checkpoint.load(path))
         if self._executor is not None:
@@ -290,7 +293,7 @@ def _finished(history: History) -> Future:
 _WORKER: dict[str, Any] = {}
 
 
-def _worker_init(make_problem: Callable[..., Problem], args: tuple[Any, ...]) -> None:
+def _worker_init(make_problem: Callable[..., object] | None, args: tuple[Any, ...]) -> None:
     torch.set_num_threads(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C: the driver stops the workers,
     signal.signal(signal.SIGTERM, _unwind)  # by SIGTERM, which unwinds (no temporary file is left)

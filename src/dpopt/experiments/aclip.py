@@ -188,7 +188,8 @@ def verdicts(payload: dict[str, Any]) -> list[dict[str, Any]]:
     for problem in dict.fromkeys(r["problem"] for r in payload["rows"]):
         for epsilon in SYNTHETIC_DATA_FILE.epsilons:
             for setting in SETTINGS:
-                cells = {name: by.get((problem, f"{name} ({setting})", epsilon)) for name in ("CC", "UC", "DP-SGD")}
+                cells: dict[str, Any] = {name: by.get((problem, f"{name} ({setting})", epsilon))
+                                         for name in ("CC", "UC", "DP-SGD")}
                 if any(cell is None for cell in cells.values()):
                     continue
                 best = min(("CC", "UC"), key=lambda name: cells[name]["error_ratio"]["mean"])

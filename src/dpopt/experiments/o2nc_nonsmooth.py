@@ -136,6 +136,7 @@ def preparation(key: str) -> Preparation:
 
 
 def problem(key: str, data_dir: str | None) -> tuple[Problem, dict[str, Any]]:
+    base: TorchModel | TruncatedAbsolute
     if key == "ijcnn1-relu":
         data = preparation(key).prepare(load("ijcnn1", data_dir))
         order = np.random.default_rng(0).permutation(len(data.X_train))[:N_TRAIN]

@@ -6,7 +6,7 @@ methods come from callables.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,7 +138,7 @@ def declared_experiment(data: Declared, *, make_problem: Callable[[Any, str | No
 TUNERS: dict[str, Callable[..., dict[str, Any]] | None] = {"grid": None, "patience": patience_tune}
 
 
-def declared_methods(data: Declared, builders: dict[str, Builder]) -> Callable[[Any, int, Any, float], list[Method]]:
+def declared_methods(data: Declared, builders: Mapping[str, Builder]) -> Callable[[Any, int, Any, float], list[Method]]:
     """``make_methods`` of a preset file: its methods in the file's order, each built by
     ``builders[name]`` from its ``settings``, with its grid, tuned values and tuner."""
     def make(key: Any, epochs: int, tuned: dict[str, dict[float | None, Params]], epsilon: float) -> list[Method]:

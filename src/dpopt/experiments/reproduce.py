@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from tqdm import tqdm
 
 from .. import _validate, outputs, report
@@ -121,16 +120,16 @@ def _run_all(exp: Experiment, data_dir: str | None, n_seeds: int, quick: bool, r
                            log_points=log_points, step_fraction=QUICK_STEPS if quick else 1.0, pool=pool, key=key)
         started_runs.append((key, method.name, epsilon if method.private else None, delta, params, wait))
     started_runs.sort(key=lambda run: keys.index(run[0]))  # reported in the preset's order (a stable sort)
-    for key, name, epsilon, delta, params, wait in started_runs:
+    for key, name, row_epsilon, delta, params, wait in started_runs:  # row_epsilon: None if not private
         histories = wait()
-        rows.append({"problem": key, "algorithm": name, "epsilon": epsilon, "seeds": len(histories),
+        rows.append({"problem": key, "algorithm": name, "epsilon": row_epsilon, "seeds": len(histories),
                      "delta": delta, "params": params, "metrics": metrics(histories, exp.METRICS),
                      "accountant": histories[0].accountant,
                      "neighboring_relation": histories[0].neighboring_relation,
                      "_final": {m: [h.final[m] for h in histories] for m in test_metrics}})
-        curves[(key, name, epsilon)] = histories
+        curves[(key, name, row_epsilon)] = histories
         if progress:
-            tqdm.write(f"  {key or ''} {name:>8} ε={epsilon}: training objective (NOT PRIVATE) "
+            tqdm.write(f"  {key or ''} {name:>8} ε={row_epsilon}: training objective (NOT PRIVATE) "
                        f"{rows[-1]['metrics']['objective']['mean']:.5f}")
     tests = _t_tests(rows, exp.COMPARISONS, test_metrics)
     for row in rows:
@@ -202,7 +201,7 @@ def _write(out_dir: Path, payload: dict[str, Any], exp: Experiment) -> None:
              for title, spec in exp.CURVES.items()}
     for key in exp.problems(payload["quick"]):
         for epsilon in exp.EPSILONS:
-            panels: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {title: {} for title in shown}
+            panels: dict[str, dict[str, report.Curve]] = {title: {} for title in shown}
             for (problem, method, eps), histories in curves.items():
                 if problem == key and eps in (epsilon, None):
                     for title, (metric, x) in shown.items():

@@ -149,6 +149,12 @@ class GLM:
         """∇r(θ), or None when there is no regulariser."""
         return None
 
+    def _shift(self, theta: Tensor) -> Tensor:
+        """∇r(θ) of an oracle that has a regulariser."""
+        shift = self._regulariser_gradient(theta)
+        assert shift is not None
+        return shift
+
     def per_record(self, theta: Tensor, indices: Tensor) -> LinearRows:
         """Per-record gradients of the records ``indices`` (distinct). A batch of every record
         uses the data in place (the set, not the order, determines every clipped sum)."""
@@ -188,7 +194,7 @@ class GLM:
         grads = self._slope(torch.einsum("bd,bkd->bk", A, points), y[:, None])[:, :, None] * A[:, None, :]
         if self._regulariser_gradient(points[0, 0]) is None:
             return grads
-        return grads + torch.vmap(torch.vmap(self._regulariser_gradient))(points)
+        return grads + torch.vmap(torch.vmap(self._shift))(points)
 
     def loss(self, theta: Tensor, indices: Tensor | None = None) -> Tensor:
         """F(θ) = mean_i φ(⟨a_i, θ⟩; y_i) + r(θ) over ``indices`` (default all records)."""
