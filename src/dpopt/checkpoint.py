@@ -83,7 +83,7 @@ def write_text(path: Path, text: str) -> None:
     write_bytes(path, text.encode())
 
 
-def save(path: Path, obj: Any, key: Key | None = None) -> None:
+def save(path: Path, obj: object, key: Key | None = None) -> None:
     """Atomically write ``obj`` (a value :mod:`dpopt.codec` can encode) to ``path`` as a checkpoint,
     tagged under ``key`` if given (version 2), else with its digest only (version 1)."""
     import safetensors.torch

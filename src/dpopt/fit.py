@@ -65,7 +65,7 @@ def fit(model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor],
         log_every: int | None = None, checkpoint_path: str | Path | None = None,
         checkpoint_every: int | None = None, progress: bool | None = None, diagnostics: bool = False,
         train_metrics: bool = True, diagnostic_sample: int | None = DIAGNOSTIC_SAMPLE,
-        allow_large_delta: bool = False, split: Callable[[Any], tuple[Tensor, Tensor]] | None = None,
+        allow_large_delta: bool = False, split: Callable[..., tuple[Tensor, Tensor]] | None = None,
         **options: Any) -> History:
     """Train ``model`` with ``algorithm`` at (``epsilon``, ``delta``) for ``epochs`` passes.
 

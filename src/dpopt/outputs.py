@@ -15,8 +15,10 @@ diagnostic outside the ``"diagnostics"`` section: tests run it over everything `
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import TypeVar
+
+V = TypeVar("V")
 
 NOT_PRIVATE = ("NOT PRIVATE: computed from the training data without noise; these numbers carry no "
                "differential-privacy guarantee and must not be released")
@@ -46,7 +48,7 @@ def shown(metric: str) -> str:
     return metric if is_private(metric) else f"{metric} (NOT PRIVATE)"
 
 
-def split(metrics: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def split(metrics: Mapping[str, V]) -> tuple[dict[str, V], dict[str, V]]:
     """(private, diagnostic) parts of a metric dict; an unknown metric name is an error."""
     unknown = [m for m in metrics if not is_private(m) and m not in DIAGNOSTIC_METRICS + EXPERIMENT_DIAGNOSTICS]
     if unknown:
@@ -104,7 +106,7 @@ BY_METHOD = frozenset({"methods"})
 TUNING = "tuning"
 
 
-def _keys(payload: Any, inside: bool, path: str) -> Iterator[tuple[str, bool]]:
+def _keys(payload: object, inside: bool, path: str) -> Iterator[tuple[str, bool]]:
     if isinstance(payload, dict):
         for key, value in payload.items():
             yield f"{path}.{key}".lstrip("."), inside
@@ -123,7 +125,7 @@ def _metric(key: str) -> str:
     return key.removeprefix("p_")
 
 
-def unclassified(payload: Any, extra_diagnostics: frozenset[str] = frozenset()) -> list[str]:
+def unclassified(payload: object, extra_diagnostics: frozenset[str] = frozenset()) -> list[str]:
     """The fields of ``payload`` that are not classified where they stand: a private field must
     be in :data:`PRIVATE_FIELDS` or :data:`PUBLIC_BY_NAME`; inside ``"diagnostics"`` a field must
     be in :data:`DIAGNOSTIC_FIELDS`, be the tuning record, or be in ``extra_diagnostics``

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
-from typing import Any, Generic, Protocol
+from typing import Generic, Protocol
 
 from dp_accounting import DpEvent, NeighboringRelation
 
@@ -90,7 +90,7 @@ class Plan(Generic[S]):
         """The event the guarantee is computed from: one run's, or the selection's around it."""
         return self._total(self.algorithm)
 
-    def _total(self, algorithm: Algorithm[Any]) -> DpEvent:
+    def _total(self, algorithm: Algorithm[S]) -> DpEvent:
         run = algorithm.planned_event(self.n, self.steps)
         return run if self.selection is None else self.selection.wrap(run)
 
@@ -161,7 +161,7 @@ def plan_for(algorithm: Algorithm[S], *, n: int, steps: int, delta: float, epsil
     return plan if epsilon is None else plan.calibrated(epsilon)
 
 
-def steps_for_epochs(algorithm: Algorithm[Any], n: int, epochs: float) -> int:
+def steps_for_epochs(algorithm: Algorithm[S], n: int, epochs: float) -> int:
     """Steps whose expected records visited come closest to ``epochs``·n (at least one)."""
     _validate.positive("epochs", epochs)
     per_step = algorithm.sampler(1, n).expected_size

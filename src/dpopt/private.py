@@ -79,7 +79,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch import Tensor, nn
@@ -98,6 +98,14 @@ from .watched import Watched
 
 #: The keys of a :meth:`Private.save` checkpoint.
 KEYS = frozenset({"private", "step", "state", "sample_gen", "noise_gen", "ledger", "run"})
+
+
+class LossToWatch(TypedDict):
+    """:meth:`Private.diagnostics`: the last step's mean training loss, labelled NOT PRIVATE."""
+
+    label: str
+    step: int
+    train_loss: float
 
 
 class Private:
@@ -136,7 +144,7 @@ class Private:
                  steps: int | None = None, batch_size: int = 256, clip: float = 1.0, lr: float = 0.1,
                  seed: int | None = None, accountant: str = "pld", engine: str = "ghost", microbatch_size: int = 512,
                  known_layers: ghost.Registry = ghost.KNOWN_LAYERS, noise_source: NoiseSource | None = None,
-                 allow_large_delta: bool = False, split: Callable[[Any], tuple[Tensor, Tensor]] | None = None,
+                 allow_large_delta: bool = False, split: Callable[..., tuple[Tensor, Tensor]] | None = None,
                  **options: Any) -> None:
         if (epochs is None) == (steps is None):
             raise _validate.DpoptError(f"epochs={epochs!r}, steps={steps!r}: give exactly one of them")
@@ -286,7 +294,7 @@ class Private:
         """Write :meth:`output` into the module; returns it."""
         return self.oracle.load(self.output())
 
-    def diagnostics(self) -> dict[str, Any]:
+    def diagnostics(self) -> LossToWatch:
         """NOT PRIVATE: ``{"label": NOT_PRIVATE, "step": t, "train_loss": …}``, a loss to watch.
 
         ``train_loss`` is the mean of ℓ_i(θ) = ``loss_fn(module(x_i), y_i)`` over the realised batch

@@ -18,7 +18,9 @@ from . import checkpoint
 
 if TYPE_CHECKING:  # numpy and matplotlib are imported where used: the command line's parser starts without them
     import numpy as np
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
+    from numpy.typing import ArrayLike
 
 
 def summarise(values: Sequence[float]) -> dict[str, float]:
@@ -30,7 +32,7 @@ def summarise(values: Sequence[float]) -> dict[str, float]:
         return {"mean": float(array.mean()), "std": float(array.std(ddof=1)) if len(array) > 1 else 0.0}
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: object) -> str:
     if isinstance(value, dict) and "mean" in value:
         return f"{_fmt(value['mean'])} ({_fmt(value['std'])})"
     if isinstance(value, float):
@@ -42,14 +44,14 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+def markdown_table(rows: Sequence[Mapping[str, object]], columns: Sequence[str]) -> str:
     """A Markdown table of ``rows`` (dicts) with the given ``columns``."""
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_fmt(row.get(column, "")) for column in columns) + " |" for row in rows]
     return "\n".join(lines)
 
 
-def finite(value: Any) -> Any:
+def finite(value: object) -> object:
     """``value`` with every non-finite float replaced (NaN by None, ±∞ by "inf"/"-inf"), in nested
     dicts, lists and tuples, numpy values and tensors (as lists) included."""
     if isinstance(value, float):
@@ -65,13 +67,13 @@ def finite(value: Any) -> Any:
     return value
 
 
-def to_json(payload: Any, *, indent: int | None = None) -> str:
+def to_json(payload: object, *, indent: int | None = None) -> str:
     """``payload`` as strict JSON (see the module docstring); objects JSON has no form for are
     written as their ``str``. Raises ValueError rather than ever writing a NaN or ∞ token."""
     return json.dumps(finite(payload), indent=indent, default=str, allow_nan=False)
 
 
-def write_json(path: Path, payload: dict[str, Any]) -> None:
+def write_json(path: Path, payload: Mapping[str, object]) -> None:
     checkpoint.write_text(path, to_json(payload, indent=2) + "\n")
 
 
@@ -117,7 +119,7 @@ def pyplot() -> Any:
     return plt
 
 
-def curves_figure(path: Path, panels: Mapping[str, Mapping[str, Curve | tuple[Any, Any]]], *, title: str,
+def curves_figure(path: Path, panels: Mapping[str, Mapping[str, Curve | tuple[ArrayLike, ArrayLike]]], *, title: str,
                   xlabel: str | dict[str, str], ylabel: str | dict[str, str] | None = None,
                   log_y: bool = True, log_x: bool = False) -> int:
     """One subplot per panel title; each maps a line label to a :class:`Curve` (or ``(x, y)``);
@@ -165,7 +167,7 @@ def curves_figure(path: Path, panels: Mapping[str, Mapping[str, Curve | tuple[An
     return omitted
 
 
-def _drawable(lines: Mapping[str, Curve | tuple[Any, Any]], log_x: bool, log_y: bool
+def _drawable(lines: Mapping[str, Curve | tuple[ArrayLike, ArrayLike]], log_x: bool, log_y: bool
               ) -> dict[str, tuple[Curve, int]]:
     """Each line's drawable points (see :func:`curves_figure`) and how many it lost."""
     import numpy as np
@@ -181,7 +183,7 @@ def _drawable(lines: Mapping[str, Curve | tuple[Any, Any]], log_x: bool, log_y: 
     return drawn
 
 
-def lower_ends(ax: Any, mean: Sequence[float], spread: Sequence[float]) -> np.ndarray:
+def lower_ends(ax: Axes, mean: Sequence[float], spread: Sequence[float]) -> np.ndarray:
     """The lower ends of bands or error bars ``mean ± spread`` that ``ax``'s y axis can draw:
     ``mean − spread``, or the mean itself where that is ≤ 0 on a log axis."""
     import numpy as np
@@ -191,7 +193,7 @@ def lower_ends(ax: Any, mean: Sequence[float], spread: Sequence[float]) -> np.nd
     return np.where((low > 0) | (ax.get_yscale() == "linear"), low, centre)
 
 
-def scale(log: bool, values: list[Any]) -> str:
+def scale(log: bool, values: Sequence[ArrayLike]) -> str:
     """The scale of an axis: log if ``log`` was asked for and the drawn ``values`` span at least
     :data:`LOG_SPAN`, else linear."""
     import numpy as np

@@ -39,6 +39,7 @@ from . import _validate, checkpoint, journal, lock, resume
 from .accounting import Ledger, accountant_note
 from .base import (S, Algorithm, Averaged, Batch, ClosedForm, KeyedSampling, NoiseSource, Oracle, SelfDiagnosing,
                    SharedNoise)
+from .json_types import JsonObject
 from .mechanisms import Discrete, SeededNoise
 from .outputs import NOT_PRIVATE
 from .plan import Plan
@@ -70,7 +71,7 @@ class History:
     diverged_at: int | None = None  # the step after which θ was not finite
     accountant_note: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {key: value for key, value in dataclasses.asdict(self).items() if key != "theta"} | {
             "theta": self.theta.tolist()}
 
@@ -136,7 +137,7 @@ def step(algorithm: Algorithm[S], oracle: Oracle, state: S, t: int, ledger: Ledg
     return state, len(indices)
 
 
-def keyed(algorithm: Algorithm[Any]) -> bool:
+def keyed(algorithm: Algorithm[S]) -> bool:
     """Whether ``algorithm`` draws its batches from a secret of its state
     (:class:`~dpopt.base.KeyedSampling`): :func:`step`'s ``keyed``. Ask once per run (a protocol
     check costs tens of microseconds, a GLM step about thirty)."""
@@ -204,7 +205,7 @@ class Stepper:
     t: int = 0
 
     @classmethod
-    def start(cls, plan: Plan[Any], oracle: Oracle, *, theta0: Tensor, seed: int | None = None,
+    def start(cls, plan: Plan[S], oracle: Oracle, *, theta0: Tensor, seed: int | None = None,
               noise_source: NoiseSource | None = None) -> Self:
         """Step 0 of a run of ``plan`` on ``oracle`` from ``theta0``, its randomness as
         :func:`randomness` says. The oracle must hold the plan's n records."""
@@ -275,7 +276,7 @@ class Options:
     log_metrics: Callable[[Tensor], dict[str, float]] | None = None
 
 
-def train(plan: Plan[Any], oracle: Oracle, options: Options | None = None, theta0: Tensor | None = None) -> History:
+def train(plan: Plan[S], oracle: Oracle, options: Options | None = None, theta0: Tensor | None = None) -> History:
     """Run ``plan`` on ``oracle`` from ``theta0`` (default 0) as ``options`` say; the :class:`History`.
 
     Logged every ``options.log_every`` steps and at the end, the private
@@ -302,7 +303,7 @@ def train(plan: Plan[Any], oracle: Oracle, options: Options | None = None, theta
     return drive(stepper, options, theta0)
 
 
-def run(algorithm: Algorithm[Any], oracle: Oracle, *, steps: int, seed: int | None = None, delta: float = 1e-5,
+def run(algorithm: Algorithm[S], oracle: Oracle, *, steps: int, seed: int | None = None, delta: float = 1e-5,
         theta0: Tensor | None = None, accountant: str = "pld", noise_source: NoiseSource | None = None,
         test_error: Callable[[Tensor], float] | None = None, log_every: int | None = None,
         checkpoint_path: str | Path | None = None, checkpoint_every: int | None = None,

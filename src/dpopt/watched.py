@@ -21,12 +21,11 @@ import contextlib
 import dataclasses
 import functools
 import math
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from .base import Algorithm
+from .base import S, Algorithm
 from .oracles.loaded import Loaded
 from .oracles.torch_model import TorchModel
 from .train import Stepper
@@ -53,6 +52,6 @@ class Watched(Stepper):
         return size
 
 
-def drawn(algorithm: Algorithm[Any], n: int, t: int, gen: torch.Generator) -> Tensor:
+def drawn(algorithm: Algorithm[S], n: int, t: int, gen: torch.Generator) -> Tensor:
     """Step t's batch as the run draws it (:func:`dpopt.train.step`), from ``gen``."""
     return algorithm.sampler(t, n).sample(gen)
