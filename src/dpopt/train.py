@@ -129,7 +129,7 @@ def step(algorithm: Algorithm[S], oracle: Oracle, state: S, t: int, ledger: Ledg
     """
     with torch.inference_mode(inference):
         # keyed: isinstance(algorithm, KeyedSampling), asked once per run by the caller
-        sampler = (cast(KeyedSampling[S], algorithm).batch_sampler(state, t, oracle.n) if keyed
+        sampler = (cast("KeyedSampling[S]", algorithm).batch_sampler(state, t, oracle.n) if keyed
                    else algorithm.sampler(t, oracle.n))
         indices = sampler.sample(sample_gen)
         state, event = algorithm.step(state, Batch(t, indices, sampler), oracle, source)
