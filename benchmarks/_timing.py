@@ -109,7 +109,8 @@ def load_sentence(others: float, busy_advice: str) -> str:
     a report's sentence; above :data:`QUIET` it flags the timings and ends with ``busy_advice``."""
     if math.isnan(others):
         return "How busy the machine was is unknown (no /proc/stat)."
-    flag = "." if others < QUIET else f": **the machine was busy, so these timings are inflated and noisy**; {busy_advice}."
+    flag = ("." if others < QUIET
+            else f": **the machine was busy, so these timings are inflated and noisy**; {busy_advice}.")
     return f"Other processes used {others:.0%} of the machine's CPU time meanwhile (/proc/stat){flag}"
 
 

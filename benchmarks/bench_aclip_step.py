@@ -12,7 +12,6 @@ Target (issue: the paper reports 27 s vs 58 s per GPU epoch): AClip step ≤ 0.6
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -39,7 +38,8 @@ def _problem(model: str, X: torch.Tensor, y: torch.Tensor, batch: int) -> dict[s
 
     aclip = AClip(lr=0.1, clip=1.0, noise_multiplier=1.0, batch_size=batch)
     dpsgd = DPSGD(lr=0.1, clip=1.0, noise_multiplier=1.0, batch_size=batch)
-    return {"AClip": Stepper(aclip, oracle("ghost"), STEPS_PER_ROUND), "DP-SGD (ghost)": Stepper(dpsgd, oracle("ghost"), STEPS_PER_ROUND),
+    return {"AClip": Stepper(aclip, oracle("ghost"), STEPS_PER_ROUND),
+            "DP-SGD (ghost)": Stepper(dpsgd, oracle("ghost"), STEPS_PER_ROUND),
             "DP-SGD (vmap)": Stepper(dpsgd, oracle("vmap"), STEPS_PER_ROUND)}
 
 

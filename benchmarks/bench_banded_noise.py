@@ -17,8 +17,8 @@ Target: on the MNIST CNN, the extra cost of b = 16 over b = 1 is at most 5 % of 
 The MLP is reported without a target: its step does little work per parameter, while the
 correlation must read the (b − 1)·d past numbers every step (memory-bound: about 14 ms of CPU
 for b = 16, d = 10⁶, float64, on the 2-CPU machine of the first measurement), so there 16 bands
-cost a sizeable share of the step and 4 bands a few per cent. Memory: the state of b bands holds b − 1 vectors of d numbers in θ's dtype (counted from the
-state's tensors after b steps).
+cost a sizeable share of the step and 4 bands a few per cent. Memory: the state of b bands holds
+b − 1 vectors of d numbers in θ's dtype (counted from the state's tensors after b steps).
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ def _cross_entropy(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def _mlp() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 1264), torch.nn.Tanh(), torch.nn.Linear(1264, 10))
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 1264), torch.nn.Tanh(),
+                               torch.nn.Linear(1264, 10))
 
 
 class NoiseSteps:

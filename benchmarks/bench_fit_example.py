@@ -69,7 +69,8 @@ def measure(epochs: float) -> dict[str, Any]:
     history = dpopt.fit(model, _loss, train_dataset, algorithm="dp-sgd", epsilon=3.0, delta=1e-5, epochs=epochs,
                         batch_size=256, lr=LR, test_data=test_dataset, progress=False)
     fitted, fitted_cpu = time.perf_counter() - start, time.process_time() - cpu
-    return {"steps": steps, "bare_s": bare, "fit_s": fitted, "bare_cpu_s": bare_cpu, "fit_cpu_s": fitted_cpu, "test_error": history.final["test_error"],
+    return {"steps": steps, "bare_s": bare, "fit_s": fitted, "bare_cpu_s": bare_cpu, "fit_cpu_s": fitted_cpu,
+            "test_error": history.final["test_error"],
             "epsilon": history.final["epsilon"], "log_points": len(history.records)}
 
 
@@ -81,7 +82,8 @@ def run(quick: bool = False) -> dict[str, Any]:
     md = [f"{epochs:g} epochs = {result['steps']} steps, {THREADS} thread, one round each (bare, then fit). "
           + load_sentence(others, "the CPU-time ratio (one thread: the process's CPU time is its work) is the "
                                   "check; the wall-time ratio depends on how the load changed between the two"), "",
-          "| contender | wall s | CPU s | CPU s per step | CPU / bare | wall / bare |", "|---|---:|---:|---:|---:|---:|",
+          "| contender | wall s | CPU s | CPU s per step | CPU / bare | wall / bare |",
+          "|---|---:|---:|---:|---:|---:|",
           f"| bare DP-SGD steps (`train.step`, calibration included) | {result['bare_s']:.1f} | "
           f"{result['bare_cpu_s']:.1f} | {result['bare_cpu_s'] / result['steps']:.4f} | 1.00× | 1.00× |",
           f"| README `dpopt.fit` example ({result['log_points']} log points: ε and the test error) | "

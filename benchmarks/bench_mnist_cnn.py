@@ -269,7 +269,8 @@ def report(data: dict[str, Any], how: str) -> dict[str, Any]:
           f"**{'PASS' if med[name] / med[GHOST] <= TARGET_BANDED else 'FAIL'}**; its ring of past noise: "
           f"{data['ring_bytes'][name] / 2**20:.2f} MB" for name in BANDED.values()),
         "",
-        "Notes: every step includes drawing its batch (dpopt and Opacus: Poisson, expected 256, so the realised batch varies; the non-private "
+        "Notes: every step includes drawing its batch (dpopt and Opacus: Poisson, expected 256, so the realised "
+        "batch varies; the non-private "
         "steps: exactly 256) and, for dpopt, the privacy ledger. Ratios are of medians. Peak RSS rise: one "
         "step per contender after the timed rounds, after `malloc_trim(0)`, peak (VmHWM) minus the resident "
         "set at its start (median of 3): the pages a step touches.",

@@ -94,7 +94,8 @@ def _first_vs_zeroth(quick: bool) -> list[dict[str, Any]]:
             rows.append({"setting": "private, ε = 1" if private else "non-private", "oracle": estimator,
                          "steps": steps, "m": algo.directions, "c": constants_used,
                          "tau": tau, "seconds": hit["wall_time_s"] if hit else math.nan,
-                         "at_step": hit["step"] if hit else None, "total": history.diagnostics["records"][-1]["wall_time_s"],
+                         "at_step": hit["step"] if hit else None,
+                         "total": history.diagnostics["records"][-1]["wall_time_s"],
                          "epsilon": history.final["epsilon"]})
     return rows
 

@@ -107,7 +107,8 @@ def run(quick: bool = False) -> dict[str, Any]:
     md = [f"{len(results[RUN])} interleaved rounds of one whole {STEPS}-step run per contender (rotated order), "
           f"{RECORDS:,} MNIST images, expected batch {BATCH}, {THREADS} thread. "
           + load_sentence(others, "the ratio is what counts"), "",
-          "| contender | median s/step | min | max | this / dpopt.run | ε at the end |", "|---|---:|---:|---:|---:|---:|"]
+          "| contender | median s/step | min | max | this / dpopt.run | ε at the end |",
+          "|---|---:|---:|---:|---:|---:|"]
     for name, rows in results.items():
         s = stats[name]
         md.append(f"| {name} | {s['median']:.4f} | {s['min']:.4f} | {s['max']:.4f} | "

@@ -11,8 +11,8 @@ summed: Python and dispatch are not in it), then the ops by how much more time d
 them than the plain step, and last the few on which the plain step spends more. Ops the plain
 step does not run at all (``bmm``, ``gather``, norms, ``normal_``) are the per-record work of
 clipping and the noise; the plain step's weight gradients sit inside its
-``convolution_backward`` / ``mm`` rows, which dpopt does not run for its ghost layers. Profiler times are of one process on a possibly busy machine: read the
-differences, not the digits.
+``convolution_backward`` / ``mm`` rows, which dpopt does not run for its ghost layers. Profiler times
+are of one process on a possibly busy machine: read the differences, not the digits.
 """
 
 from __future__ import annotations

@@ -132,7 +132,8 @@ def compare(old: Path, case: str, rounds: int) -> dict[str, float]:
         worker.wait()
     old_s, new_s = seconds
     return {"old": statistics.median(old_s), "new": statistics.median(new_s),
-            "median_ratio": statistics.median(n / o for o, n in zip(old_s, new_s)), "min_ratio": min(new_s) / min(old_s)}
+            "median_ratio": statistics.median(n / o for o, n in zip(old_s, new_s)),
+            "min_ratio": min(new_s) / min(old_s)}
 
 
 def main() -> None:
@@ -151,7 +152,8 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|")
     for case in args.only or CASES:
         r = compare(args.old.resolve(), case, args.rounds)
-        print(f"| {case} | {r['old']:.4g} | {r['new']:.4g} | {r['median_ratio']:.3f} | {r['min_ratio']:.3f} |", flush=True)
+        print(f"| {case} | {r['old']:.4g} | {r['new']:.4g} | {r['median_ratio']:.3f} | {r['min_ratio']:.3f} |",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -247,7 +247,8 @@ def test_composed_gaussians_are_one_gaussian_exactly(relation):
     event = dpa.ComposedDpEvent([dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(0.8), 3),
                                  dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(2.0), 50)])
     ours = epsilon_of(event, 1e-5, relation)
-    pld = pld_privacy_accountant.PLDAccountant(NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=1e-4)
+    pld = pld_privacy_accountant.PLDAccountant(NeighboringRelation.ADD_OR_REMOVE_ONE,
+                                               value_discretization_interval=1e-4)
     pld.compose(event)
     rdp = rdp_privacy_accountant.RdpAccountant(neighboring_relation=relation)
     rdp.compose(event)

@@ -445,8 +445,9 @@ def test_every_mutant_is_flagged_and_its_honest_twin_is_not(key):
 #: Every landed private algorithm, honest, on a small configuration (batch 10 of 50 records; DP-AGD,
 #: whose steps run a line search, for 2 steps; O2NC for one window of 10 steps, one period).
 STEPS = {"dp-agd": 2, "o2nc-zeroth": 10, "o2nc-first": 10, "o2nc-multi": 10}
-HONEST = {name: Case(name, honest, steps=STEPS.get(name, 5), n=49, batch=10, runs=300 if name.startswith("o2nc") else 600,
-                     delta=0.05, bound=bounds.ClopperPearson()) for name in PRIVATE}
+HONEST = {name: Case(name, honest, steps=STEPS.get(name, 5), n=49, batch=10,
+                     runs=300 if name.startswith("o2nc") else 600, delta=0.05, bound=bounds.ClopperPearson())
+          for name in PRIVATE}
 
 
 @pytest.mark.parametrize("name", list(HONEST))

@@ -126,8 +126,8 @@ def test_non_finite_rows_dropped_and_counted():
 
 
 def test_empty_batch_sums_to_zero():
-    bounded, dropped = clipping.clip_sum([clipping.Term(1.0, clipping.Dense(torch.zeros(0, 4, dtype=torch.float64)), 2.0)],
-                                         ADD_REMOVE)
+    term = clipping.Term(1.0, clipping.Dense(torch.zeros(0, 4, dtype=torch.float64)), 2.0)
+    bounded, dropped = clipping.clip_sum([term], ADD_REMOVE)
     assert dropped == 0
     assert bounded.value.tolist() == [0.0] * 4 and bounded.sensitivity == 2.0
 

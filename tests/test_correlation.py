@@ -95,7 +95,8 @@ def test_optimal_beats_the_closed_form_and_dp_sgd_at_equal_noise(workload):
         best = BandedToeplitz.optimal(bands, steps, workload).squared_error(steps, workload)
         assert best <= closed < identity
     # measured: b = 4 prefix sums 514,080 against the closed form's 624,594 and DP-SGD's 2,001,000
-    assert BandedToeplitz.optimal(4, steps).squared_error(steps) < 0.85 * BandedToeplitz.square_root(4).squared_error(steps)
+    assert (BandedToeplitz.optimal(4, steps).squared_error(steps)
+            < 0.85 * BandedToeplitz.square_root(4).squared_error(steps))
 
 
 def test_optimal_strategy_is_a_local_minimum():

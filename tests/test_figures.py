@@ -50,7 +50,8 @@ def _o2nc_payload() -> dict[str, Any]:
     names = (*o2nc.O2NC_METHODS, "DP-SGD")
     curve = [SimpleNamespace(records=[{"goldstein": 1.0 / k, "oracle_calls": 10.0 ** k} for k in range(1, 5)])] * 2
     return {"quick": False, "seeds": 2, "_curves": {(key, name, 1.0): curve for key in keys for name in names},
-            "rows": [{"problem": key, "algorithm": name, "metrics": {"goldstein": {"mean": j + math.log(d), "std": 0.1}}}
+            "rows": [{"problem": key, "algorithm": name,
+                      "metrics": {"goldstein": {"mean": j + math.log(d), "std": 0.1}}}
                      for key, d in zip(keys, (8, 32, 128)) for j, name in enumerate(names)]}
 
 

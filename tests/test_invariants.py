@@ -29,7 +29,7 @@ from dpopt import clipping, mechanisms, sampling
 from dpopt.accounting import epsilon_of
 from dpopt.base import Batch
 from dpopt.mechanisms import SeededNoise
-from dpopt.algorithms.registry import NAMES, PRIVATE
+from dpopt.algorithms.registry import PRIVATE
 
 PROPERTY = settings(derandomize=True, max_examples=40, deadline=None, database=None)
 SPECIAL = [0.0, 1e300, -1e300, 1e-300, 5e-324, 1.7e308, math.nan, math.inf, -math.inf]
@@ -90,7 +90,8 @@ CASES: dict[str, Released] = {
                          lambda algo, state, new, b: new.estimate * b, C, whole=True),
     "diff2-bvr": Released(lambda z: dpopt.DIFF2(lr=0.5, clip=C, clip_diff=0.2, restart=2, noise_multiplier1=z,
                                                 noise_multiplier2=z, clients=sampling.Clients(N, 2),
-                                                local=dpopt.LocalSteps(steps=1, batch=2, clip=0.2), noise_multiplier3=z),
+                                                local=dpopt.LocalSteps(steps=1, batch=2, clip=0.2),
+                                                noise_multiplier3=z),
                           lambda algo, state, new, b: new.estimate * b, C, whole=True),
     # O2NC with the first-order oracle: the period start's increment (clip C1 = C) of the single
     # pass over all N records, released by the tree, and of the multi-pass Gaussian release.

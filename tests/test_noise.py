@@ -150,7 +150,8 @@ def test_discrete_noise_refuses_sampled_batches():
         dpopt.DPSGD(lr=0.1, clip=1.0, noise_multiplier=1.0, batch_size=4, noise=discrete)
     with pytest.raises(DpoptError, match=r"noise=Discrete\(\) needs sampling=FullBatch"):
         dpopt.AClip(lr=0.1, clip=1.0, noise_multiplier=1.0, batch_size=4, noise=discrete)
-    with pytest.raises(DpoptError, match="noise='fast' must be dpopt.mechanisms.CONTINUOUS or dpopt.mechanisms.DISCRETE"):
+    with pytest.raises(DpoptError,
+                       match="noise='fast' must be dpopt.mechanisms.CONTINUOUS or dpopt.mechanisms.DISCRETE"):
         dpopt.dp_gd(lr=0.1, clip=1.0, noise_multiplier=1.0, noise="fast")
     with pytest.raises(DpoptError, match="noise='fast' must be one of: torch, secure, discrete"):
         dpopt.algorithms.registry.build("dp-gd", n=10, batch_size=2, noise="fast")

@@ -8,12 +8,10 @@ import math
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 
 import dpopt
 from dpopt import report
-from dpopt.cli import main
 
 
 def strict(text: str) -> object:

@@ -136,7 +136,8 @@ def test_delta_of_at_least_one_over_n_is_refused_unless_allowed() -> None:
     with pytest.raises(_validate.DpoptError, match=r"^delta=0.01 must be < 1/n = 0.00333 for n=300 records: with "
                                                    r"δ ≥ 1/n, publishing each record whole with probability δ \(about "
                                                    r"nδ = 3 records\) meets the guarantee; give a smaller delta, or "
-                                                   r"allow_large_delta=True \(--allow-large-delta\) to accept this knowingly$"):
+                                                   r"allow_large_delta=True \(--allow-large-delta\) to accept this "
+                                                   r"knowingly$"):
         run(algo, oracle, steps=2, seed=0, delta=0.01)
     run(algo, oracle, steps=2, seed=0, delta=1 / 301)
     assert run(algo, oracle, steps=2, seed=0, delta=0.01, allow_large_delta=True).delta == 0.01

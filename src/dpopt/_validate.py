@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterable
-from typing import Any
+from typing import TypeVar
+
+T = TypeVar("T")
 
 #: A target ε above this is run, with a warning: e^ε bounds how much more likely any output may
 #: become when one record is added, and e^100 ≈ 10^43 bounds nothing a reader can use.
@@ -95,16 +97,17 @@ def positive_int(name: str, value: int, *, maximum: int | None = None,
     return value
 
 
-def one_of(name: str, value: Any, allowed: Iterable[Any]) -> Any:
-    """``value`` must be one of ``allowed``."""
+def one_of(name: str, value: object, allowed: Iterable[T]) -> T:
+    """``value`` must be one of ``allowed``: the allowed option equal to it."""
     options = list(allowed)
-    if value not in options:
-        listed = ", ".join(str(option) for option in options)
-        raise DpoptError(f"{name}={value!r} must be one of: {listed}")
-    return value
+    for option in options:
+        if value is option or value == option:  # (as `value in options` compares)
+            return option
+    listed = ", ".join(str(option) for option in options)
+    raise DpoptError(f"{name}={value!r} must be one of: {listed}")
 
 
-def _number(name: str, value: Any) -> float:
+def _number(name: str, value: float) -> float:
     if isinstance(value, bool):
         raise DpoptError(f"{name}={value!r} must be a number")
     try:

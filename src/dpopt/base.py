@@ -33,8 +33,8 @@ type checking, so the torch-free accounting may too.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from dataclasses import Field, dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, TypeVar, runtime_checkable
 
 from dp_accounting import DpEvent, NeighboringRelation
 
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 S = TypeVar("S")  #: an algorithm's state: a NamedTuple of tensors and numbers
+S_in = TypeVar("S_in", contravariant=True)  #: the same, in a protocol that only reads a state
 
 
 @runtime_checkable
@@ -90,6 +91,14 @@ class PerRecord(Protocol):
         ...
 
 
+class Rows(PerRecord, Protocol):
+    """The per-record gradients an oracle returns: rows of the same records at two points
+    subtract, ``rows(θ) − rows(θ′)`` being the rows ∇f_i(θ) − ∇f_i(θ′) (what DP-SRM and DIFF2
+    clip), in the same lazy form."""
+
+    def __sub__(self, other: Self) -> Self: ...
+
+
 @runtime_checkable
 class Oracle(Protocol):
     """What an algorithm may ask about the training data: per-record gradients and losses at θ.
@@ -99,7 +108,7 @@ class Oracle(Protocol):
     n: int
     dim: int
 
-    def per_record(self, theta: Tensor, indices: Tensor) -> PerRecord:
+    def per_record(self, theta: Tensor, indices: Tensor) -> Rows:
         """∇f_i(θ) for the records ``indices``."""
         ...
 
@@ -150,6 +159,7 @@ class Algorithm(Protocol[S]):
     ratios ``noise_ratios``.
     """
 
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # a dataclass: calibration replaces its noise fields
     NOISE_FIELDS: tuple[str, ...]
     noise_ratios: tuple[float, ...]
 
@@ -179,7 +189,7 @@ class Directed(Protocol[S]):
 
 
 @runtime_checkable
-class KeyedSampling(Protocol[S]):
+class KeyedSampling(Protocol[S_in]):
     """An algorithm whose batches depend on a secret drawn into its state at ``init`` (cyclic
     Poisson sampling's group key): ``batch_sampler(state, t, n)`` is the sampler step t draws
     from. Its ``sampler(t, n)`` still says everything planning needs (relation, public divisor,
@@ -187,17 +197,17 @@ class KeyedSampling(Protocol[S]):
     sample from another distribution. :func:`dpopt.train.step` takes the answer of
     ``isinstance(algorithm, KeyedSampling)``, asked once per run."""
 
-    def batch_sampler(self, state: S, t: int, n: int) -> Sampler: ...
+    def batch_sampler(self, state: S_in, t: int, n: int) -> Sampler: ...
 
 
 @runtime_checkable
-class NoiseVariance(Protocol[S]):
+class NoiseVariance(Protocol[S_in]):
     """A :class:`Directed` algorithm whose private gradient g̃_t carries isotropic Gaussian noise
     of a public variance: ``release_variance(state)`` is Φ_t, the variance per coordinate of the
     noise in ``direction(state)`` (a function of the hyper-parameters, the step and released
     values only: what a bias correction may subtract as post-processing)."""
 
-    def release_variance(self, state: S) -> float: ...
+    def release_variance(self, state: S_in) -> float: ...
 
 
 @runtime_checkable
@@ -210,23 +220,23 @@ class Wrapper(Protocol):
     @property
     def inner(self) -> Algorithm[Any]: ...
 
-    def around(self, inner: Algorithm[Any]) -> Wrapper: ...
+    def around(self, inner: Algorithm[Any]) -> Self: ...
 
 
 @runtime_checkable
-class Averaged(Protocol[S]):
+class Averaged(Protocol[S_in]):
     """An algorithm whose output is an average of its iterates: ``running_output(state)`` is that
     output so far (what a log point measures instead of the current iterate)."""
 
-    def running_output(self, state: S) -> Tensor: ...
+    def running_output(self, state: S_in) -> Tensor: ...
 
 
 @runtime_checkable
-class SelfDiagnosing(Protocol[S]):
+class SelfDiagnosing(Protocol[S_in]):
     """An algorithm that counts something about its own run (e.g. how often a clip bit): NOT
     PRIVATE diagnostics, written only when asked for."""
 
-    def diagnostics(self, state: S) -> Mapping[str, float]: ...
+    def diagnostics(self, state: S_in) -> Mapping[str, float]: ...
 
 
 @runtime_checkable
@@ -234,6 +244,17 @@ class ClosedForm(Protocol):
     """An oracle whose gradients are closed-form (no autograd): steps run in inference mode."""
 
     closed_form: bool
+
+
+@runtime_checkable
+class Pointwise(Oracle, Protocol):
+    """An oracle that also evaluates each record at points of its own (zeroth-order and smoothed
+    gradient estimates, O2NC): ``losses_at(points [B, K, d], indices)`` is ``[B, K]``, f_i at
+    record i's K points; ``gradients_at`` the same for ∇f_i, ``[B, K, d]``."""
+
+    def losses_at(self, points: Tensor, indices: Tensor) -> Tensor: ...
+
+    def gradients_at(self, points: Tensor, indices: Tensor) -> Tensor: ...
 
 
 @runtime_checkable

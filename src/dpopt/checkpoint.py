@@ -83,7 +83,7 @@ def write_text(path: Path, text: str) -> None:
     write_bytes(path, text.encode())
 
 
-def save(path: Path, obj: Any, key: Key | None = None) -> None:
+def save(path: Path, obj: object, key: Key | None = None) -> None:
     """Atomically write ``obj`` (a value :mod:`dpopt.codec` can encode) to ``path`` as a checkpoint,
     tagged under ``key`` if given (version 2), else with its digest only (version 1)."""
     import safetensors.torch
@@ -125,7 +125,7 @@ def load(path: Path, key: Key | None = None) -> Any:
         raise _validate.DpoptError(f"{name} is not authenticated: it carries no tag (format 1: saved results, or a "
                                    "file rewritten without the checkpoint key), and a run resumes only a checkpoint "
                                    "tagged under the user's key; it was not used")
-    if key is not None and not hmac.compare_digest(key.tag(payload), tag):
+    if key is not None and tag is not None and not hmac.compare_digest(key.tag(payload), tag):
         raise _validate.DpoptError(f"{name} is not authenticated: its tag does not verify under the checkpoint key "
                                    f"{str(key.path)!r}, so it was edited after it was written, or written under "
                                    "another key (another user, machine or DPOPT_STATE); it was not used")

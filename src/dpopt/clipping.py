@@ -13,6 +13,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from dp_accounting import NeighboringRelation
@@ -128,7 +129,7 @@ def count_within(rows: PerRecord, clip: float, relation: NeighboringRelation) ->
     their own share and sum the counts over the processes."""
     norms = rows.norms()
     local = ((norms <= clip).sum(dtype=torch.float64) - 0.5 * len(norms)).reshape(1)
-    total = rows.batch_total(local) if _shares(type(rows)) else local
+    total = cast(ShareOfBatch, rows).batch_total(local) if _shares(type(rows)) else local
     return Bounded(total, 0.5 * relation_factor(relation), _CLIPPING_TOKEN)
 
 

@@ -30,7 +30,8 @@ import dp_accounting.dp_event as dp_event
 import torch
 from torch import Tensor
 
-JSON = Any
+from .json_types import JsonValue
+
 _NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 
 
@@ -38,12 +39,12 @@ class CodecError(ValueError):
     """A value this format cannot hold, or an encoding it did not write."""
 
 
-def encode(value: Any) -> tuple[JSON, dict[str, Tensor]]:
+def encode(value: object) -> tuple[JsonValue, dict[str, Tensor]]:
     """``value`` as JSON-ready data and the tensors it references (contiguous CPU copies)."""
     tensors: dict[str, Tensor] = {}
     keys: dict[int, str] = {}
 
-    def node(v: Any) -> JSON:
+    def node(v: object) -> JsonValue:
         if v is None or isinstance(v, (bool, int, str)):
             return v
         if isinstance(v, float):
@@ -70,11 +71,11 @@ def encode(value: Any) -> tuple[JSON, dict[str, Tensor]]:
     return node(value), tensors
 
 
-def decode(data: JSON, tensors: dict[str, Tensor]) -> Any:
+def decode(data: JsonValue, tensors: dict[str, Tensor]) -> Any:
     """The value :func:`encode` encoded as ``data`` with ``tensors``; :class:`CodecError` on
     anything it would not have written."""
 
-    def node(d: JSON) -> Any:
+    def node(d: JsonValue) -> Any:
         if d is None or isinstance(d, (bool, int, float, str)):
             return d
         if isinstance(d, list):
@@ -82,19 +83,19 @@ def decode(data: JSON, tensors: dict[str, Tensor]) -> Any:
         if not (isinstance(d, dict) and len(d) == 1):
             raise CodecError(f"unexpected node {str(d)[:80]}")
         (tag, body), = d.items()
-        if tag == "float" and body in _NON_FINITE:
+        if tag == "float" and isinstance(body, str) and body in _NON_FINITE:
             return _NON_FINITE[body]
         if tag == "tuple" and isinstance(body, list):
             return tuple(node(item) for item in body)
         if tag == "dict" and isinstance(body, dict):
             return {k: node(item) for k, item in body.items()}
-        if tag == "tensor" and body in tensors:
+        if tag == "tensor" and isinstance(body, str) and body in tensors:
             return tensors[body]
-        if tag == "event" and _shaped(body, 2):
-            name, fields = body
+        if tag == "event" and (parts := _shaped(body, 2)) is not None:
+            (name,), fields = parts
             return _event_class(name)(**{k: node(item) for k, item in fields.items()})
-        if tag == "object" and _shaped(body, 3):
-            module, name, fields = body
+        if tag == "object" and (parts := _shaped(body, 3)) is not None:
+            (module, name), fields = parts
             return _dpopt_class(module, name)(**{k: node(item) for k, item in fields.items()})
         raise CodecError(f"unexpected node {str(d)[:80]}")
 
@@ -104,10 +105,12 @@ def decode(data: JSON, tensors: dict[str, Tensor]) -> Any:
         raise CodecError(str(err)) from None
 
 
-def _shaped(body: JSON, length: int) -> bool:
-    """``[str, ..., {fields}]`` of ``length`` items."""
-    return (isinstance(body, list) and len(body) == length and all(isinstance(s, str) for s in body[:-1])
-            and isinstance(body[-1], dict))
+def _shaped(body: JsonValue, length: int) -> tuple[list[str], dict[str, JsonValue]] | None:
+    """The strings and the fields of ``[str, ..., {fields}]`` of ``length`` items (None if not so shaped)."""
+    if not (isinstance(body, list) and len(body) == length and isinstance(fields := body[-1], dict)):
+        return None
+    names = [s for s in body[:-1] if isinstance(s, str)]
+    return (names, fields) if len(names) == length - 1 else None
 
 
 def _is_dpopt_record(cls: type) -> bool:
@@ -117,10 +120,11 @@ def _is_dpopt_record(cls: type) -> bool:
     return in_dpopt and (named_tuple or dataclasses.is_dataclass(cls))
 
 
-def _fields(v: Any) -> dict[str, Any]:
-    """A NamedTuple's fields, or a dataclass's constructor fields."""
+def _fields(v: object) -> dict[str, object]:
+    """A NamedTuple's fields, or a dataclass's constructor fields (of a :func:`_is_dpopt_record`)."""
     if isinstance(v, tuple):
-        return v._asdict()
+        return dict(zip(getattr(v, "_fields"), v))  # a NamedTuple's, as its _asdict()
+    assert dataclasses.is_dataclass(v) and not isinstance(v, type)
     return {f.name: getattr(v, f.name) for f in dataclasses.fields(v) if f.init}
 
 

@@ -60,11 +60,12 @@ def fit(model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor],
         train_data: Dataset | DataLoader | tuple[Tensor, Tensor],
         *, algorithm: str = "dp-sgd", epsilon: float, delta: float, epochs: float, batch_size: int = 256,
         lr: float = 0.1, clip: float = 1.0, seed: int | None = None, accountant: str = "pld", engine: str = "ghost",
-        microbatch_size: int = 512, known_layers: ghost.Registry = ghost.KNOWN_LAYERS, test_data: Dataset | tuple[Tensor, Tensor] | None = None,
+        microbatch_size: int = 512, known_layers: ghost.Registry = ghost.KNOWN_LAYERS,
+        test_data: Dataset | tuple[Tensor, Tensor] | None = None,
         log_every: int | None = None, checkpoint_path: str | Path | None = None,
         checkpoint_every: int | None = None, progress: bool | None = None, diagnostics: bool = False,
         train_metrics: bool = True, diagnostic_sample: int | None = DIAGNOSTIC_SAMPLE,
-        allow_large_delta: bool = False, split: Callable[[Any], tuple[Tensor, Tensor]] | None = None,
+        allow_large_delta: bool = False, split: Callable[..., tuple[Tensor, Tensor]] | None = None,
         **options: Any) -> History:
     """Train ``model`` with ``algorithm`` at (``epsilon``, ``delta``) for ``epochs`` passes.
 
@@ -83,7 +84,8 @@ def fit(model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor],
     test error); the module holds the output θ.
     """
     if not registry.entry(algorithm).private:
-        raise _validate.DpoptError(f"algorithm={algorithm!r} is not private (ε = ∞) and cannot meet epsilon={epsilon!r}: "
+        raise _validate.DpoptError(f"algorithm={algorithm!r} is not private (ε = ∞) and cannot meet "
+                                   f"epsilon={epsilon!r}: "
                                    "train it with dpopt.run as a non-private reference")
     _validate.positive("epsilon", epsilon)
     _validate.open_unit("delta", delta)

@@ -100,7 +100,7 @@ def _in_place(m: nn.Module) -> tuple[nn.Module, str] | None:
     if getattr(m, "inplace", False) is not True or not type(m).__module__.startswith("torch.nn."):
         return None
     out_of_place = copy.deepcopy(m)
-    out_of_place.inplace = False
+    setattr(out_of_place, "inplace", False)  # a module attribute: nn.Module types it as a submodule
     return out_of_place, "(the same values): an in-place layer overwrites the output the ghost engine keeps"
 
 
@@ -115,7 +115,8 @@ def fix(model: nn.Module) -> tuple[nn.Module, list[str]]:
     if not isinstance(model, nn.Module):
         raise _validate.DpoptError(f"model={type(model).__name__} must be a torch.nn.Module")
     for name, m in model.named_modules():
-        if isinstance(m, LazyModuleMixin) and m.has_uninitialized_params():
+        # (torch types the method's self as its _LazyProtocol, which its own mixin does not declare)
+        if isinstance(m, LazyModuleMixin) and m.has_uninitialized_params():  # type: ignore[misc]
             raise _validate.DpoptError(f"module={name or type(model).__name__!r} ({type(m).__name__}) has "
                                        "uninitialised parameters: run one forward pass before dpopt.fix")
     fixed, changes = copy.deepcopy(model), []

@@ -28,7 +28,7 @@ import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import filelock
 import platformdirs
@@ -112,8 +112,15 @@ def resume(run: str, step: int, name: str, *, once: bool) -> None:
         entry["resumed"] = sorted({*entry["resumed"], step})
 
 
+class Entry(TypedDict):
+    """A run's journal entry: its latest checkpoint's step and the steps it was resumed from."""
+
+    latest: int
+    resumed: list[int]
+
+
 @contextlib.contextmanager
-def _entry(run: str) -> Iterator[dict[str, Any]]:
+def _entry(run: str) -> Iterator[Entry]:
     """The journal entry of ``run`` (a new run's: nothing yet), written back if the body changed it."""
     if not _RUN_ID.fullmatch(run):
         raise DpoptError(f"run={run!r} is not a run id (32 hex digits)")
@@ -132,7 +139,7 @@ def _entry(run: str) -> Iterator[dict[str, Any]]:
                          "another process; nothing was resumed or recorded") from None
 
 
-def _read(path: Path) -> dict[str, Any]:
+def _read(path: Path) -> Entry:
     if not path.exists():
         return {"latest": 0, "resumed": []}
     try:

@@ -296,8 +296,8 @@ class TreeAggregator:
     the single-pass oracle), so the first :meth:`add` returns the event of the whole pass,
     :func:`tree_event` (z, ``lengths``), and every later one ``NoOpDpEvent`` (nothing more is
     spent) — provided z, the sensitivity and the lengths are those of that event: a later
-    :meth:`add` with other ones is refused. Immutable: :meth:`add` returns the next aggregator. Only the ≤ ⌊log₂ t⌋ + 1 live
-    nodes of the current prefix are held; a node's noise is drawn from the run's noise source
+    :meth:`add` with other ones is refused. Immutable: :meth:`add` returns the next aggregator. Only the
+    ≤ ⌊log₂ t⌋ + 1 live nodes of the current prefix are held; a node's noise is drawn from the run's noise source
     when it first becomes live. With z = 0 the prefix sums are exact.
     """
 

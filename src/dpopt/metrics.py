@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -13,6 +13,13 @@ from torch import Tensor
 
 from . import _validate
 from .oracles import zeroth_order as zo
+
+
+@runtime_checkable
+class HasGradient(Protocol):
+    """What :func:`goldstein` asks of an oracle: ∇F(θ) on all records."""
+
+    def gradient(self, theta: Tensor) -> Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -41,7 +48,8 @@ def min_norm_in_hull(vectors: Tensor) -> float:
     return float(np.linalg.norm(weights @ V))
 
 
-def goldstein(F: Any, x: Tensor, alpha: float, *, points: int = 64, seed: int = 0) -> Goldstein:
+def goldstein(F: HasGradient | Callable[[Tensor], Tensor], x: Tensor, alpha: float, *, points: int = 64,
+              seed: int = 0) -> Goldstein:
     """Goldstein stationarity ‖∂̄_α F(x)‖ = min{‖g‖ : g ∈ conv ∪_{‖y−x‖≤α} ∂F(y)}, estimated from
     above by the minimum-norm point of the convex hull of full-data gradients ∇F at x and at
     ``points − 1`` points uniform in the α-ball around x (drawn from ``seed``): a hull of a subset
@@ -49,7 +57,7 @@ def goldstein(F: Any, x: Tensor, alpha: float, *, points: int = 64, seed: int = 
     ``points`` grows. ``F``: an oracle (its ``gradient``) or a callable x ↦ ∇F(x)."""
     _validate.positive("alpha", alpha)
     _validate.positive_int("points", points)
-    gradient: Callable[[Tensor], Tensor] = getattr(F, "gradient", F)
+    gradient = F if not isinstance(F, HasGradient) else F.gradient
     gen = torch.Generator().manual_seed(seed)
     x = torch.as_tensor(x, dtype=torch.float64)
     offsets = zo.ball(gen, 1, points - 1, x.shape[0], alpha, x.dtype)[0]

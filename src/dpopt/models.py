@@ -77,6 +77,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -219,13 +220,14 @@ def mlp(inputs: int, *, hidden: int = 10, outputs: int = 1, activation: str = "s
     _validate.positive_int("inputs", inputs)
     _validate.positive_int("hidden", hidden)
     _validate.positive_int("outputs", outputs)
-    layers: list[nn.Module] = [nn.Linear(inputs, hidden), _activation(activation)(), nn.Linear(hidden, outputs)]
+    first, last = nn.Linear(inputs, hidden), nn.Linear(hidden, outputs)
+    layers: list[nn.Module] = [first, _activation(activation)(), last]
     if outputs == 1:
         layers.append(SqueezeLast())
     model = nn.Sequential(*layers).double()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for layer in (model[0], model[2]):
+        for layer in (first, last):  # (.double() converts them in place)
             bound = 1 / layer.in_features ** 0.5
             for param in (layer.weight, layer.bias):
                 param.copy_(torch.rand(param.shape, generator=gen, dtype=param.dtype) * 2 * bound - bound)
@@ -247,7 +249,7 @@ def cross_entropy(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(out, y.long(), reduction="none")
 
 
-def mlp_oracle(X: torch.Tensor, y: torch.Tensor, *, classes: int | None = None,
+def mlp_oracle(X: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndarray, *, classes: int | None = None,
                loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, seed: int = 0) -> TorchModel:
     """The DIFF2 paper's problem on ``(X, y)``: :func:`mlp` with one output per record and
     ``loss`` (default :func:`squared_loss`, a regression target; :func:`logistic_loss` for binary

@@ -11,12 +11,16 @@ Whatever they do with the released g̃_t and the public noise variance is post-p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
+from torch.optim.optimizer import ParamsT
 
 from .algorithms.adam import bias_corrected_step, check
+
+if TYPE_CHECKING:
+    from .private import Private
 
 
 class AdamBC(torch.optim.Optimizer):
@@ -27,7 +31,7 @@ class AdamBC(torch.optim.Optimizer):
     each ``private.backward()``. ``lr``, ``betas``, ``eps`` (0: the paper's update) and ``gamma``
     (the floor of the corrected second moment) as in :class:`dpopt.algorithms.adam.AdamBC`."""
 
-    def __init__(self, params: Iterable[Any], private: Any, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+    def __init__(self, params: ParamsT, private: Private, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 0.0, gamma: float = 1e-8) -> None:
         check(lr, betas, eps, gamma)
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "gamma": gamma})

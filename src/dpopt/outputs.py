@@ -15,8 +15,10 @@ diagnostic outside the ``"diagnostics"`` section: tests run it over everything `
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import TypeVar
+
+V = TypeVar("V")
 
 NOT_PRIVATE = ("NOT PRIVATE: computed from the training data without noise; these numbers carry no "
                "differential-privacy guarantee and must not be released")
@@ -46,7 +48,7 @@ def shown(metric: str) -> str:
     return metric if is_private(metric) else f"{metric} (NOT PRIVATE)"
 
 
-def split(metrics: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def split(metrics: Mapping[str, V]) -> tuple[dict[str, V], dict[str, V]]:
     """(private, diagnostic) parts of a metric dict; an unknown metric name is an error."""
     unknown = [m for m in metrics if not is_private(m) and m not in DIAGNOSTIC_METRICS + EXPERIMENT_DIAGNOSTICS]
     if unknown:
@@ -72,7 +74,8 @@ DIAGNOSTIC_FACTS = frozenset({"goldstein_start", "reference_norm", "nonprivate_l
 #: run's history and of a reproduction's results.json.
 PRIVATE_FIELDS = frozenset(PRIVATE_METRICS) | frozenset(EXPERIMENT_PRIVATE) | PUBLIC_FACTS | {
     "step", "records", "final", "theta", "delta", "accountant", "neighboring_relation", "steps_done", "stopped",
-    "randomness", "algorithm", "dataset", "data_source", "out", "epsilon_target", "processes", "diagnostics", "diverged_at",
+    "randomness", "algorithm", "dataset", "data_source", "out", "epsilon_target", "processes", "diagnostics",
+    "diverged_at",
     "experiment", "rows", "seeds", "quick", "log_points", "facts", "t_tests", "problem", "ours", "baseline",
     "metrics", "mean", "std", "accountant_note",
     # which records the guarantee protects, and where the test metrics were measured (own data:
@@ -103,7 +106,7 @@ BY_METHOD = frozenset({"methods"})
 TUNING = "tuning"
 
 
-def _keys(payload: Any, inside: bool, path: str) -> Iterator[tuple[str, bool]]:
+def _keys(payload: object, inside: bool, path: str) -> Iterator[tuple[str, bool]]:
     if isinstance(payload, dict):
         for key, value in payload.items():
             yield f"{path}.{key}".lstrip("."), inside
@@ -122,7 +125,7 @@ def _metric(key: str) -> str:
     return key.removeprefix("p_")
 
 
-def unclassified(payload: Any, extra_diagnostics: frozenset[str] = frozenset()) -> list[str]:
+def unclassified(payload: object, extra_diagnostics: frozenset[str] = frozenset()) -> list[str]:
     """The fields of ``payload`` that are not classified where they stand: a private field must
     be in :data:`PRIVATE_FIELDS` or :data:`PUBLIC_BY_NAME`; inside ``"diagnostics"`` a field must
     be in :data:`DIAGNOSTIC_FIELDS`, be the tuning record, or be in ``extra_diagnostics``
@@ -130,7 +133,8 @@ def unclassified(payload: Any, extra_diagnostics: frozenset[str] = frozenset()) 
     wrong = []
     for path, inside in _keys(payload, False, ""):
         key = path.rsplit(".", 1)[-1].removesuffix("[]")
-        allowed = DIAGNOSTIC_FIELDS | extra_diagnostics | {TUNING} if inside else PRIVATE_FIELDS | PUBLIC_BY_NAME | BY_METHOD
+        allowed = (DIAGNOSTIC_FIELDS | extra_diagnostics | {TUNING} if inside
+                   else PRIVATE_FIELDS | PUBLIC_BY_NAME | BY_METHOD)
         if key not in allowed and _metric(key) not in allowed:
             wrong.append(path)
     return wrong

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
-from typing import Any, Generic, Protocol
+from typing import Generic, Protocol
 
 from dp_accounting import DpEvent, NeighboringRelation
 
@@ -35,7 +35,8 @@ class Selection(Protocol):
     """How many runs a private selection makes (:mod:`dpopt.tuning.trials`): ``wrap`` turns one
     run's event into the event of releasing the best of K runs."""
 
-    mean: float
+    @property
+    def mean(self) -> float: ...  # read-only: the distributions are frozen dataclasses
 
     def wrap(self, event: DpEvent) -> DpEvent: ...
 
@@ -89,7 +90,7 @@ class Plan(Generic[S]):
         """The event the guarantee is computed from: one run's, or the selection's around it."""
         return self._total(self.algorithm)
 
-    def _total(self, algorithm: Algorithm[Any]) -> DpEvent:
+    def _total(self, algorithm: Algorithm[S]) -> DpEvent:
         run = algorithm.planned_event(self.n, self.steps)
         return run if self.selection is None else self.selection.wrap(run)
 
@@ -160,7 +161,7 @@ def plan_for(algorithm: Algorithm[S], *, n: int, steps: int, delta: float, epsil
     return plan if epsilon is None else plan.calibrated(epsilon)
 
 
-def steps_for_epochs(algorithm: Algorithm[Any], n: int, epochs: float) -> int:
+def steps_for_epochs(algorithm: Algorithm[S], n: int, epochs: float) -> int:
     """Steps whose expected records visited come closest to ``epochs``·n (at least one)."""
     _validate.positive("epochs", epochs)
     per_step = algorithm.sampler(1, n).expected_size

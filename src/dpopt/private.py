@@ -79,7 +79,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch import Tensor, nn
@@ -98,6 +98,14 @@ from .watched import Watched
 
 #: The keys of a :meth:`Private.save` checkpoint.
 KEYS = frozenset({"private", "step", "state", "sample_gen", "noise_gen", "ledger", "run"})
+
+
+class LossToWatch(TypedDict):
+    """:meth:`Private.diagnostics`: the last step's mean training loss, labelled NOT PRIVATE."""
+
+    label: str
+    step: int
+    train_loss: float
 
 
 class Private:
@@ -136,7 +144,7 @@ class Private:
                  steps: int | None = None, batch_size: int = 256, clip: float = 1.0, lr: float = 0.1,
                  seed: int | None = None, accountant: str = "pld", engine: str = "ghost", microbatch_size: int = 512,
                  known_layers: ghost.Registry = ghost.KNOWN_LAYERS, noise_source: NoiseSource | None = None,
-                 allow_large_delta: bool = False, split: Callable[[Any], tuple[Tensor, Tensor]] | None = None,
+                 allow_large_delta: bool = False, split: Callable[..., tuple[Tensor, Tensor]] | None = None,
                  **options: Any) -> None:
         if (epochs is None) == (steps is None):
             raise _validate.DpoptError(f"epochs={epochs!r}, steps={steps!r}: give exactly one of them")
@@ -151,8 +159,8 @@ class Private:
         if isinstance(algorithm, str):
             entry = registry.entry(algorithm)
             if not entry.private:
-                raise _validate.DpoptError(f"algorithm={algorithm!r} is not private (ε = ∞): train it with dpopt.run as "
-                                           "a non-private reference")
+                raise _validate.DpoptError(f"algorithm={algorithm!r} is not private (ε = ∞): train it with "
+                                           "dpopt.run as a non-private reference")
             if epsilon is None:
                 raise _validate.DpoptError(f"epsilon=None keeps the noise multipliers of an algorithm object; "
                                            f"algorithm={algorithm!r} by name needs an epsilon to calibrate to")
@@ -161,6 +169,7 @@ class Private:
             raise _validate.DpoptError(f"options {sorted(options)} build an algorithm by name; algorithm="
                                        f"{type(algorithm).__name__} is already built")
         if steps is None:
+            assert epochs is not None  # (exactly one of them: checked above)
             steps = steps_for_epochs(algorithm, n, epochs)
         self.plan = plan_for(algorithm, n=n, steps=steps, delta=delta, epsilon=epsilon, accountant=accountant,
                              allow_large_delta=allow_large_delta)
@@ -277,6 +286,7 @@ class Private:
         """The algorithm's output θ (flat, float64): its output rule (last iterate, RRPSGD's
         random iterate, AClip's average) over the iterates so far."""
         if self._own_update is False:
+            assert isinstance(self.algorithm, Directed)  # backward() refuses any other
             return self.algorithm.output(self.algorithm.moved(self.stepper.state, self._theta()))
         return self.algorithm.output(self.stepper.state)
 
@@ -284,7 +294,7 @@ class Private:
         """Write :meth:`output` into the module; returns it."""
         return self.oracle.load(self.output())
 
-    def diagnostics(self) -> dict[str, Any]:
+    def diagnostics(self) -> LossToWatch:
         """NOT PRIVATE: ``{"label": NOT_PRIVATE, "step": t, "train_loss": …}``, a loss to watch.
 
         ``train_loss`` is the mean of ℓ_i(θ) = ``loss_fn(module(x_i), y_i)`` over the realised batch
@@ -310,6 +320,7 @@ class Private:
         under the user's checkpoint key; the journal records it as the run's latest checkpoint."""
         state = self.stepper.state
         if self._own_update is False:
+            assert isinstance(self.algorithm, Directed)  # backward() refuses any other
             state = self.algorithm.moved(state, self._theta())
         checkpoint.save(Path(path), {
             "private": self._described(), "step": self.stepper.t, "state": state,

@@ -18,7 +18,9 @@ from . import checkpoint
 
 if TYPE_CHECKING:  # numpy and matplotlib are imported where used: the command line's parser starts without them
     import numpy as np
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
+    from numpy.typing import ArrayLike
 
 
 def summarise(values: Sequence[float]) -> dict[str, float]:
@@ -30,7 +32,7 @@ def summarise(values: Sequence[float]) -> dict[str, float]:
         return {"mean": float(array.mean()), "std": float(array.std(ddof=1)) if len(array) > 1 else 0.0}
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: object) -> str:
     if isinstance(value, dict) and "mean" in value:
         return f"{_fmt(value['mean'])} ({_fmt(value['std'])})"
     if isinstance(value, float):
@@ -49,7 +51,7 @@ def markdown_table(rows: Sequence[Mapping[str, object]], columns: Sequence[str])
     return "\n".join(lines)
 
 
-def finite(value: Any) -> Any:
+def finite(value: object) -> object:
     """``value`` with every non-finite float replaced (NaN by None, ±∞ by "inf"/"-inf"), in nested
     dicts, lists and tuples, numpy values and tensors (as lists) included."""
     if isinstance(value, float):
@@ -65,7 +67,7 @@ def finite(value: Any) -> Any:
     return value
 
 
-def to_json(payload: Any, *, indent: int | None = None) -> str:
+def to_json(payload: object, *, indent: int | None = None) -> str:
     """``payload`` as strict JSON (see the module docstring); objects JSON has no form for are
     written as their ``str``. Raises ValueError rather than ever writing a NaN or ∞ token."""
     return json.dumps(finite(payload), indent=indent, default=str, allow_nan=False)
@@ -117,7 +119,7 @@ def pyplot() -> Any:
     return plt
 
 
-def curves_figure(path: Path, panels: dict[str, dict[str, Curve | tuple[Any, Any]]], *, title: str,
+def curves_figure(path: Path, panels: Mapping[str, Mapping[str, Curve | tuple[ArrayLike, ArrayLike]]], *, title: str,
                   xlabel: str | dict[str, str], ylabel: str | dict[str, str] | None = None,
                   log_y: bool = True, log_x: bool = False) -> int:
     """One subplot per panel title; each maps a line label to a :class:`Curve` (or ``(x, y)``);
@@ -165,30 +167,33 @@ def curves_figure(path: Path, panels: dict[str, dict[str, Curve | tuple[Any, Any
     return omitted
 
 
-def _drawable(lines: dict[str, Curve | tuple[Any, Any]], log_x: bool, log_y: bool) -> dict[str, tuple[Curve, int]]:
+def _drawable(lines: Mapping[str, Curve | tuple[ArrayLike, ArrayLike]], log_x: bool, log_y: bool
+              ) -> dict[str, tuple[Curve, int]]:
     """Each line's drawable points (see :func:`curves_figure`) and how many it lost."""
     import numpy as np
 
     drawn = {}
     for label, curve in lines.items():
-        x, y, spread = (np.asarray(v, dtype=float) if v is not None else None for v in Curve(*curve))
+        x, y, spread = Curve(*curve)
+        x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+        spread = None if spread is None else np.asarray(spread, dtype=float)
         keep = ((np.abs(x) <= DRAWABLE) & (np.abs(y) <= DRAWABLE)  # (False for NaN)
                 & ((x > 0) | (not log_x)) & ((y > 0) | (not log_y)))
         drawn[label] = (Curve(x[keep], y[keep], None if spread is None else spread[keep]), int((~keep).sum()))
     return drawn
 
 
-def lower_ends(ax: Any, mean: Sequence[float], spread: Sequence[float]) -> np.ndarray:
+def lower_ends(ax: Axes, mean: Sequence[float], spread: Sequence[float]) -> np.ndarray:
     """The lower ends of bands or error bars ``mean ± spread`` that ``ax``'s y axis can draw:
     ``mean − spread``, or the mean itself where that is ≤ 0 on a log axis."""
     import numpy as np
 
-    mean = np.asarray(mean, dtype=float)
-    low = mean - np.asarray(spread, dtype=float)
-    return np.where((low > 0) | (ax.get_yscale() == "linear"), low, mean)
+    centre = np.asarray(mean, dtype=float)
+    low = centre - np.asarray(spread, dtype=float)
+    return np.where((low > 0) | (ax.get_yscale() == "linear"), low, centre)
 
 
-def scale(log: bool, values: list[Any]) -> str:
+def scale(log: bool, values: Sequence[ArrayLike]) -> str:
     """The scale of an axis: log if ``log`` was asked for and the drawn ``values`` span at least
     :data:`LOG_SPAN`, else linear."""
     import numpy as np

@@ -22,6 +22,7 @@ from ._validate import DpoptError
 from .accounting import Ledger, PlanMismatch, compose, count_steps, guarantee, is_filter, run_length
 
 if TYPE_CHECKING:
+    from .base import S, Oracle
     from .plan import Plan
 
 #: What a checkpoint holds (:func:`dpopt.train.run` writes these keys).
@@ -29,7 +30,7 @@ KEYS = frozenset({"settings", "step", "state", "visited", "expected", "records",
                   "noise_gen", "ledger", "cpu_time_s", "wall_time_s", "diverged_at", "run"})
 
 
-def describe(algorithm: Any, oracle: Any, **settings: Any) -> dict[str, str]:
+def describe(algorithm: object, oracle: Oracle, **settings: object) -> dict[str, str]:
     """Everything that determines a run, setting by setting, in a fixed order: the algorithm
     (its type and each hyper-parameter its repr shows), the oracle (type, n, dim, regulariser, the
     digest of its training data, where it has one: ``data_digest``, and of a module's structure and
@@ -47,7 +48,7 @@ def describe(algorithm: Any, oracle: Any, **settings: Any) -> dict[str, str]:
     } | {name: repr(value) for name, value in settings.items()}
 
 
-def check(path: Path, saved: dict[str, Any], described: dict[str, str], plan: Plan[Any], *, stop_at: int) -> Ledger:
+def check(path: Path, saved: object, described: dict[str, str], plan: Plan[S], *, stop_at: int) -> Ledger:
     """The ledger of checkpoint ``saved`` (read from ``path``), once it is known to belong to this
     run (settings ``described``) and to record what the plan spends in its ``saved["step"]`` steps.
 
@@ -63,7 +64,7 @@ def check(path: Path, saved: dict[str, Any], described: dict[str, str], plan: Pl
     return checked_ledger(name, saved["ledger"], saved["step"], plan, stop_at=stop_at)
 
 
-def checked_ledger(name: str, state: Any, done: Any, plan: Plan[Any], *, stop_at: int) -> Ledger:
+def checked_ledger(name: str, state: Any, done: Any, plan: Plan[S], *, stop_at: int) -> Ledger:
     """The ledger saved as ``state`` after ``done`` steps, refused (naming checkpoint ``name``)
     unless it records what ``plan`` spends in those steps (:func:`check` says how)."""
     if type(done) is not int or not 0 <= done <= stop_at:
@@ -87,7 +88,7 @@ def checked_ledger(name: str, state: Any, done: Any, plan: Plan[Any], *, stop_at
     return ledger
 
 
-def check_settings(name: str, saved: Any, described: dict[str, str]) -> None:
+def check_settings(name: str, saved: object, described: dict[str, str]) -> None:
     """Refuse a checkpoint whose settings differ, naming the first setting that does."""
     if not isinstance(saved, dict):
         raise DpoptError(f"{name} records no settings; it was not used")
@@ -102,7 +103,7 @@ def _shown(value: str | None) -> str:
     return "not set" if value is None else value if len(value) <= 100 else value[:97] + "..."
 
 
-def _atoms(plan: Plan[Any], done: int) -> int:
+def _atoms(plan: Plan[S], done: int) -> int:
     """How many atomic events the plan spends in its first ``done`` steps: those of
     ``planned_event(n, done)``; one per step for a plan that exists only for its whole length
     (R-AClip's stages). A wrong count fails closed: the genuine checkpoint is refused."""

@@ -293,7 +293,8 @@ class Clients:
     m is public). The split stands for a federation whose clients already hold their data: the
     guarantee is for each D_p as the split gives it, not for a pooled data set that is split by
     this class ("label": one changed label can move the label boundaries and so change several
-    shards; "iid" does not look at the data). A round's sum of clipped vectors over all used records has sensitivity 2C with
+    shards; "iid" does not look at the data). A round's sum of clipped vectors over all used records has
+    sensitivity 2C with
     respect to any D_p (a record lives in exactly one shard); dividing by the public m·count
     gives (1/P) Σ_p ClippedMean(D_p), whose sensitivity is 2C/(n_min·P) with n_min = m. No
     amplification (``wrap`` is the identity).

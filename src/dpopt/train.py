@@ -28,7 +28,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self, cast
 
 import numpy as np
 import torch
@@ -37,8 +37,9 @@ from tqdm import tqdm
 
 from . import _validate, checkpoint, journal, lock, resume
 from .accounting import Ledger, accountant_note
-from .base import (Algorithm, Averaged, Batch, ClosedForm, KeyedSampling, NoiseSource, Oracle, SelfDiagnosing,
+from .base import (S, Algorithm, Averaged, Batch, ClosedForm, KeyedSampling, NoiseSource, Oracle, SelfDiagnosing,
                    SharedNoise)
+from .json_types import JsonObject
 from .mechanisms import Discrete, SeededNoise
 from .outputs import NOT_PRIVATE
 from .plan import Plan
@@ -70,7 +71,7 @@ class History:
     diverged_at: int | None = None  # the step after which θ was not finite
     accountant_note: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {key: value for key, value in dataclasses.asdict(self).items() if key != "theta"} | {
             "theta": self.theta.tolist()}
 
@@ -102,10 +103,9 @@ def randomness(seed: int | None, noise_source: NoiseSource | None = None) -> tup
     With ``seed``, both are derived from it (reproducible). Without, from the operating system:
     a predictable seed would let anyone who reruns the public configuration subtract the noise
     and replay the Poisson sample that amplification by sampling assumes secret."""
-    seeded = seed is not None
-    if seeded:
+    if seed is not None:
         _validate.non_negative("seed", seed)
-    root = np.random.SeedSequence(seed if seeded else int.from_bytes(os.urandom(16), "little"))
+    root = np.random.SeedSequence(seed if seed is not None else int.from_bytes(os.urandom(16), "little"))
     sample_seed, noise_seed = root.generate_state(2, dtype=np.uint64)
     sample_gen = torch.Generator().manual_seed(int(sample_seed))
     if noise_source is not None:
@@ -114,9 +114,9 @@ def randomness(seed: int | None, noise_source: NoiseSource | None = None) -> tup
     return sample_gen, SeededNoise(int(noise_seed)), origin(seed)
 
 
-def step(algorithm: Algorithm[Any], oracle: Oracle, state: Any, t: int, ledger: Ledger,
+def step(algorithm: Algorithm[S], oracle: Oracle, state: S, t: int, ledger: Ledger,
          sample_gen: torch.Generator, source: NoiseSource, *, inference: bool = False,
-         keyed: bool = False) -> tuple[Any, int]:
+         keyed: bool = False) -> tuple[S, int]:
     """Step t of a run: draw the batch, let the algorithm step, record its event in ``ledger``.
 
     Returns the new state and the batch size. This is everything :func:`train` does per step
@@ -128,14 +128,16 @@ def step(algorithm: Algorithm[Any], oracle: Oracle, state: Any, t: int, ledger: 
     n)`` (which refuses to draw for a keyed algorithm's secret groups: forgetting the flag fails).
     """
     with torch.inference_mode(inference):
-        sampler = algorithm.batch_sampler(state, t, oracle.n) if keyed else algorithm.sampler(t, oracle.n)
+        # keyed: isinstance(algorithm, KeyedSampling), asked once per run by the caller
+        sampler = (cast("KeyedSampling[S]", algorithm).batch_sampler(state, t, oracle.n) if keyed
+                   else algorithm.sampler(t, oracle.n))
         indices = sampler.sample(sample_gen)
         state, event = algorithm.step(state, Batch(t, indices, sampler), oracle, source)
     ledger.record(event)
     return state, len(indices)
 
 
-def keyed(algorithm: Algorithm[Any]) -> bool:
+def keyed(algorithm: Algorithm[S]) -> bool:
     """Whether ``algorithm`` draws its batches from a secret of its state
     (:class:`~dpopt.base.KeyedSampling`): :func:`step`'s ``keyed``. Ask once per run (a protocol
     check costs tens of microseconds, a GLM step about thirty)."""
@@ -203,8 +205,8 @@ class Stepper:
     t: int = 0
 
     @classmethod
-    def start(cls, plan: Plan[Any], oracle: Oracle, *, theta0: Tensor, seed: int | None = None,
-              noise_source: NoiseSource | None = None) -> Stepper:
+    def start(cls, plan: Plan[S], oracle: Oracle, *, theta0: Tensor, seed: int | None = None,
+              noise_source: NoiseSource | None = None) -> Self:
         """Step 0 of a run of ``plan`` on ``oracle`` from ``theta0``, its randomness as
         :func:`randomness` says. The oracle must hold the plan's n records."""
         if oracle.n != plan.n:
@@ -274,7 +276,7 @@ class Options:
     log_metrics: Callable[[Tensor], dict[str, float]] | None = None
 
 
-def train(plan: Plan[Any], oracle: Oracle, options: Options | None = None, theta0: Tensor | None = None) -> History:
+def train(plan: Plan[S], oracle: Oracle, options: Options | None = None, theta0: Tensor | None = None) -> History:
     """Run ``plan`` on ``oracle`` from ``theta0`` (default 0) as ``options`` say; the :class:`History`.
 
     Logged every ``options.log_every`` steps and at the end, the private
@@ -301,7 +303,7 @@ def train(plan: Plan[Any], oracle: Oracle, options: Options | None = None, theta
     return drive(stepper, options, theta0)
 
 
-def run(algorithm: Algorithm[Any], oracle: Oracle, *, steps: int, seed: int | None = None, delta: float = 1e-5,
+def run(algorithm: Algorithm[S], oracle: Oracle, *, steps: int, seed: int | None = None, delta: float = 1e-5,
         theta0: Tensor | None = None, accountant: str = "pld", noise_source: NoiseSource | None = None,
         test_error: Callable[[Tensor], float] | None = None, log_every: int | None = None,
         checkpoint_path: str | Path | None = None, checkpoint_every: int | None = None,
@@ -397,6 +399,7 @@ def _train(stepper: Stepper, options: Options, *, stop_at: int, log_every: int, 
         } | (log_metrics(theta) if log_metrics else {})
 
     def save(t: int) -> None:
+        assert path is not None  # saves only to a checkpoint path
         checkpoint.save(path, {
             "settings": described, "step": t, "state": stepper.state, "visited": visited, "expected": expected,
             "records": records, "diagnostics": logged, "sample_gen": stepper.sample_gen.get_state(),
@@ -433,6 +436,7 @@ def _train(stepper: Stepper, options: Options, *, stop_at: int, log_every: int, 
     if diagnostics:
         own = dict(algorithm.diagnostics(stepper.state)) if isinstance(algorithm, SelfDiagnosing) else {}
         report = {"label": NOT_PRIVATE, "records": logged, "final": diagnose(theta) | own}
+    stopped: str | None
     if diverged_at is not None:
         stopped = f"diverged at step {diverged_at}: θ has non-finite entries"
     else:

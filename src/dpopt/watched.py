@@ -21,13 +21,13 @@ import contextlib
 import dataclasses
 import functools
 import math
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from .base import Algorithm
+from .base import S, Algorithm
 from .oracles.loaded import Loaded
+from .oracles.torch_model import TorchModel
 from .train import Stepper
 
 
@@ -38,6 +38,7 @@ class Watched(Stepper):
     the last step's mean training loss at its iterate (NaN before the first step, for an empty
     batch, and for a step that takes no gradient at its iterate, e.g. O2NC's at random points)."""
 
+    oracle: TorchModel  # (the field of Stepper, narrowed: it keeps its place)
     train_loss: float = math.nan
 
     def step(self) -> int:
@@ -51,6 +52,6 @@ class Watched(Stepper):
         return size
 
 
-def drawn(algorithm: Algorithm[Any], n: int, t: int, gen: torch.Generator) -> Tensor:
+def drawn(algorithm: Algorithm[S], n: int, t: int, gen: torch.Generator) -> Tensor:
     """Step t's batch as the run draws it (:func:`dpopt.train.step`), from ``gen``."""
     return algorithm.sampler(t, n).sample(gen)

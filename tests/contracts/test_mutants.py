@@ -2,8 +2,8 @@
 any single release of any algorithm is caught.
 
 Every release goes through a mechanism (``mechanisms.gaussian``, ``TreeAggregator.add``,
-``mechanisms.noisy_argmin``, ``correlation.noise.banded_gaussian``). A mutant changes what one release hands its mechanism, as a bug
-in the algorithm would: its noise multiplier (×1.5; for the noisy argmin ρ×2.25, the same
+``mechanisms.noisy_argmin``, ``correlation.noise.banded_gaussian``). A mutant changes what one release
+hands its mechanism, as a bug in the algorithm would: its noise multiplier (×1.5; for the noisy argmin ρ×2.25, the same
 error) or the sensitivity its clipped value claims (×½, so the noise is halved while the event
 stays the same). Two independent checks must catch every mutant, and pass on the honest code:
 
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 

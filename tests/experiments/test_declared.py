@@ -30,7 +30,8 @@ BROKEN = [
     ("[methods.DP-GD]\n", '[methods.DP-GD]\ntuner = "random"\n', "methods.DP-GD.tuner='random' must be one of: grid"),
     ("[explanations]\n", '[explanations]\nSGD = "why"\n', "explanations.SGD names no method"),
     ("[methods.DP-GD]\n", "[methods.DP-GD]\nnoise_scale = 0.5\n",
-     "methods.DP-GD.noise_scale=0.5: a noise scale other than 1 is allowed only for a method whose name says NOT PRIVATE"),
+     "methods.DP-GD.noise_scale=0.5: a noise scale other than 1 is allowed only for a method whose name says "
+     "NOT PRIVATE"),
     ('verdict_metrics = ["objective", "grad_norm"]', 'verdict_metrics = ["test_error"]',
      r"verdict_metrics=\['test_error'\] must be among test_metrics"),
 ]

@@ -81,7 +81,8 @@ def test_cifar10_methods_follow_the_papers_settings():
     methods = {m.name: m for m in dp_srm_cnn.CIFAR10.methods(8.0, "cnn6:cifar10")}
     assert methods["DP-SRM"].tuned == {} and methods["DP-SRM"].grid == grids["DP-SRM"]  # tuned when first run
     srm, steps = methods["DP-SRM"].build(50_000, {"lr": 0.1, "clip_diff": 0.3, "batch_size": 64, "b0_factor": 4})
-    assert (srm.clip, srm.clip_diff, srm.gamma, srm.batch_size0, srm.batch_size, srm.lr) == (2.0, 0.3, 0.3, 256, 64, 0.1)
+    assert ((srm.clip, srm.clip_diff, srm.gamma, srm.batch_size0, srm.batch_size, srm.lr)
+            == (2.0, 0.3, 0.3, 256, 64, 0.1))
     assert steps == 1 + (100 * 50_000 - 256) // 64
     sgd, steps = methods["DP-SGD"].build(50_000, {"lr": 0.05, "batch_size": 128})
     assert (sgd.clip, sgd.batch_size, sgd.sampling, steps) == (2.0, 128, Poisson, 100 * 50_000 // 128)

@@ -75,10 +75,12 @@ def test_every_bench_problem_prepares_its_data_publicly():
 
 def test_every_preset_declares_its_preparation_and_labels_one_that_reads_the_data():
     declared = preset_preparations()
-    assert len(declared) == sum(len(exp.PROBLEMS + (exp.SMOKE_PROBLEMS or ())) for exp in experiments.EXPERIMENTS.values())
+    assert len(declared) == sum(len(exp.PROBLEMS + (exp.SMOKE_PROBLEMS or ()))
+                                for exp in experiments.EXPERIMENTS.values())
     assert [name for name, preparation in declared.items() if unlabelled_data_dependent(preparation)] == []
     labelled = sorted(name for name, preparation in declared.items() if not is_public(preparation))
-    assert labelled == sorted([*(f"diff2-regression {key}" for key in experiments.EXPERIMENTS["diff2-regression"].PROBLEMS
+    assert labelled == sorted([*(f"diff2-regression {key}"
+                                 for key in experiments.EXPERIMENTS["diff2-regression"].PROBLEMS
                                  + experiments.EXPERIMENTS["diff2-regression"].SMOKE_PROBLEMS),
                                *(f"diff2-classification {key}" for key in ("kddcup99", "kddcup99:2000")),
                                "aclip-real logistic:diabetes", "aclip-real ridge:diabetes"])
@@ -108,7 +110,8 @@ def test_the_check_catches_an_unlabelled_preparation_that_reads_the_data(mutant,
     assert unlabelled_data_dependent(mutant)
     assert not unlabelled_data_dependent(NotPrivate("the paper's", prepared))
     monkeypatch.setattr(tasks, "registered", lambda dataset: mutant)
-    assert "california-diff2 (None)" in [name for name, p in bench_preparations().items() if unlabelled_data_dependent(p)]
+    assert "california-diff2 (None)" in [name for name, p in bench_preparations().items()
+                                         if unlabelled_data_dependent(p)]
 
 
 def test_a_bench_problem_on_a_data_set_without_public_bounds_is_refused():

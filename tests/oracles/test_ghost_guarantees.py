@@ -296,7 +296,8 @@ def test_a_module_vmap_cannot_run_is_refused_by_name_under_the_vmap_engine():
     (nn.Unflatten(1, (2, 2)), "plain"), (nn.Unflatten(-1, (2, 2)), None), (nn.Softmax(dim=1), "plain"),
     (nn.Softmax(dim=-1), None), (nn.Softmax(), None), (nn.LayerNorm(3, elementwise_affine=False), "layernorm"),
     (nn.Embedding(3, 2), "embedding"), (nn.Embedding(3, 2, max_norm=1.0), None),
-    (nn.Embedding(3, 2, scale_grad_by_freq=True), None), (nn.Conv1d(1, 2, 3, padding=1), "conv"), (nn.GroupNorm(1, 2), "groupnorm"),
+    (nn.Embedding(3, 2, scale_grad_by_freq=True), None), (nn.Conv1d(1, 2, 3, padding=1), "conv"),
+    (nn.GroupNorm(1, 2), "groupnorm"),
     (Centre(), None), (ReLUOverridden(), None), (ReLUSubclass(), "plain"), (SqueezeLast(), "plain"),
 ])
 def test_the_registry_knows_layers_by_class_forward_and_condition(module, kind):
@@ -314,7 +315,8 @@ def test_registering_returns_a_new_registry():
 def test_unknown_modules_run_per_record_and_agree_with_the_loop(known):
     """Parameter-free modules that are not known (a custom activation, a softmax over dim −1, a
     Flatten of dim 0) run per record; a registered one (or a known layer without trainable
-    parameters: a LayerNorm without affine parameters) on the whole batch. Either way norms and clipped sums are the per-record loop's."""
+    parameters: a LayerNorm without affine parameters) on the whole batch. Either way norms and clipped
+    sums are the per-record loop's."""
     torch.manual_seed(0)
     module = nn.Sequential(nn.Linear(5, 6), Cube(), nn.LayerNorm(6, elementwise_affine=False), nn.Linear(6, 4),
                            nn.Softmax(dim=-1), nn.Linear(4, 1), nn.Flatten(0)).double()

@@ -148,7 +148,8 @@ def test_training_leaves_no_buffer_changed(engine, algorithm, layer):
     before = {name: b.clone() for name, b in net.named_buffers()}
     private = dpopt.Private(net, cross_entropy, two_classes(), algorithm=algorithm, epsilon=1.0, delta=1e-5, steps=3,
                             batch_size=20, seed=0, engine=engine)
-    with pytest.raises(DpoptError, match=r"changed its buffer '1\.(mean|calls)'|no in-place writes to (buffers|tensors)"):
+    with pytest.raises(DpoptError,
+                       match=r"changed its buffer '1\.(mean|calls)'|no in-place writes to (buffers|tensors)"):
         for _ in private:
             private.step()
     assert before.keys() == dict(net.named_buffers()).keys()
@@ -172,8 +173,8 @@ def test_every_computation_that_runs_the_module_refuses_a_buffer_change(engine):
         with pytest.raises(DpoptError) as error:
             computation()
         message = str(error.value)
-        refused = message.startswith("module='1' (Calls) changed its buffer '1.calls' in a forward pass on the training "
-                                     "data") and "no ε accounts for. The buffers were restored" in message
+        refused = message.startswith("module='1' (Calls) changed its buffer '1.calls' in a forward pass on the "
+                                     "training data") and "no ε accounts for. The buffers were restored" in message
         assert refused or (name in per_record and "no in-place writes to buffers" in message), name
         assert int(o.module[1].calls) == 0, name
 

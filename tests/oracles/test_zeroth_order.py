@@ -109,7 +109,8 @@ def test_glm_fast_path_equals_losses_at_the_formed_points():
     without a regulariser, and ``two_point`` on an oracle without the fast path agrees."""
     X, y = data()
     gen = torch.Generator().manual_seed(6)
-    x, directions, indices = torch.randn(6, generator=gen, dtype=torch.float64), zo.sphere(gen, 4, 5, 6), torch.arange(4)
+    x = torch.randn(6, generator=gen, dtype=torch.float64)
+    directions, indices = zo.sphere(gen, 4, 5, 6), torch.arange(4)
     regularised = NonconvexLogistic(X, torch.where(y > 0, 1.0, -1.0).double(), reg=0.3)
     for oracle in (TruncatedAbsolute(X, y, cap=1.5), regularised):
         points = torch.cat([x + 0.1 * directions, x - 0.1 * directions], dim=1)

@@ -11,14 +11,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 import dp_accounting as dpa
 from dp_accounting import NeighboringRelation
 from scipy import optimize, special
 
 from .. import _validate
-from ..base import Wrapper
+from ..base import S, Algorithm, Wrapper
 from .epsilon import COARSE_DISCRETIZATION, FINEST_DISCRETIZATION, accountant_for, epsilon_of, ledger_grid
 from .events import one_release
 
@@ -82,8 +81,8 @@ def _gdp_mu_squared(event: dpa.DpEvent) -> float | None:
         inner = _gdp_mu_squared(event.event)
         return None if inner is None else event.count * inner
     if isinstance(event, dpa.ComposedDpEvent):
-        parts = [_gdp_mu_squared(sub) for sub in event.events]
-        return None if None in parts else sum(parts)
+        parts = [part for sub in event.events if (part := _gdp_mu_squared(sub)) is not None]
+        return sum(parts) if len(parts) == len(event.events) else None
     return None
 
 
@@ -94,10 +93,12 @@ def _gdp_start(event_of: Callable[[float], dpa.DpEvent], epsilon: float, delta: 
         return 1.0
 
     def delta_of(mu: float) -> float:  # δ(ε) of μ-GDP
-        return special.ndtr(-epsilon / mu + mu / 2) - math.exp(epsilon) * special.ndtr(-epsilon / mu - mu / 2)
+        return float(special.ndtr(-epsilon / mu + mu / 2) - math.exp(epsilon) * special.ndtr(-epsilon / mu - mu / 2))
 
     def excess(log_scale: float) -> float:
-        return math.log(_gdp_mu_squared(event_of(math.exp(log_scale)))) - 2 * math.log(mu)
+        mu_squared = _gdp_mu_squared(event_of(math.exp(log_scale)))
+        assert mu_squared is not None  # the family's events are Gaussian at every scale, as at 1.0
+        return math.log(mu_squared) - 2 * math.log(mu)
 
     try:
         mu = optimize.brentq(lambda m: delta_of(m) - delta, 1e-6, 50.0)
@@ -158,7 +159,7 @@ def solve_noise(event_of: Callable[[float], dpa.DpEvent], *, epsilon: float, del
     return scale, achieved
 
 
-def noise_of(algorithm: Any) -> dict[str, float]:
+def noise_of(algorithm: Algorithm[S]) -> dict[str, float]:
     """The noise multipliers of ``algorithm`` by field (``NOISE_FIELDS``; a wrapper's are its inner
     algorithm's, :class:`dpopt.base.Wrapper`)."""
     if isinstance(algorithm, Wrapper):
@@ -166,7 +167,7 @@ def noise_of(algorithm: Any) -> dict[str, float]:
     return {field: getattr(algorithm, field) for field in algorithm.NOISE_FIELDS}
 
 
-def with_noise(algorithm: Any, noise: Mapping[str, float]) -> Any:
+def with_noise(algorithm: Algorithm[S], noise: Mapping[str, float]) -> Algorithm[S]:
     """A copy of ``algorithm`` with the noise multipliers ``noise`` (by field, as :func:`noise_of`
     gives them); a wrapper around the inner algorithm so changed."""
     if isinstance(algorithm, Wrapper):
@@ -174,7 +175,7 @@ def with_noise(algorithm: Any, noise: Mapping[str, float]) -> Any:
     return dataclasses.replace(algorithm, **noise)
 
 
-def scaled(algorithm: Any, scale: float, ratios: Sequence[float] | None = None) -> Any:
+def scaled(algorithm: Algorithm[S], scale: float, ratios: Sequence[float] | None = None) -> Algorithm[S]:
     """A copy of ``algorithm`` with noise multipliers ``scale · ratios`` (fields ``NOISE_FIELDS``;
     a wrapper's, its inner algorithm's)."""
     fields = tuple(noise_of(algorithm))
@@ -184,8 +185,8 @@ def scaled(algorithm: Any, scale: float, ratios: Sequence[float] | None = None) 
     return with_noise(algorithm, {f: scale * r for f, r in zip(fields, ratios)})
 
 
-def calibrate(algorithm: Any, *, epsilon: float, delta: float, n: int, steps: int,
-              ratios: Sequence[float] | None = None, accountant: str = "pld", tolerance: float = 0.005) -> Any:
+def calibrate(algorithm: Algorithm[S], *, epsilon: float, delta: float, n: int, steps: int,
+              ratios: Sequence[float] | None = None, accountant: str = "pld", tolerance: float = 0.005) -> Algorithm[S]:
     """``algorithm`` with its noise multipliers set so the whole run is (ε, δ)-DP.
 
     Bisects on a common scale s of all noise multipliers (fixed ratios, default

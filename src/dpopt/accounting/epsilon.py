@@ -33,7 +33,7 @@ FINEST_DISCRETIZATION = 1e-5
 
 def _has_noiseless_gaussian(event: dpa.DpEvent) -> bool:
     if isinstance(event, dpa.GaussianDpEvent):
-        return event.noise_multiplier == 0
+        return bool(event.noise_multiplier == 0)
     if isinstance(event, dpa.ComposedDpEvent):
         return any(_has_noiseless_gaussian(sub) for sub in event.events)
     inner = getattr(event, "event", None)

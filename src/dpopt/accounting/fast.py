@@ -119,15 +119,18 @@ def _log_a_exp_b_plus_c(a: float, b: np.ndarray, c: float) -> np.ndarray:
     branch subsampling uses), elementwise; log(a + c) where b = 0, as there."""
     d = b + np.log(a)
     out = d + np.log1p(-np.exp(np.log(-c) - d))
-    return np.where(b == 0, np.log(a + c), out)
+    logs: np.ndarray = np.where(b == 0, np.log(a + c), out)  # ndarray == 0 is typed Any
+    return logs
 
 
-class _VectorisedGaussianLoss(GaussianPrivacyLoss):
+class _VectorisedGaussianLoss(GaussianPrivacyLoss):  # type: ignore[misc]  # dp_accounting ships no types
     """``GaussianPrivacyLoss`` whose ``get_delta_for_epsilon`` inverts the privacy loss over an
     array of ε at once."""
 
     def _inverse_many(self, eps: np.ndarray) -> np.ndarray:
-        s, var, q = self.sensitivity, self.standard_deviation**2, self.sampling_prob
+        s: float = self.sensitivity
+        var: float = self.standard_deviation**2
+        q: float = self.sampling_prob
         if self.adjacency_type == AdjacencyType.REPLACE:
             return -eps * var / s / 2
         if self.adjacency_type == AdjacencyType.REMOVE:
@@ -145,7 +148,8 @@ class _VectorisedGaussianLoss(GaussianPrivacyLoss):
     def get_delta_for_epsilon(self, epsilon: float | np.ndarray) -> float | np.ndarray:
         vectorised = not (self.adjacency_type == AdjacencyType.REPLACE and self.sampling_prob != 1)
         if isinstance(epsilon, numbers.Number) or not vectorised:
-            return super().get_delta_for_epsilon(epsilon)
+            delta: float | np.ndarray = super().get_delta_for_epsilon(epsilon)
+            return delta
         epsilons = np.asarray(epsilon, dtype=float)
         deltas = np.zeros_like(epsilons)
         q = self.sampling_prob
@@ -158,7 +162,8 @@ class _VectorisedGaussianLoss(GaussianPrivacyLoss):
             deltas[~inverse] = -np.expm1(epsilons[~inverse])
         x = self._inverse_many(epsilons[inverse])
         deltas[inverse] = self.mu_upper_cdf(x) - np.exp(epsilons[inverse] + self.mu_lower_log_cdf(x))
-        return np.clip(deltas, 0, 1)
+        clipped: np.ndarray = np.clip(deltas, 0, 1)
+        return clipped
 
 
 def gaussian_pld(noise_multiplier: float, grid: float, relation: NeighboringRelation,

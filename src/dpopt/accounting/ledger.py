@@ -27,7 +27,7 @@ def _zcdp_rho(atom: dpa.DpEvent) -> float | None:
     """ρ of an atom that is exactly ρ-zCDP: ``ZCDpEvent(ρ)`` (ξ = 0), or ``GaussianDpEvent(z)``
     (noise over the distance: 1/(2z²)); None for any other atom."""
     if isinstance(atom, dpa.ZCDpEvent) and atom.xi == 0:
-        return atom.rho
+        return float(atom.rho)
     if isinstance(atom, dpa.GaussianDpEvent):
         return 1 / (2 * atom.noise_multiplier**2) if atom.noise_multiplier > 0 else math.inf
     return None
@@ -60,10 +60,10 @@ def guarantee(recorded: dpa.DpEvent, planned: dpa.DpEvent) -> dpa.DpEvent:
     if plan and all(isinstance(atom, dpa.NonPrivateDpEvent) for atom, _ in plan):
         return planned
     if is_filter(planned):
-        rhos = [(_zcdp_rho(atom), count) for atom, count in done]
-        if any(rho is None for rho, _ in rhos):
+        spends = [rho * count for atom, count in done if (rho := _zcdp_rho(atom)) is not None]
+        if len(spends) < len(done):
             raise PlanMismatch(f"the run recorded {recorded} under a zCDP filter: only zCDP events may be recorded")
-        spent = math.fsum(rho * count for rho, count in rhos)
+        spent = math.fsum(spends)
         if spent > plan[0][0].rho * (1 + 1e-9):
             raise PlanMismatch(f"the run spent rho={spent!r} of a zCDP filter of rho={plan[0][0].rho!r}")
         return planned

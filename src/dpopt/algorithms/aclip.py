@@ -68,7 +68,7 @@ class Stage:
 class AClipState(NamedTuple):
     theta: Tensor
     iterate_sum: Tensor  # Σ x^k over the current stage's steps so far
-    count: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count; the name is in checkpoints
     direction: Tensor    # g̃_{k−1}, the last step's noised clipped mean (zero before the first)
     banded: banded.Banded | None = None  # bands > 1: the group key and the noise ring
 

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from .. import _validate
-from ..base import Algorithm, Batch, Directed, KeyedSampling, NoiseSource, NoiseVariance, Oracle, Sampler
+from ..base import S, Algorithm, Batch, Directed, KeyedSampling, NoiseSource, NoiseVariance, Oracle, Sampler
 
 if TYPE_CHECKING:
     from .registry import Knobs
@@ -72,7 +72,7 @@ class AdamBCState(NamedTuple):
     m: Tensor         # first moment
     v: Tensor         # second moment
     noise: float      # φ_t, the noise's share of v_t
-    count: int        # t: the updates made
+    count: int  # type: ignore[assignment]  # t: the updates made (shadows tuple.count; the name is in checkpoints)
 
     @property
     def theta(self) -> Tensor:
@@ -118,7 +118,7 @@ class AdamBC:
         """The inner's kind of noise (the data-parallel check reads it)."""
         return self.inner.noise
 
-    def around(self, inner: Algorithm[Any]) -> AdamBC:
+    def around(self, inner: Algorithm[S]) -> AdamBC:
         return dataclasses.replace(self, inner=inner)
 
     def relation(self) -> dpa.NeighboringRelation:
@@ -162,7 +162,7 @@ class AdamBC:
         return self.inner.output(state.inner)
 
 
-def from_knobs(inner: Algorithm[Any], knobs: Knobs) -> AdamBC:
+def from_knobs(inner: Algorithm[S], knobs: Knobs) -> AdamBC:
     """``optimizer="adambc"`` by name: ``inner`` (built by its entry) with DP-AdamBC's update at step
     size ``knobs.lr`` and floor ``knobs.adam_gamma`` (betas and eps at their defaults)."""
     return AdamBC(inner, lr=knobs.lr, gamma=knobs.adam_gamma)

@@ -39,8 +39,8 @@ from ..correlation.events import banded_event
 from ..correlation import noise as correlated
 from ..correlation.noise import BandedNoise, banded_noise
 from ..correlation.strategy import BandedToeplitz, inverse_series
-from ..mechanisms import Bounded, NoiseSource
-from ..base import Sampler
+from ..mechanisms import Bounded
+from ..base import NoiseSource, Sampler
 from ..sampling import BatchSampling, CyclicPoisson
 
 

@@ -49,7 +49,7 @@ from torch import Tensor
 
 from .. import _validate, clipping, mechanisms, sampling
 from ..accounting import PlanMismatch
-from ..base import Batch, NoiseSource, Oracle, PerRecord
+from ..base import Batch, NoiseSource, Oracle, Rows
 from ..distributed import Local
 from ._common import OUTPUT_RULES, Output, output_init, output_track, output_value
 
@@ -143,7 +143,7 @@ class DIFF2:
         if (self.local is None) != (self.noise_multiplier3 is None):
             raise _validate.DpoptError(f"noise_multiplier3={self.noise_multiplier3!r} goes with local={self.local!r}: "
                                        "set both (DIFF2-BVR-L-SGD) or neither (DIFF2-GD)")
-        if self.local is not None:
+        if self.local is not None and self.noise_multiplier3 is not None:  # (both or neither: checked above)
             _validate.non_negative("noise_multiplier3", self.noise_multiplier3)
             _validate.positive_int("local_batch", self.local.batch, maximum=self.clients.size,
                                    maximum_name="the clients' shard size")
@@ -197,7 +197,7 @@ class DIFF2:
         return (estimate if carried is None else estimate + carried), event
 
     @staticmethod
-    def _rows(oracle: Oracle, theta: Tensor, indices: Tensor) -> PerRecord:
+    def _rows(oracle: Oracle, theta: Tensor, indices: Tensor) -> Rows:
         if len(indices) == 0:  # the server hosts no client
             return clipping.Dense(theta.new_zeros(0, len(theta)))
         return oracle.per_record(theta, indices)
@@ -209,7 +209,8 @@ class DIFF2:
         theta = state.theta - self.lr * estimate
         if self.local is None or self.local.steps == 1:  # no local step (and no draw of k̂)
             return theta, theta, []
-        local = self.local
+        local, z3 = self.local, self.noise_multiplier3
+        assert z3 is not None  # set with local (checked in __post_init__)
         shard = self.clients.shards[(t + 1) % self.clients.count]
         sampler = local.sampler(self.clients)
         pick = int(torch.randint(local.steps, (1,), generator=source.generator))  # k̂ − 1
@@ -219,7 +220,7 @@ class DIFF2:
             rows = oracle.per_record(theta, indices) - oracle.per_record(before, indices)
             clipped, _ = clipping.clip_sum([clipping.Term(1.0, rows, _scaled_clip(local.clip, theta - before))],
                                            sampler.relation)
-            noised, event = mechanisms.gaussian(clipped, self.noise_multiplier3, source)
+            noised, event = mechanisms.gaussian(clipped, z3, source)
             events.append(sampler.wrap(event))
             direction = noised / sampler.expected_size + direction
             if k == pick:
@@ -235,6 +236,7 @@ class DIFF2:
 
     def _local_event(self) -> dpa.DpEvent:
         """One local step's planned event: ``SampledWithoutReplacement(m, b, Gaussian(z3))``."""
+        assert self.local is not None  # called only with local steps
         return self.local.sampler(self.clients).wrap(dpa.GaussianDpEvent(self.noise_multiplier3))
 
     def step(self, state: DIFF2State, batch: Batch, oracle: Oracle,

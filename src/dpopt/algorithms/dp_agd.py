@@ -26,8 +26,9 @@ Privacy accounting (a zCDP privacy filter with budget ρ_total):
 
 * The clipped sum has L2 sensitivity 2C under replace-one, so the Gaussian with multiplier z is
   exactly 1/(2z²)-zCDP; a release planned at ρ uses z = 1/√(2ρ), and the ledger records the
-  ``GaussianDpEvent(z)`` that :func:`mechanisms.gaussian` returns. GradAvg's weights make the average exactly as accurate as one release at ρ_new
-  (variance (2C)²/(2ρ_new)): the averaging is post-processing of two recorded releases.
+  ``GaussianDpEvent(z)`` that :func:`mechanisms.gaussian` returns. GradAvg's weights make the average
+  exactly as accurate as one release at ρ_new (variance (2C)²/(2ρ_new)): the averaging is
+  post-processing of two recorded releases.
 * The noisy min is the exponential mechanism P(k) ∝ exp(−ε u_k/(2Δ)), run as Gumbel-max, with
   Δ = C_obj: each record adds a value in [0, C_obj] to every score (the regulariser term is
   data-independent), so replacing a record moves every u_k by at most C_obj. That mechanism is
@@ -173,7 +174,8 @@ class DPAGD:
         rows = oracle.per_record(state.theta, batch.indices)
         clipped, _ = clipping.clip_sum([clipping.Term(1.0, rows, self.clip)], batch.sampler.relation)
         rho_select = self.select_fraction * self.rho_total
-        remaining, events = state.remaining, []
+        remaining = state.remaining
+        events: list[dpa.DpEvent] = []
 
         rho_g, rho_s, last = _round(remaining, state.rho_grad, rho_select)
         noised = self._gaussian(clipped, rho_g, source, events)

@@ -99,7 +99,7 @@ class DPSGD:
         if self.bands > 1:
             self._check_banded()
         if self.clip_quantile is not None:
-            self._check_adaptive()
+            self._check_adaptive(self.clip_quantile)
 
     def _check_banded(self) -> None:
         why = None
@@ -113,8 +113,8 @@ class DPSGD:
         if why is not None:
             raise _validate.DpoptError(f"bands={self.bands} (banded matrix factorisation) is refused with {why}")
 
-    def _check_adaptive(self) -> None:
-        _validate.open_unit("clip_quantile", self.clip_quantile)
+    def _check_adaptive(self, clip_quantile: float) -> None:
+        _validate.open_unit("clip_quantile", clip_quantile)
         _validate.positive("clip_lr", self.clip_lr)
         _validate.positive("count_noise", self.count_std)
         if not math.isfinite(self.clip):
@@ -160,6 +160,7 @@ class DPSGD:
             noised, ring, event = banded.release(clipped, self.noise_multiplier, ring, source, batch.t)
             std = _std(self.noise_multiplier, clipped) * banded.noise_scale(ring, batch.t)
         elif next_clip is not None:
+            assert self.clip_quantile is not None  # (the state carries a clip only with it)
             z_grad = quantile.gradient_multiplier(self.noise_multiplier, self.count_std, relation)
             noised, gradient_event = mechanisms.gaussian(clipped, z_grad, source, self.noise)
             count = clipping.count_within(rows, clip, relation)
@@ -213,12 +214,13 @@ def _std(noise_multiplier: float, clipped: mechanisms.Bounded) -> float:
 def dp_gd(*, lr: float, clip: float, noise_multiplier: float, output_rule: str = "last",
           noise: mechanisms.Noise = mechanisms.CONTINUOUS) -> DPSGD:
     """DP-GD: DP-SGD on the full batch every step (replace-one adjacency)."""
-    return DPSGD(lr=lr, clip=clip, noise_multiplier=noise_multiplier, sampling=sampling.FullBatch, output_rule=output_rule,
-                 noise=noise)
+    return DPSGD(lr=lr, clip=clip, noise_multiplier=noise_multiplier, sampling=sampling.FullBatch,
+                 output_rule=output_rule, noise=noise)
 
 
 def rrpsgd(*, lr: float, clip: float, noise_multiplier: float, batch_size: int,
-           sampling: sampling.BatchSampling = sampling.Poisson, noise: mechanisms.Noise = mechanisms.CONTINUOUS) -> DPSGD:
+           sampling: sampling.BatchSampling = sampling.Poisson,
+           noise: mechanisms.Noise = mechanisms.CONTINUOUS) -> DPSGD:
     """RRPSGD (Zhang, Zheng, Mou, Wang 2017, "random round private SGD"): DP-SGD whose output is
     the iterate of a uniformly random round R. R is drawn up front, independently of the data, so
     the output rule costs no privacy; the noise is calibrated, and the ledger charged, for all T

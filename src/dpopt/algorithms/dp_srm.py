@@ -90,7 +90,8 @@ class DPSRM:
         _validate.non_negative("noise_multiplier", self.noise_multiplier)
         if len(self.noise_ratios) != 2:
             raise _validate.DpoptError(f"noise_ratios={self.noise_ratios!r} must be two numbers (σ0 : σ)")
-        object.__setattr__(self, "noise_ratios", tuple(_validate.positive("noise_ratios", r) for r in self.noise_ratios))
+        object.__setattr__(self, "noise_ratios",
+                           tuple(_validate.positive("noise_ratios", r) for r in self.noise_ratios))
         _validate.positive_int("batch_size0", self.batch_size0)
         _validate.positive_int("batch_size", self.batch_size)
         sampling.check("sampling", self.sampling, (sampling.Poisson, sampling.FixedSize))

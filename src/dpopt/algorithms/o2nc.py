@@ -45,14 +45,14 @@ the theorems, with every hidden constant explicit: :mod:`dpopt.algorithms.o2nc_p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import dp_accounting as dpa
 import torch
 from torch import Tensor
 
 from .. import _validate, clipping, mechanisms, sampling
-from ..base import Batch, NoiseSource, Oracle, Sampler
+from ..base import Batch, NoiseSource, Oracle, Pointwise, Sampler
 from ..oracles import zeroth_order as zo
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ def _check_outer(algo: O2NC | O2NCMulti) -> None:
     _validate.positive_int("directions", algo.directions)
 
 
-def _init(algo: O2NC | O2NCMulti, theta0: Tensor, steps: int, gen: torch.Generator) -> O2NCState:
+def _init(algo: _Conversion, theta0: Tensor, steps: int, gen: torch.Generator) -> O2NCState:
     if steps < algo.window:
         raise _validate.DpoptError(f"steps={steps} must be >= window={algo.window} (one window to average)")
     pick = int(torch.randint(steps // algo.window, (1,), generator=gen))
@@ -96,7 +96,7 @@ def _init(algo: O2NC | O2NCMulti, theta0: Tensor, steps: int, gen: torch.Generat
     return O2NCState(theta0.clone(), zero, theta0.clone(), zero, None, steps, pick, zero.clone(), 0, 0)
 
 
-def _estimates(algo: O2NC | O2NCMulti, oracle: Oracle, point: Tensor, indices: Tensor, count: int,
+def _estimates(algo: _Conversion, oracle: Pointwise, point: Tensor, indices: Tensor, count: int,
                gen: torch.Generator) -> Tensor:
     """``[B, d]`` per-record estimates of ∇f_α at ``point`` from ``count`` directions or points."""
     dim = point.shape[0]
@@ -106,21 +106,22 @@ def _estimates(algo: O2NC | O2NCMulti, oracle: Oracle, point: Tensor, indices: T
     return oracle.gradients_at(point + offsets, indices).mean(dim=1)
 
 
-def _outer_step(algo: O2NC | O2NCMulti, state: O2NCState, batch: Batch, oracle: Oracle,
+def _outer_step(algo: _Conversion, state: O2NCState, batch: Batch, oracle: Oracle,
                 source: NoiseSource) -> tuple[O2NCState, dpa.DpEvent]:
     """Step t of the conversion: s_t, x_t, z_t, the per-record rows at z_t (a fresh estimate at a
     period start, else the difference from z_{t−1}), the oracle's release g̃_t (``algo.release``),
     then Δ_{t+1} = clip(Δ_t − η g̃_t, D) and the window sum."""
     t, indices, gen = batch.t, batch.indices, source.generator
+    at_points = cast(Pointwise, oracle)  # O2NC evaluates each record at points of its own (unchecked, per step)
     s = float(torch.rand((), generator=gen, dtype=torch.float64))
     theta = state.theta + state.delta
     z = state.theta + s * state.delta
     start = t % algo.period == 0
     if start:
-        rows = _estimates(algo, oracle, z, indices, algo.directions if algo.estimator == "zeroth" else 1, gen)
+        rows = _estimates(algo, at_points, z, indices, algo.directions if algo.estimator == "zeroth" else 1, gen)
     else:
-        rows = (_estimates(algo, oracle, z, indices, algo.directions, gen)
-                - _estimates(algo, oracle, state.previous, indices, algo.directions, gen))
+        rows = (_estimates(algo, at_points, z, indices, algo.directions, gen)
+                - _estimates(algo, at_points, state.previous, indices, algo.directions, gen))
     dense = clipping.Dense(rows)
     clip = algo.clip0 if start else algo.clip
     bit = int((dense.norms() > clip).sum())
@@ -133,7 +134,7 @@ def _outer_step(algo: O2NC | O2NCMulti, state: O2NCState, batch: Batch, oracle: 
                      state.clipped + bit, state.records + len(indices)), event
 
 
-def _output(algo: O2NC | O2NCMulti, state: O2NCState) -> Tensor:
+def _output(algo: _Conversion, state: O2NCState) -> Tensor:
     """x̄_k = (1/M) Σ_{m=1}^{M} z_{(k−1)M+m} for the pre-drawn window k."""
     return state.window_sum / algo.window
 
@@ -147,6 +148,22 @@ def _diagnostics(state: O2NCState) -> dict[str, float]:
 class _Conversion:
     """The outer loop both oracles share (``init``, ``step``, ``output``, ``diagnostics``); each
     algorithm supplies its oracle's ``release``."""
+
+    # the hyper-parameters the loop reads (the fields of each algorithm's dataclass)
+    lr: float
+    radius: float
+    window: int
+    alpha: float
+    period: int
+    clip0: float
+    clip: float
+    estimator: str
+    directions: int
+
+    def release(self, state: O2NCState, batch: Batch, rows: clipping.Dense, start: bool,
+                source: NoiseSource) -> tuple[Tensor, mechanisms.TreeAggregator | None, dpa.DpEvent]:
+        """g̃_t, the period's tree (if any) and the release's event."""
+        raise NotImplementedError
 
     def init(self, theta0: Tensor, steps: int, gen: torch.Generator) -> O2NCState:
         return _init(self, theta0, steps, gen)
@@ -276,8 +293,8 @@ class O2NCMulti(_Conversion):
         return sampling.FullBatch(n)
 
     def _multiplier(self, t: int) -> float:
-        start = t % self.period == 0 and self.noise_multiplier0 is not None
-        return self.noise_multiplier0 if start else self.noise_multiplier
+        z0 = self.noise_multiplier0
+        return z0 if z0 is not None and t % self.period == 0 else self.noise_multiplier
 
     def planned_event(self, n: int, steps: int) -> dpa.DpEvent:
         return dpa.ComposedDpEvent([dpa.GaussianDpEvent(self._multiplier(t)) for t in range(steps)])

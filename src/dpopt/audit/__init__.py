@@ -22,8 +22,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -32,7 +31,8 @@ from tqdm import tqdm
 
 from .. import _validate, train
 from ..algorithms import registry
-from ..base import Algorithm
+from ..base import S, Algorithm
+from ..json_types import JsonObject
 from ..plan import Plan, plan_for
 from ..oracles import ghost, records
 from . import bounds, one_run
@@ -74,7 +74,7 @@ class AuditResult:
     smallest_refutable_epsilon: float
     seconds: float
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return dict(self.__dict__) | {"verdict": self.verdict}
 
     @property
@@ -96,7 +96,7 @@ def _number(value: float) -> str:
     return "∞" if math.isinf(value) else f"{value:.3g}"
 
 
-def observations(plan: Plan[Any], place: Pair, engine: Engine, threat: ThreatModel, *,
+def observations(plan: Plan[S], place: Pair, engine: Engine, threat: ThreatModel, *,
                  present: bool | Sequence[bool], runs: int, seed: int, bar: tqdm | None = None) -> np.ndarray:
     """What the adversary sees of ``runs`` canary slots of D′ (``present``) or D: trajectories
     [runs, steps + 1, k] or outputs [runs, k] of the k watched coordinates, from ⌈runs / slots⌉
@@ -127,12 +127,12 @@ def _bar(name: str, steps: int, progress: bool) -> tqdm:
     return tqdm(total=steps, desc=f"audit {name}", unit="step", leave=False, disable=not progress, dynamic_ncols=True)
 
 
-def _inclusion_rate(algorithm: Algorithm[Any], n: int) -> float:
+def _inclusion_rate(algorithm: Algorithm[S], n: int) -> float:
     """q: the probability that a step's batch holds a given record (1 for full batches)."""
     return min(1.0, algorithm.sampler(0, n).expected_size / n)
 
 
-def audit(plan: Plan[Any], *, name: str, runs: int = 10_000, confidence: float = 0.95,
+def audit(plan: Plan[S], *, name: str, runs: int = 10_000, confidence: float = 0.95,
           threat_model: ThreatModel = Releases(), bound: BoundKind = GaussianDP(), engine: Engine = ClosedForm(),
           canary: Canary | None = None, seed: int = 0, progress: bool = False) -> AuditResult:
     """Audit ``plan`` (its algorithm calibrated, for D′'s n = ``plan.n`` records) on the audit's own
@@ -146,14 +146,14 @@ def audit(plan: Plan[Any], *, name: str, runs: int = 10_000, confidence: float =
                   bound=bound, seed=seed, progress=progress)
 
 
-def audit_module(module: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], data: Any, *,
-                 algorithm: str | Any = "dp-sgd", epsilon: float | None, steps: int, delta: float = 1e-5,
+def audit_module(module: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], data: object, *,
+                 algorithm: str | Algorithm[S] = "dp-sgd", epsilon: float | None, steps: int, delta: float = 1e-5,
                  batch_size: int = 256, clip: float = 1.0, lr: float = 0.1, engine: str = "ghost",
                  microbatch_size: int = 512, known_layers: ghost.Registry = ghost.KNOWN_LAYERS,
                  canary: tuple[Tensor, Tensor] | None = None,
                  prepare: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None, runs: int = 1_000,
                  confidence: float = 0.95, threat_model: ThreatModel = Releases(), bound: BoundKind = GaussianDP(),
-                 seed: int = 0, progress: bool = False, **options: Any) -> AuditResult:
+                 seed: int = 0, progress: bool = False, **options: object) -> AuditResult:
     """Audit training ``module`` on ``loss_fn`` (one loss per record) as :class:`dpopt.Private`
     would, with the same arguments (``algorithm`` by name, built with ``batch_size``, ``clip``,
     ``lr`` and ``options``, or an algorithm object; ``epsilon``: calibrate to (ε, ``delta``) for
@@ -190,7 +190,7 @@ def audit_module(module: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor],
                   confidence=confidence, threat_model=threat_model, bound=bound, seed=seed, progress=progress)
 
 
-def _tensors(data: Any) -> tuple[Tensor, Tensor]:
+def _tensors(data: object) -> tuple[Tensor, Tensor]:
     """The records of ``data`` as two tensors (the audit adds the canary to them)."""
     held = records.of(data)
     if not isinstance(held, records.Tensors):
@@ -199,8 +199,8 @@ def _tensors(data: Any) -> tuple[Tensor, Tensor]:
     return held.X, held.y
 
 
-def _built(algorithm: str | Algorithm[Any], n: int, *, batch_size: int, lr: float, clip: float,
-           options: dict[str, Any]) -> Algorithm[Any]:
+def _built(algorithm: str | Algorithm[S], n: int, *, batch_size: int, lr: float, clip: float,
+           options: Mapping[str, object]) -> Algorithm[S]:
     """The algorithm object: by name, built for D's n records (as :class:`dpopt.Private` builds it
     for the user's data), else as given."""
     if not isinstance(algorithm, str):
@@ -217,7 +217,7 @@ def _checked(runs: int, confidence: float) -> None:
     _validate.open_unit("confidence", confidence)
 
 
-def _audit(plan: Plan[Any], place: Pair, engine: Engine, *, name: str, runs: int, confidence: float,
+def _audit(plan: Plan[S], place: Pair, engine: Engine, *, name: str, runs: int, confidence: float,
            threat_model: ThreatModel, bound: BoundKind, seed: int, progress: bool) -> AuditResult:
     """The audit of ``plan`` on the pair ``place`` (see :func:`audit`)."""
     claimed, delta = plan.epsilon(), plan.delta
@@ -239,12 +239,13 @@ def _audit(plan: Plan[Any], place: Pair, engine: Engine, *, name: str, runs: int
         seconds=time.perf_counter() - start)
 
 
-def audit_one_run(plan: Plan[Any], *, name: str, canaries: int | None = None, confidence: float = 0.95,
+def audit_one_run(plan: Plan[S], *, name: str, canaries: int | None = None, confidence: float = 0.95,
                   engine: Engine = ClosedForm(), seed: int = 0, progress: bool = False) -> AuditResult:
     """One-run audit (Steinke, Nasr, Jagielski 2023; :mod:`dpopt.audit.one_run`): ``canaries``
-    slots (default: every record the run uses), each holding the canary with probability ½ (the auditor's coin, from ``seed``), one
-    training run, each slot scored by −output_r; the guesses k₊ = k₋ are planned from the claim
-    alone (a Gaussian mechanism of the claimed ε's μ), so planning spends no confidence.
+    slots (default: every record the run uses), each holding the canary with probability ½ (the
+    auditor's coin, from ``seed``), one training run, each slot scored by −output_r; the guesses
+    k₊ = k₋ are planned from the claim alone (a Gaussian mechanism of the claimed ε's μ), so planning
+    spends no confidence.
 
     For models where many runs cost too much. It is weaker than many runs (ε-randomized-response
     guesses, no trade-off curve): ``smallest_refutable_epsilon`` says how much. ``progress``: a

@@ -26,9 +26,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol, overload
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy import optimize, stats
 
 from .. import _validate
@@ -36,7 +37,11 @@ from .. import _validate
 _NORMAL = stats.norm
 
 
-def clopper_pearson_upper(failures: Any, trials: Any, alpha: float) -> Any:
+@overload
+def clopper_pearson_upper(failures: float, trials: float, alpha: float) -> float: ...
+@overload
+def clopper_pearson_upper(failures: np.ndarray, trials: ArrayLike, alpha: float) -> np.ndarray: ...
+def clopper_pearson_upper(failures: ArrayLike, trials: ArrayLike, alpha: float) -> float | np.ndarray:
     """One-sided upper confidence bound at level 1 − α on a binomial rate (element-wise)."""
     failures, trials = np.asarray(failures), np.asarray(trials)
     upper = stats.beta.ppf(1 - alpha, failures + 1, np.maximum(trials - failures, 1))
@@ -164,6 +169,7 @@ def lower_bound(kind: BoundKind, out: np.ndarray, inside: np.ndarray, delta: flo
         picked = choose(kind, score(out[:h_out]), score(inside[:h_in]), delta, confidence)
         if best is None or picked.epsilon > best[1].epsilon:
             best = (score, picked)
+    assert best is not None  # statistics() gave at least one statistic
     score, picked = best
     return evaluate(kind, score(out[h_out:]), score(inside[h_in:]), picked.threshold, delta, confidence)
 

@@ -35,14 +35,14 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from dp_accounting import NeighboringRelation
 from torch import Tensor, nn
 
 from .._validate import DpoptError
-from ..base import KeyedSampling, Oracle
+from ..base import S, Algorithm, KeyedSampling, Oracle
 from ..oracles import Ridge, TorchModel, ghost
 
 #: The canary's target: its gradient ≈ M·e_r dwarfs any clip norm and the whole background.
@@ -200,7 +200,7 @@ class DataParallel:
 ENGINES: dict[str, Engine] = {"glm": ClosedForm(), "ghost": Module("ghost"), "vmap": Module("vmap")}
 
 
-def used_positions(algorithm: Any, n: int, steps: int) -> list[int]:
+def used_positions(algorithm: Algorithm[S], n: int, steps: int) -> list[int]:
     """The records a run of ``steps`` steps on n records can use, in order of first use: those of a
     sampler that returns the same records whatever its generator (a single pass), else all n (as
     for an algorithm whose batches depend on a secret of its state: cyclic Poisson's groups)."""
@@ -268,7 +268,7 @@ class World:
         return value[:self.slots, None]
 
 
-def world(algorithm: Any, name: str, n: int, steps: int, canary: Canary | None = None, *,
+def world(algorithm: Algorithm[S], name: str, n: int, steps: int, canary: Canary | None = None, *,
           slots: int | None = None) -> World:
     """The world of ``algorithm`` (registered as ``name``) on n records: n slots if it is
     separable (every record a canary slot), else one slot at the first record the run uses; or
@@ -337,7 +337,7 @@ def default_canary(X: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
     return x, torch.full_like(y[0], int(counts.argmin()))
 
 
-def neighbours(algorithm: Any, X: Tensor, y: Tensor, steps: int, canary: tuple[Tensor, Tensor] | None = None
+def neighbours(algorithm: Algorithm[S], X: Tensor, y: Tensor, steps: int, canary: tuple[Tensor, Tensor] | None = None
                ) -> Neighbours:
     """The pair of the user's records ``X``, ``y`` and ``canary`` (default :func:`default_canary`)
     under ``algorithm``'s relation, the canary at the first position a run on D′ uses."""

@@ -28,7 +28,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -127,6 +127,7 @@ class Tuning:
                      trials=self.trials, epsilon=self.epsilon, delta=self.delta, steps=method.steps,
                      score=task.validation_error, seed=self.seed, theta0=task.theta0, test_error=task.test_error,
                      diagnostics=True, allow_large_delta=self.allow_large_delta)
+        assert tuned.diagnostics is not None  # (asked for)
         return {"test_error": tuned.final.get("test_error", math.nan), "epsilon": tuned.final["epsilon"],
                 "expected_passes": tuned.final["expected_passes"], "trials_run": tuned.diagnostics["trials_run"],
                 "wall_time_s": time.perf_counter() - clock}
@@ -250,7 +251,8 @@ def bench(chosen: Sequence[Problem], pool: Pool, *, randomness: Randomness, data
                         "preparation": described(preparation(problem.task)),
                         "delta": problem.delta, "seeds": problem.seeds, "trials": repr(problem.trials),
                         "steps": {m.algorithm: m.steps for m in problem.methods},
-                        "grids": {m.algorithm: {k: list(d.values) for k, d in m.space.dimensions.items()}
+                        "grids": {m.algorithm: {k: list(cast(Choice, d).values)  # (a bench space is a grid)
+                                                for k, d in m.space.dimensions.items()}
                                   for m in problem.methods},
                         "cells": cells})
     return {"problems": results, "randomness": randomness.origin,

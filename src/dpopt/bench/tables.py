@@ -12,7 +12,9 @@ problem's ``"metric"``, default ``"test_error"``; lower is better for every metr
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,14 +61,16 @@ def markdown(result: dict[str, Any], command: str) -> str:
             return markdown_table([{head: label} | {column: entry(cell) for column, cell in zip(columns, cells)}
                                    for label, entry in label_rows.items()], [head, *columns])
 
-        rows = {method: (lambda cell, m=method: _entry(cell, m, name)) for method in methods}
+        rows: dict[str, Callable[[dict[str, Any]], str]] = {
+            method: functools.partial(_entry, name=method, metric_name=name) for method in methods}
         rows["winner (p vs runner-up)"] = _winner
         spent = max((entry["epsilon_tuning_and_training"] for cell in cells for entry in cell["methods"].values()),
                     default=0.0)
         lines += [f"## {problem['problem']}: {problem['model']} on {problem['dataset']}", "",
                   f"{name} of the privately selected θ, mean (std) over {problem['seeds']} seeds; δ = "
                   f"{problem['delta']:g}; trials per tuning: {problem['trials']}; steps {problem['steps']}; "
-                  f"grids {problem['grids']}. Each ε is the total for tuning and training (RDP accountant); the largest "
+                  f"grids {problem['grids']}. Each ε is the total for tuning and training (RDP accountant); "
+                  "the largest "
                   f"ε any tuning claimed: {spent:.4g}. Bold: the lowest mean, unless another is within {TIE:.1%} of it "
                   "(a tie: no winner).", "",
                   *([f"Data preparation: {problem['preparation']}.", ""] if "preparation" in problem else []),

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,15 +121,15 @@ KINDS: dict[str, Kind] = {
     "heavy-tailed": Kind(heavy_tailed, False), "truncated-absolute": Kind(truncated_absolute, False)}
 
 
-def _kind(settings: dict[str, Any]) -> Kind:
+def _kind(settings: Mapping[str, Any]) -> Kind:
     return KINDS[_validate.one_of("task kind", settings.get("kind"), KINDS)]
 
 
-def preparation(settings: dict[str, Any]) -> Preparation:
+def preparation(settings: Mapping[str, Any]) -> Preparation:
     """How the task ``settings`` declare prepares its data: by the public bounds its registered data
     set declares (:func:`~dpopt.experiments.preparation.registered`: refused if it declares none),
     or :data:`~dpopt.experiments.preparation.SYNTHETIC`."""
-    return registered(settings.get("dataset")) if _kind(settings).registered else SYNTHETIC
+    return registered(settings["dataset"]) if _kind(settings).registered else SYNTHETIC
 
 
 def build_task(settings: dict[str, Any], *, validation_fraction: float, data_dir: str | None) -> Task:

@@ -146,6 +146,7 @@ def train_and_write(request: RunRequest) -> Output | None:
     from .. import distributed
     from ..mechanisms import source_named
     from ..models import logistic_loss, mlp_oracle
+    from ..oracles import GLM, TorchModel
     from ..oracles import make as make_oracle
     from ..plan import plan_for
     from ..train import Options, OsSeed, train
@@ -155,15 +156,21 @@ def train_and_write(request: RunRequest) -> Output | None:
     dataset = described.dataset
     fits(request.model, dataset)
     X_test, y_test = torch.as_tensor(dataset.X_test), torch.as_tensor(dataset.y_test)
+    oracle: TorchModel | GLM | distributed.Sharded
     if request.model == "mlp":  # the DIFF2 paper's network; a binary task: one logit, logistic loss
         oracle = mlp_oracle(dataset.X_train, dataset.y_train, classes=described.classes,
                             loss=logistic_loss if dataset.task == "binary" else None)
         test_error = (mlp_oracle(dataset.X_test, dataset.y_test).loss if dataset.task == "regression"
                       else lambda theta: oracle.error(theta, X_test, y_test))
+        theta0 = oracle.flat_params()  # the network's initialisation
     else:
         oracle = make_oracle(request.model, torch.as_tensor(dataset.X_train), torch.as_tensor(dataset.y_train),
                              reg=request.reg)
-        test_error = (lambda theta: oracle.error(theta, X_test, y_test))
+        theta0 = None
+
+        def test_error(theta: torch.Tensor) -> float:
+            return oracle.error(theta, X_test, y_test)
+
     processes = distributed.world_size()
     if processes > 1 and request.backend == "local":
         oracle = distributed.Sharded(oracle)
@@ -173,7 +180,6 @@ def train_and_write(request: RunRequest) -> Output | None:
                     allow_large_delta=request.allow_large_delta)
     seed = request.seed if request.seed is not None or processes == 1 else OsSeed(distributed.shared_secret_seed())
     with distributed.resumable(request.checkpoint) as checkpoint_path:  # rank 0 alone writes out/
-        theta0 = oracle.flat_params() if request.model == "mlp" else None  # the network's initialisation
         options = Options(seed=seed, noise_source=source_named(knobs.noise),
                           test_error=(lambda theta: float(test_error(theta))) if lead else None,
                           checkpoint_path=checkpoint_path, checkpoint_every=request.checkpoint_every if lead else None,

@@ -42,9 +42,9 @@ def _polynomials(decays: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, n
         q = np.convolve(q, [1.0, -theta])
     n = np.concatenate((q, [0.0]))
     for i, omega in enumerate(weights):
-        term = np.array([0.0, 1.0])  # x·Π_{l≠i}(1 − θ_l x)
-        for l, theta in enumerate(decays):
-            if l != i:
+        term = np.array([0.0, 1.0])  # x·Π_{j≠i}(1 − θ_j x)
+        for j, theta in enumerate(decays):
+            if j != i:
                 term = np.convolve(term, [1.0, -theta])
         n[: len(term)] += omega * term
     return n, q

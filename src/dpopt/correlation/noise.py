@@ -32,7 +32,8 @@ import torch
 from torch import Tensor
 
 from .. import _validate
-from ..mechanisms import Bounded, NoiseSource, check_finite
+from ..base import NoiseSource
+from ..mechanisms import Bounded, check_finite
 from .blt import BufferedToeplitz
 from .events import buffered_event
 from .strategy import BandedToeplitz

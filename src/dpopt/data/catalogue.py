@@ -21,7 +21,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from dpopt._validate import DpoptError
 from dpopt.data.bounds import AsGiven, Preparation, PublicBounds, Range
@@ -156,16 +156,16 @@ def preparation(name: str) -> Preparation | None:
 # ------------------------------------------------------------------------------ reading and checking
 
 
-def _entry(name: str, table: Any) -> Entry:
+def _entry(name: str, value: object) -> Entry:
     """The entry ``name`` of the catalogue from its TOML table."""
-    _keys(name, table, required=_ENTRY_KEYS, optional=("preparation",))
-    task = table["task"]
-    if task not in TASKS:
+    table = _keys(name, value, required=_ENTRY_KEYS, optional=("preparation",))
+    task, parser, bundled = table["task"], table["parser"], table["bundled"]
+    if not (isinstance(task, str) and task in TASKS):
         raise DataError(f"{name}.task must be one of: {', '.join(TASKS)}, not {task!r}")
-    if not isinstance(table["bundled"], bool):
-        raise DataError(f"{name}.bundled must be true or false, not {table['bundled']!r}")
-    if not (isinstance(table["parser"], str) and table["parser"] in PARSERS):
-        raise DataError(f"{name}.parser must be one of: {', '.join(sorted(PARSERS))}, not {table['parser']!r}")
+    if not isinstance(bundled, bool):
+        raise DataError(f"{name}.bundled must be true or false, not {bundled!r}")
+    if not (isinstance(parser, str) and parser in PARSERS):
+        raise DataError(f"{name}.parser must be one of: {', '.join(sorted(PARSERS))}, not {parser!r}")
     files = table["files"]
     if not (isinstance(files, list) and files):
         raise DataError(f"{name}.files must be a non-empty array of tables ([[{name}.files]])")
@@ -175,16 +175,16 @@ def _entry(name: str, table: Any) -> Entry:
     dim = _count(f"{name}.dim", table["dim"], minimum=1)
     prepared = _preparation(f"{name}.preparation", table["preparation"], task, dim) if "preparation" in table \
         else None
-    return Entry(name=name, task=task, files=remote, parser=table["parser"],
+    return Entry(name=name, task=task, files=remote, parser=parser,
                  description=_text(f"{name}.description", table["description"]),
                  licence=_text(f"{name}.licence", table["licence"]), source=_text(f"{name}.source", table["source"]),
-                 bundled=table["bundled"], n_train=_count(f"{name}.n_train", table["n_train"], minimum=1),
+                 bundled=bundled, n_train=_count(f"{name}.n_train", table["n_train"], minimum=1),
                  n_test=_count(f"{name}.n_test", table["n_test"], minimum=1), dim=dim, preparation=prepared)
 
 
-def _file(where: str, table: Any) -> RemoteFile:
+def _file(where: str, value: object) -> RemoteFile:
     """A :class:`RemoteFile` from its table ``where``."""
-    _keys(where, table, required=_FILE_KEYS, optional=_OPTIONAL_FILE_KEYS)
+    table = _keys(where, value, required=_FILE_KEYS, optional=_OPTIONAL_FILE_KEYS)
     name = _text(f"{where}.name", table["name"])
     if Path(name).name != name or name in (".", ".."):
         raise DataError(f"{where}.name must be a file name without a folder, not {name!r}")
@@ -198,12 +198,12 @@ def _file(where: str, table: Any) -> RemoteFile:
                       size=_count(f"{where}.size", table["size"], minimum=0), content_size=content_size)
 
 
-def _preparation(where: str, table: Any, task: str, dim: int) -> Preparation:
+def _preparation(where: str, value: object, task: str, dim: int) -> Preparation:
     """:class:`AsGiven` (``as_given = "reason"``) or :class:`PublicBounds` from the table ``where``."""
-    if isinstance(table, dict) and "as_given" in table:
-        _keys(where, table, required=("as_given",), optional=())
-        return AsGiven(_text(f"{where}.as_given", table["as_given"]))
-    _keys(where, table, required=("features", "source"), optional=("target", "row_norm"))
+    if isinstance(value, dict) and "as_given" in value:
+        given = _keys(where, value, required=("as_given",), optional=())
+        return AsGiven(_text(f"{where}.as_given", given["as_given"]))
+    table = _keys(where, value, required=("features", "source"), optional=("target", "row_norm"))
     features = table["features"]
     if not (isinstance(features, list) and len(features) == dim):
         raise DataError(f"{where}.features must be an array of {dim} [low, high] pairs (one per feature)")
@@ -218,8 +218,8 @@ def _preparation(where: str, table: Any, task: str, dim: int) -> Preparation:
                         source=_text(f"{where}.source", table["source"]))
 
 
-def _keys(where: str, table: Any, *, required: Sequence[str], optional: Sequence[str]) -> None:
-    """``table`` is a table with every ``required`` key and no key beyond ``optional``."""
+def _keys(where: str, table: object, *, required: Sequence[str], optional: Sequence[str]) -> dict[str, object]:
+    """``table``, a table with every ``required`` key and no key beyond ``optional``."""
     if not isinstance(table, dict):
         raise DataError(f"{where} must be a table, not {table!r}")
     if missing := [key for key in required if key not in table]:
@@ -227,35 +227,37 @@ def _keys(where: str, table: Any, *, required: Sequence[str], optional: Sequence
     if unknown := sorted(set(table) - {*required, *optional}):
         raise DataError(f"{where}.{unknown[0]} is not a key of the catalogue: "
                         f"use {', '.join([*required, *optional])}")
+    return table
 
 
-def _text(where: str, value: Any) -> str:
+def _text(where: str, value: object) -> str:
     if not (isinstance(value, str) and value.strip()):
         raise DataError(f"{where} must be a non-empty string, not {value!r}")
     return value
 
 
-def _count(where: str, value: Any, *, minimum: int) -> int:
+def _count(where: str, value: object, *, minimum: int) -> int:
     if not (isinstance(value, int) and not isinstance(value, bool) and value >= minimum):
         raise DataError(f"{where} must be an integer >= {minimum}, not {value!r}")
     return value
 
 
-def _sha256(where: str, value: Any) -> str:
+def _sha256(where: str, value: object) -> str:
     if not (isinstance(value, str) and _SHA256.fullmatch(value)):
         raise DataError(f"{where} must be 64 lowercase hex digits, not {value!r}")
     return value
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _range(where: str, pair: Any) -> Range:
+def _range(where: str, pair: object) -> Range:
     """A :class:`Range` from ``[low, high]``; its numbers kept as written (integers stay integers)."""
-    if not (isinstance(pair, list) and len(pair) == 2 and all(map(_is_number, pair))):
+    low, high = pair if isinstance(pair, list) and len(pair) == 2 else (None, None)
+    if not (_is_number(low) and _is_number(high)):
         raise DataError(f"{where} must be a pair [low, high] of numbers, not {pair!r}")
     try:
-        return Range(*pair)
+        return Range(low, high)
     except DpoptError:
         raise DataError(f"{where} must be finite with low < high, not {pair!r}") from None

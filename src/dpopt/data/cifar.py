@@ -30,8 +30,9 @@ import os
 import pickle
 import tarfile
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import numpy as np
 
@@ -40,7 +41,7 @@ from dpopt.data.dataset import DataError
 try:  # numpy >= 2 (and the forward-compatibility alias of late numpy 1.x)
     from numpy._core.multiarray import _reconstruct
 except ImportError:  # pragma: no cover - numpy 1.x without numpy._core
-    from numpy.core.multiarray import _reconstruct
+    from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]
 
 __all__ = ["FOLDER", "TEST_MEMBER", "TRAIN_MEMBERS", "read_cifar10"]
 
@@ -52,7 +53,7 @@ CLASSES = 10
 
 # The only globals a batch pickle refers to: the three needed to rebuild its numpy array
 # (numpy 1.x writes ``numpy.core.multiarray``, numpy 2 ``numpy._core.multiarray``).
-_ALLOWED_GLOBALS: dict[tuple[str, str], Any] = {
+_ALLOWED_GLOBALS: dict[tuple[str, str], Callable[..., object]] = {
     ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
     ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
     ("numpy", "ndarray"): np.ndarray,
@@ -67,7 +68,7 @@ class _BatchUnpickler(pickle.Unpickler):
         super().__init__(stream, encoding="bytes")
         self.where = where
 
-    def find_class(self, module: str, name: str) -> Any:
+    def find_class(self, module: str, name: str) -> Callable[..., object]:
         try:
             return _ALLOWED_GLOBALS[(module, name)]
         except KeyError:

@@ -27,6 +27,7 @@ import stat
 import tempfile
 import urllib.request
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -40,7 +41,11 @@ __all__ = ["BUNDLED", "PathLike", "default_data_dir", "fetch", "locate", "resolv
 #: Where the files of the bundled data sets ship.
 BUNDLED = Path(__file__).with_name("bundled")
 _CHUNK = 1 << 20
-_DECOMPRESS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+_DECOMPRESS: dict[str, Callable[..., IO[bytes]]] = {
+    ".gz": gzip.open,  # type: ignore[dict-item]  # typeshed's GzipFile is no IO[bytes]
+    ".bz2": bz2.open,
+    ".xz": lzma.open,
+}
 
 PathLike = str | os.PathLike[str]
 
@@ -108,6 +113,7 @@ def verified_copy(path: Path, file: RemoteFile, entry: Entry, copy: Path) -> str
         fix = ("delete it to use the bundled copy" if entry.bundled
                else f"run `dpopt data fetch {entry.name}` to download it again")
         raise DataError(f"data file {path} is corrupt: {problem}; {fix}")
+    assert actual is not None  # (None only with a problem)
     return actual
 
 
@@ -171,7 +177,7 @@ def _mismatch(path: Path, file: RemoteFile, actual: str) -> str | None:
     """Why the file at ``path``, of sha256 ``actual``, is not ``file`` (``None`` if it is)."""
     if actual == file.sha256:
         return None
-    if file.content_sha256 is None:
+    if file.content_sha256 is None or file.content_size is None:  # (the catalogue gives both or neither)
         return f"sha256 {actual} != expected {file.sha256}"
     suffix = Path(file.name).suffix
     try:

@@ -29,7 +29,7 @@ IDX_LABELS = 2049  # 0x00000801: uint8 items, one dimension (MNIST labels)
 IDX_IMAGES = 2051  # 0x00000803: uint8 items, three dimensions (MNIST images)
 
 _GZIP_MAGIC = b"\x1f\x8b"
-_TYPES = {  # IDX type code -> big-endian item dtype
+_TYPES: dict[int, np.dtype] = {  # IDX type code -> big-endian item dtype
     0x08: np.dtype(">u1"),
     0x09: np.dtype(">i1"),
     0x0B: np.dtype(">i2"),

@@ -27,7 +27,7 @@ from dpopt.data.dataset import DataError
 
 _OPENERS: dict[str, Callable[..., IO[bytes]]] = {
     ".bz2": bz2.open,
-    ".gz": gzip.open,
+    ".gz": gzip.open,  # type: ignore[dict-item]  # typeshed's GzipFile is no IO[bytes]
     ".xz": lzma.open,
 }
 _COLON, _NEWLINE, _DOT, _PLUS, _MINUS, _ZERO, _SPACE = (ord(c) for c in ":\n.+-0 ")
@@ -140,7 +140,7 @@ def _numbers(buffer: np.ndarray, tokens: _Tokens, name: str) -> np.ndarray:
         try:
             values[k] = _finite_float(buffer[tokens.starts[k]:tokens.ends[k]].tobytes())
         except ValueError as exc:
-            raise DataError(f"file {name} line {tokens.line(k)}: {exc}") from None
+            raise DataError(f"file {name} line {tokens.line(int(k))}: {exc}") from None
     return values
 
 

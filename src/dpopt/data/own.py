@@ -114,7 +114,7 @@ def _schema_file(path: Path) -> dict[str, Any]:
         raise DataError(f"schema={str(path)!r} must be a readable JSON file ({err})") from None
     if not isinstance(declared, dict) or not set(declared) <= set(SCHEMA_KEYS):
         raise DataError(f"schema={str(path)!r} must be a JSON object with keys among {', '.join(SCHEMA_KEYS)}")
-    types = {"task": str, "target": str, "features": (int, list), "classes": int}
+    types: dict[str, type | tuple[type, ...]] = {"task": str, "target": str, "features": (int, list), "classes": int}
     for key, value in declared.items():
         if isinstance(value, bool) or not isinstance(value, types[key]):
             raise DataError(f"schema={str(path)!r}: {key}={value!r} has the wrong type")
@@ -223,6 +223,7 @@ def _labels(rows: _Rows, schema: Schema, path: Path) -> np.ndarray:
     if schema.task == "binary":
         bad, wanted = ~np.isin(y, (-1.0, 0.0, 1.0)), "1 (positive), 0 or -1 (negative) for task='binary'"
     elif schema.task == "multiclass":
+        assert schema.classes is not None  # (a multiclass Schema has it)
         bad = (y != np.floor(y)) | (y < 0) | (y >= schema.classes)
         wanted = f"an integer class in [0, {schema.classes - 1}] (classes={schema.classes})"
     else:

@@ -11,7 +11,6 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import torch.distributed as dist
 
@@ -28,7 +27,8 @@ def rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-def collective(call: Callable[..., Any], *args: Any, group: dist.ProcessGroup | None = None, **kwargs: Any) -> None:
+def collective(call: Callable[..., object], *args: object, group: dist.ProcessGroup | None = None,
+               **kwargs: object) -> None:
     """``call(*args, group=group, **kwargs)``, a collective; a failure (a process died, or none
     answered within the process group's timeout) is a :class:`~dpopt._validate.DpoptError` saying so."""
     try:

@@ -21,17 +21,22 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from multiprocessing import connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from .._validate import DpoptError, positive, positive_int
+
+R = TypeVar("R")
+Beats = ctypes.Array[ctypes.c_ulonglong]  # each rank's heartbeat count, in shared memory
 
 #: Seconds a launched rank may show no sign of life before the launcher stops the run.
 RANK_TIMEOUT = 60.0
@@ -58,7 +63,7 @@ def init_from_env(backend: str = "gloo", rank_timeout: float = RANK_TIMEOUT) -> 
     return True
 
 
-def launch(fn: Callable[..., Any], nproc: int, *args: Any, rank_timeout: float = RANK_TIMEOUT) -> list[Any]:
+def launch(fn: Callable[..., R], nproc: int, *args: object, rank_timeout: float = RANK_TIMEOUT) -> list[R]:
     """``fn(*args)`` in ``nproc`` fresh processes (spawned) that form one gloo group on this
     machine (CPU); returns each rank's return value, by rank.
 
@@ -101,17 +106,18 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, rank_timeout: float =
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _supervise(ranks: list[Any], beats: Any, rank_timeout: float, folder: Path) -> None:
+def _supervise(ranks: Sequence[BaseProcess], beats: Beats, rank_timeout: float, folder: Path) -> None:
     """Wait until every rank has exited 0; raise the first failure (see :func:`launch`). Each
     round decides from one reading of the exit codes, so a rank that dies between two readings
     is still seen as failed (not as finished)."""
-    seen, alive_at = list(beats), [None] * len(ranks)  # last heartbeat count, and when it changed
+    seen = list(beats)  # last heartbeat count
+    alive_at: list[float | None] = [None] * len(ranks)  # and when it changed
     while True:
         codes = [process.exitcode for process in ranks]
-        failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
+        failed = {rank: code for rank, code in enumerate(codes) if code is not None and code != 0}
         if failed:  # a rank killed by a signal first: the others' errors are usually its consequence
-            rank = min(failed, key=lambda rank: (codes[rank] > 0, rank))
-            raise _failure(rank, codes[rank], folder)
+            rank = min(failed, key=lambda rank: (failed[rank] > 0, rank))
+            raise _failure(rank, failed[rank], folder)
         if None not in codes:
             return
         connection.wait([process.sentinel for process, code in zip(ranks, codes) if code is None],
@@ -120,7 +126,7 @@ def _supervise(ranks: list[Any], beats: Any, rank_timeout: float, folder: Path) 
         for rank, process in enumerate(ranks):
             if beats[rank] != seen[rank]:
                 seen[rank], alive_at[rank] = beats[rank], now
-            elif alive_at[rank] is not None and process.exitcode is None and now - alive_at[rank] > rank_timeout:
+            elif (last := alive_at[rank]) is not None and process.exitcode is None and now - last > rank_timeout:
                 raise DpoptError(f"rank {rank} stopped responding: no sign of life for {rank_timeout:g} s (stopped, "
                                  "or hung outside Python; --rank-timeout sets the limit); the other ranks were "
                                  "stopped; completed checkpoints are intact")
@@ -148,14 +154,14 @@ def _signal_name(signum: int) -> str:
         return str(signum)
 
 
-def _stop(ranks: list[Any]) -> None:
+def _stop(ranks: Sequence[BaseProcess]) -> None:
     """SIGTERM (and SIGCONT, for a stopped rank) to every live rank; SIGKILL to those alive after
     :data:`GRACE` seconds; wait for all."""
     live = [process for process in ranks if process.pid is not None and process.exitcode is None]
-    for process in live:
+    for pid in [process.pid for process in live if process.pid is not None]:  # (every live process has one)
         with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, signal.SIGTERM)
-            os.kill(process.pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGCONT)
     deadline = time.monotonic() + GRACE
     while any(process.exitcode is None for process in live) and time.monotonic() < deadline:
         connection.wait([process.sentinel for process in live if process.exitcode is None],
@@ -185,7 +191,7 @@ def _stopped_by_signals() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
-def _raise_stop(signum: int, frame: Any) -> None:
+def _raise_stop(signum: int, frame: FrameType | None) -> None:
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
     raise SystemExit(128 + signum)
@@ -195,7 +201,7 @@ def _beat_interval(rank_timeout: float) -> float:
     return min(1.0, rank_timeout / 4)
 
 
-def _worker(rank: int, fn: Callable[..., Any], args: tuple, nproc: int, folder: str, beats: Any,
+def _worker(rank: int, fn: Callable[..., object], args: tuple[object, ...], nproc: int, folder: str, beats: Beats,
             rank_timeout: float, launcher: int) -> None:
     """Rank ``rank`` of :func:`launch`: joins the group, runs ``fn(*args)``, writes its outcome to
     ``folder`` and leaves with ``os._exit``, without the interpreter's teardown: gloo's threads
@@ -236,7 +242,7 @@ def _die_with(launcher: int) -> None:
         os._exit(1)
 
 
-def _heartbeat(beats: Any, rank: int, interval: float, launcher: int) -> None:
+def _heartbeat(beats: Beats, rank: int, interval: float, launcher: int) -> None:
     """Count up every ``interval`` seconds (the launcher's sign of life of this rank); exit at once
     if the launcher is gone (where the kernel does not see to it)."""
     while True:

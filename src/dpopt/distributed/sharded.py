@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..base import PerRecord
+from ..base import Rows
 from .group import collective
 
 
@@ -131,7 +131,7 @@ class ShardedRows:
     ``a - b`` (DP-SRM: the same records at two points) subtracts the local rows.
     """
 
-    local: PerRecord
+    local: Rows
     size: int
     local_size: int
     oracle: Sharded

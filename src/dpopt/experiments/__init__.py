@@ -5,7 +5,8 @@ from __future__ import annotations
 from . import aclip, aclip_cifar10, diff2, dp_srm_cnn, dp_srm_ijcnn1, mnist_sota, o2nc_nonsmooth
 from .reproduce import reproduce  # noqa: E402
 
-EXPERIMENTS = {dp_srm_ijcnn1.NAME: dp_srm_ijcnn1.PRESET, aclip.SYNTHETIC.NAME: aclip.SYNTHETIC, aclip.REAL.NAME: aclip.REAL,
+EXPERIMENTS = {dp_srm_ijcnn1.NAME: dp_srm_ijcnn1.PRESET, aclip.SYNTHETIC.NAME: aclip.SYNTHETIC,
+               aclip.REAL.NAME: aclip.REAL,
                aclip_cifar10.CIFAR.NAME: aclip_cifar10.CIFAR, dp_srm_cnn.MNIST.NAME: dp_srm_cnn.MNIST,
                dp_srm_cnn.CIFAR10.NAME: dp_srm_cnn.CIFAR10, o2nc_nonsmooth.NAME: o2nc_nonsmooth.PRESET,
                diff2.REGRESSION_PRESET.NAME: diff2.REGRESSION_PRESET,

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol, TypeVar
@@ -123,6 +124,7 @@ def with_diagnostics(history: History) -> History:
     tables and figures, which report the papers' non-private measurements (training objective,
     gradient norm, realised passes, times) labelled as such."""
     diagnostics = history.diagnostics
+    assert diagnostics is not None, "a reproduction's runs are made with diagnostics"
     records = [private | logged for private, logged in zip(history.records, diagnostics["records"], strict=True)]
     return dataclasses.replace(history, records=records, final=history.final | diagnostics["final"])
 
@@ -279,8 +281,8 @@ class Pool:
         self._executor = None
         if workers > 1:
             context = multiprocessing.get_context("spawn")
-            self._executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_init,
-                                                 initargs=(make_problem, args))
+            self._executor = ProcessPoolExecutor(workers, mp_context=context,
+                                                 initializer=partial(_worker_init, make_problem, args))
 
     def expect(self, runs: int) -> None:
         """``runs`` more runs will be submitted (the progress bar's total)."""
@@ -299,6 +301,7 @@ class Pool:
         path = None if self.saved is None else self.saved.path(job, problem, key)
         self._paths.append(path)
         if path is not None and path.exists():
+            assert self.saved is not None  # (the path is its)
             self._loaded += 1
             self.bar.total = max(self.bar.n, self.bar.total - 1)
             self.bar.set_postfix_str(f"{self._loaded} loaded from {self.saved.folder}")
@@ -336,7 +339,7 @@ def _finished(result: R) -> Future[R]:
 _WORKER: dict[str, Any] = {}
 
 
-def _worker_init(make_problem: Callable[..., object], args: tuple[object, ...]) -> None:
+def _worker_init(make_problem: Callable[..., object] | None, args: tuple[object, ...]) -> None:
     torch.set_num_threads(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C: the driver stops the workers,
     signal.signal(signal.SIGTERM, _unwind)  # by SIGTERM, which unwinds (no temporary file is left)

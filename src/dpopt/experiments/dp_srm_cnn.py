@@ -105,6 +105,7 @@ def arrays(setting: Setting, data_dir: str | None) -> tuple[np.ndarray, ...]:
     """Train and test arrays of ``setting``: the data set (its first ``records`` of each split),
     or for ``random`` settings seeded uniform images of its shape with random labels."""
     if setting.random:
+        assert setting.records is not None, "a random setting declares its number of records"
         rng = np.random.default_rng(0)
         shape = (setting.records, 3 * 32 * 32)
         return (rng.random(shape), rng.integers(0, 10, setting.records).astype(float),

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import math
 from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -51,16 +50,18 @@ from torch.nn.utils.rnn import PackedSequence
 from .. import _validate
 
 State = tuple[Tensor, ...]  # (h,) or, for an LSTM, (h, c)
+Hidden = Tensor | tuple[Tensor, ...] | list[Tensor]  # a given hx: h, or an LSTM's (h, c)
+Device = torch.device | str | int | None
 
 
-def _drop_children(module: _Recurrent, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+def _drop_children(module: _Recurrent, state_dict: dict[str, Tensor], prefix: str, local_metadata: object) -> None:
     """State-dict post-hook: the parameters are saved under torch's names only, not again under
     the ``nn.Linear`` children that share them."""
     for child_key in module._aliases.values():
         state_dict.pop(prefix + child_key, None)
 
 
-def _fill_children(module: _Recurrent, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+def _fill_children(module: _Recurrent, state_dict: dict[str, Tensor], prefix: str, *args: object) -> None:
     """Load pre-hook: the ``nn.Linear`` children's keys from torch's names (one tensor, two keys)."""
     for name, child_key in module._aliases.items():
         if prefix + name in state_dict:
@@ -83,7 +84,7 @@ class _Recurrent(nn.Module):
         self.register_state_dict_post_hook(_drop_children)
         self.register_load_state_dict_pre_hook(_fill_children)
 
-    def _pair(self, suffix: str, input_size: int, device: Any, dtype: Any) -> None:
+    def _pair(self, suffix: str, input_size: int, device: Device, dtype: torch.dtype | None) -> None:
         """The maps ``ih{suffix}`` and ``hh{suffix}``, their parameters under torch's names
         ``weight_ih{suffix}``, ``weight_hh{suffix}``, ``bias_ih{suffix}``, ``bias_hh{suffix}``."""
         out = self.gates * self.hidden_size
@@ -108,7 +109,7 @@ class _Recurrent(nn.Module):
     def _zeros(self, x: Tensor, batch: tuple[int, ...]) -> State:
         return tuple(x.new_zeros(*batch, self.hidden_size) for _ in range(self.carries))
 
-    def _state(self, hx: Any, shape: tuple[int, ...]) -> State:
+    def _state(self, hx: Hidden, shape: tuple[int, ...]) -> State:
         """``hx`` (a tensor, or an LSTM's pair) as a state, each tensor of ``shape``."""
         state = tuple(hx) if isinstance(hx, (tuple, list)) else (hx,)
         if len(state) != self.carries or any(not isinstance(s, Tensor) or s.shape != shape for s in state):
@@ -121,7 +122,7 @@ class _Recurrent(nn.Module):
         """The state as torch returns it: ``h`` or ``(h, c)``."""
         return state if self.carries == 2 else state[0]
 
-    def _check_input(self, input: Any, dims: tuple[int, int]) -> None:
+    def _check_input(self, input: object, dims: tuple[int, int]) -> None:
         if isinstance(input, PackedSequence):
             raise _validate.DpoptError(
                 f"input is a PackedSequence, which dpopt.nn.{type(self).__name__} does not take: pad the sequences to "
@@ -153,7 +154,7 @@ class _GRUUpdate:
         return ((1 - z) * n + z * state[0],)
 
 
-class _RNNUpdate:
+class _RNNUpdate(_Recurrent):
     gates, carries = 1, 1
     nonlinearity: str
 
@@ -175,13 +176,16 @@ class _Cell(_Recurrent):
     """One step: ``forward(input [B, input_size] or [input_size], hx=None)`` → the new state
     (``h``, or ``(h, c)`` for an LSTM cell), zeros for a missing ``hx``."""
 
-    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, device: Any = None,
-                 dtype: Any = None) -> None:
+    ih: nn.Linear  # the maps of :meth:`_Recurrent._pair`, registered as children
+    hh: nn.Linear
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, device: Device = None,
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__(input_size, hidden_size, bias)
         self._pair("", input_size, device, dtype)
         self.reset_parameters()
 
-    def forward(self, input: Tensor, hx: Any = None) -> Tensor | State:
+    def forward(self, input: Tensor, hx: Hidden | None = None) -> Tensor | State:
         self._check_input(input, (1, 2))
         batched = input.dim() == 2
         x = input if batched else input.unsqueeze(0)
@@ -201,7 +205,7 @@ class RNNCell(_RNNUpdate, _Cell):
     """``nn.RNNCell``: ``h' = act(W_ih x + b_ih + W_hh h + b_hh)``."""
 
     def __init__(self, input_size: int, hidden_size: int, bias: bool = True, nonlinearity: str = "tanh",
-                 device: Any = None, dtype: Any = None) -> None:
+                 device: Device = None, dtype: torch.dtype | None = None) -> None:
         super().__init__(input_size, hidden_size, bias, device, dtype)
         self.nonlinearity = _nonlinearity(nonlinearity)
 
@@ -225,7 +229,7 @@ class _Stack(_Recurrent):
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
-                 device: Any = None, dtype: Any = None) -> None:
+                 device: Device = None, dtype: torch.dtype | None = None) -> None:
         super().__init__(input_size, hidden_size, bias)
         self.num_layers = _validate.positive_int("num_layers", num_layers)
         self.batch_first, self.bidirectional = bool(batch_first), bool(bidirectional)
@@ -243,7 +247,7 @@ class _Stack(_Recurrent):
     def _suffix(layer: int, direction: int) -> str:
         return f"_l{layer}" + ("_reverse" if direction else "")
 
-    def forward(self, input: Tensor, hx: Any = None) -> tuple[Tensor, Tensor | State]:
+    def forward(self, input: Tensor, hx: Hidden | None = None) -> tuple[Tensor, Tensor | State]:
         self._check_input(input, (2, 3))
         batched = input.dim() == 3
         x = input if batched else input.unsqueeze(0 if self.batch_first else 1)
@@ -289,7 +293,7 @@ class RNN(_RNNUpdate, _Stack):
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, nonlinearity: str = "tanh",
                  bias: bool = True, batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
-                 device: Any = None, dtype: Any = None) -> None:
+                 device: Device = None, dtype: torch.dtype | None = None) -> None:
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, device,
                          dtype)
         self.nonlinearity = _nonlinearity(nonlinearity)
@@ -318,6 +322,7 @@ def from_torch(module: nn.Module) -> _Recurrent:
     if getattr(module, "proj_size", 0):
         raise _validate.DpoptError(f"proj_size={module.proj_size}: dpopt.nn.LSTM has no projection; use an "
                                    "nn.Linear on its output instead")
+    assert isinstance(module, (nn.RNNBase, nn.RNNCellBase))  # (the keys of REPLACEMENTS)
     first = next(module.parameters())
     settings: dict[str, Any] = {"bias": module.bias, "device": first.device, "dtype": first.dtype}
     if isinstance(module, nn.RNNBase):

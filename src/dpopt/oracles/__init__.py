@@ -4,5 +4,6 @@ from .glm import GLM, LeastSquares, Logistic, NonconvexLogistic, Ridge, Truncate
 from .ghost import KNOWN_LAYERS, Registry
 from .torch_model import ENGINES, TorchModel, reject_batch_norm
 
-__all__ = ["ENGINES", "GLM", "KNOWN_LAYERS", "Registry", "LeastSquares", "Logistic", "NonconvexLogistic", "Ridge", "TorchModel",
+__all__ = ["ENGINES", "GLM", "KNOWN_LAYERS", "Registry", "LeastSquares", "Logistic", "NonconvexLogistic", "Ridge",
+           "TorchModel",
            "TruncatedAbsolute", "make", "reject_batch_norm"]

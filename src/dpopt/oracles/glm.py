@@ -105,7 +105,8 @@ class GLM:
         self.X = torch.as_tensor(X, dtype=torch.float64)
         self.y = torch.as_tensor(y, dtype=torch.float64)
         if self.X.ndim != 2 or self.y.shape != (self.X.shape[0],):
-            raise _validate.DpoptError(f"X.shape={tuple(self.X.shape)} and y.shape={tuple(self.y.shape)} must be [n, d] and [n]")
+            raise _validate.DpoptError(f"X.shape={tuple(self.X.shape)} and y.shape={tuple(self.y.shape)} "
+                                       "must be [n, d] and [n]")
         if not (self.X.isfinite().all() and self.y.isfinite().all()):
             raise _validate.DpoptError("data must be finite: X or y contains NaN or inf")
         self.reg = _validate.non_negative("reg", reg)
@@ -148,6 +149,12 @@ class GLM:
         """∇r(θ), or None when there is no regulariser."""
         return None
 
+    def _shift(self, theta: Tensor) -> Tensor:
+        """∇r(θ) of an oracle that has a regulariser."""
+        shift = self._regulariser_gradient(theta)
+        assert shift is not None
+        return shift
+
     def per_record(self, theta: Tensor, indices: Tensor) -> LinearRows:
         """Per-record gradients of the records ``indices`` (distinct). A batch of every record
         uses the data in place (the set, not the order, determines every clipped sum)."""
@@ -187,7 +194,7 @@ class GLM:
         grads = self._slope(torch.einsum("bd,bkd->bk", A, points), y[:, None])[:, :, None] * A[:, None, :]
         if self._regulariser_gradient(points[0, 0]) is None:
             return grads
-        return grads + torch.vmap(torch.vmap(self._regulariser_gradient))(points)
+        return grads + torch.vmap(torch.vmap(self._shift))(points)
 
     def loss(self, theta: Tensor, indices: Tensor | None = None) -> Tensor:
         """F(θ) = mean_i φ(⟨a_i, θ⟩; y_i) + r(θ) over ``indices`` (default all records)."""
@@ -275,7 +282,8 @@ class LeastSquares(Ridge):
 
 
 class TruncatedAbsolute(GLM):
-    """Robust regression with the truncated absolute loss min(|⟨x, θ⟩ − y|, τ), τ = ``cap``: nonsmooth (kinks at residuals 0 and ±τ), nonconvex, and ‖x_i‖-Lipschitz in θ.
+    """Robust regression with the truncated absolute loss min(|⟨x, θ⟩ − y|, τ), τ = ``cap``: nonsmooth
+    (kinks at residuals 0 and ±τ), nonconvex, and ‖x_i‖-Lipschitz in θ.
     φ′(u) = sign(u − y)·1[|u − y| < τ] (the convention at the kinks is immaterial: a null set)."""
 
     def __init__(self, X: Tensor, y: Tensor, *, cap: float = 1.0) -> None:

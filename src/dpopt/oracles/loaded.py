@@ -55,7 +55,8 @@ from __future__ import annotations
 import contextlib
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Sized
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -72,7 +73,7 @@ TAKEN = ("num_workers", "prefetch_factor", "pin_memory", "pin_memory_device", "t
 Draw = Callable[[int, torch.Generator], Tensor]
 
 
-def pair(batch: Any) -> tuple[Tensor, Tensor]:
+def pair(batch: object) -> tuple[object, object]:
     """The default ``split``: the batch is the pair ``(x, y)``."""
     if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
         raise _validate.DpoptError(
@@ -117,7 +118,7 @@ class Loaded:
     ``split`` makes ``(x, y)`` of a batch (None: the batch is that pair); ``microbatch_size``: the
     records the oracle reads at once (the chunks loaded ahead)."""
 
-    def __init__(self, loader: DataLoader, split: Callable[[Any], tuple[Tensor, Tensor]] | None,
+    def __init__(self, loader: DataLoader[object], split: Callable[..., tuple[Tensor, Tensor]] | None,
                  microbatch_size: int, name: str = "train_data") -> None:
         dataset = loader.dataset
         if isinstance(dataset, IterableDataset) or not all(hasattr(dataset, a) for a in ("__getitem__", "__len__")):
@@ -134,20 +135,21 @@ class Loaded:
                 "from a secret generator (the sampling the privacy accounting assumes), and loads it through the "
                 "loader's dataset, collate_fn and workers; build the loader without a sampler or batch_sampler of your "
                 "own (its batch_size, shuffle and drop_last are ignored)")
-        if len(dataset) == 0:
+        if len(cast(Sized, dataset)) == 0:  # (map-style: checked above)
             raise _validate.DpoptError(f"{name} is empty")
         self.dataset, self.collate_fn, self.name = dataset, loader.collate_fn, name
-        self.split, self.size = split or pair, microbatch_size
+        self.split: Callable[..., tuple[object, object]] = split or pair
+        self.size = microbatch_size
         self.settings = {key: getattr(loader, key) for key in TAKEN}
         self._ahead: Ahead | None = None
-        self._batches: Iterator[Any] | None = None
+        self._batches: Iterator[object] | None = None
         self._taking: int | None = None  # the step being taken
         self._pair(self.collate_fn([dataset[0]]), 1)  # a bad split or collate_fn, refused now
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return len(cast(Sized, self.dataset))
 
-    def _pair(self, batch: Any, count: int) -> tuple[Tensor, Tensor]:
+    def _pair(self, batch: object, count: int) -> tuple[Tensor, Tensor]:
         x, y = self.split(batch)
         if not (isinstance(x, Tensor) and isinstance(y, Tensor) and x.ndim and y.ndim and len(x) == len(y) == count):
             raise _validate.DpoptError(
@@ -158,8 +160,8 @@ class Loaded:
 
     def gather(self, indices: Tensor) -> tuple[Tensor, Tensor]:
         ahead = self._ahead
-        if (ahead is not None and self._taking is not None and ahead.handed and ahead.handed[0][0] == self._taking
-                and torch.equal(ahead.handed[0][1], indices)):
+        if (ahead is not None and self._batches is not None and self._taking is not None and ahead.handed
+                and ahead.handed[0][0] == self._taking and torch.equal(ahead.handed[0][1], indices)):
             ahead.handed.popleft()
             return self._pair(next(self._batches), len(indices))
         return self._pair(self.collate_fn([self.dataset[i] for i in indices.tolist()]), len(indices))
@@ -201,11 +203,12 @@ class Loaded:
 
     def _discard_through(self, t: int) -> None:
         """Steps up to t are done: discard their chunks not asked for; close the stream at its end."""
-        ahead = self._ahead
+        ahead, batches = self._ahead, self._batches
+        assert ahead is not None and batches is not None  # called while a stream is open
         ahead.done_through = max(ahead.done_through, t)
         while ahead.handed and ahead.handed[0][0] <= t:
             ahead.handed.popleft()
-            next(self._batches)
+            next(batches)
         ahead.before = {s: state for s, state in ahead.before.items() if s > t}
         if ahead.next_t >= ahead.steps and not ahead.handed:
             self._close()
@@ -215,5 +218,5 @@ class Loaded:
         self._ahead, self._batches = None, None
 
 
-def _described(value: Any) -> str:
+def _described(value: object) -> str:
     return f"shape {tuple(value.shape)}" if isinstance(value, Tensor) else type(value).__name__

@@ -71,6 +71,7 @@ import hashlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -143,11 +144,11 @@ def reject_batch_norm(module: nn.Module) -> None:
         if isinstance(m, _BatchNorm):
             raise _validate.DpoptError(
                 f"module={name or type(module).__name__!r} is {type(m).__name__}, which cannot be trained with "
-                "differential privacy: BatchNorm normalises each record with the statistics of its whole batch, so "
-                "one record's gradient depends on the other records in the batch and clipping each record's "
-                "gradient no longer bounds its influence (the sensitivity). Use nn.GroupNorm instead (e.g. "
-                "nn.GroupNorm(G, C), G the largest divisor of C up to 32), or nn.LayerNorm / nn.InstanceNorm2d: they normalise each record on "
-                "its own; dpopt.fix(model) returns a copy with every BatchNorm replaced by GroupNorm")
+                "differential privacy: BatchNorm normalises each record with the statistics of its whole batch, so one "
+                "record's gradient depends on the other records in the batch and clipping each record's gradient no "
+                "longer bounds its influence (the sensitivity). Use nn.GroupNorm instead (e.g. nn.GroupNorm(G, C), G "
+                "the largest divisor of C up to 32), or nn.LayerNorm / nn.InstanceNorm2d: they normalise each record "
+                "on its own; dpopt.fix(model) returns a copy with every BatchNorm replaced by GroupNorm")
 
 
 def reject_recurrent(module: nn.Module) -> None:
@@ -210,12 +211,12 @@ def _changed(m: nn.Module, buffers: dict[str, Tensor | None], copies: dict[str, 
     of ``copies``: replaced, changed, added or removed."""
     names = [*buffers, *(name for name in m._buffers if name not in buffers)]
     return [name for name in names if m._buffers.get(name) is not buffers.get(name)
-            or (name in copies and not _same(buffers[name], copies[name]))]
+            or (name in copies and not _same(copies[name], buffers[name]))]
 
 
-def _same(a: Tensor, b: Tensor) -> bool:
-    """Equal shape, dtype and values (NaN where the other has NaN)."""
-    if a.shape != b.shape or a.dtype != b.dtype:
+def _same(a: Tensor, b: Tensor | None) -> bool:
+    """Equal shape, dtype and values (NaN where the other has NaN); never equal to None."""
+    if b is None or a.shape != b.shape or a.dtype != b.dtype:
         return False
     return torch.equal(a, b) or (a.is_floating_point() and torch.equal(a.isnan(), b.isnan())
                                  and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0)))
@@ -229,10 +230,11 @@ def _restore(before: list[tuple[str, nn.Module, dict[str, Tensor | None], dict[s
             m._buffers.update(buffers)
             for name, copy in copies.items():
                 tensor = buffers[name]
+                assert tensor is not None  # a copy is made of a tensor only
                 if tensor.shape == copy.shape and tensor.dtype == copy.dtype:
                     tensor.copy_(copy)
                 else:
-                    tensor.set_(copy)
+                    tensor.set_(copy)  # type: ignore[call-overload]  # torch's stubs omit set_(Tensor)
 
 
 def _keeps_buffers(method: Callable) -> Callable:
@@ -249,21 +251,18 @@ def _keeps_buffers(method: Callable) -> Callable:
 class TorchModel:
     """Per-record gradients of ``loss_fn(module(x), y)`` over the records of ``(X, y)``.
 
-    ``module``: an ``nn.Module`` without BatchNorm, torch's recurrent layers or running
-    statistics, whose forward changes no buffer and whose records do not interact, except inside
-    modules that ``engine`` runs per record (all of them for "vmap"; for "ghost", every module not
-    in ``known_layers``); ``loss_fn(output, target) -> [B]``, run on each record alone (under
-    vmap) wherever a per-record quantity is computed;
-    ``X [n, ...]``, ``y [n, ...]`` tensors, or ``X`` a map-style Dataset of ``(x, y)`` pairs and
-    ``y`` None, read lazily by index (:mod:`dpopt.oracles.records`; floating-point X is cast to
-    the module's dtype chunk by chunk; they are not to be modified after: the oracle reuses the records and the
-    per-record results of its recent calls); ``engine``: "ghost" (default) or "vmap";
-    ``known_layers``: the layer types the ghost engine may run on the whole batch
-    (:data:`~dpopt.oracles.ghost.KNOWN_LAYERS`, extended with ``.with_per_record(MyLayer)``);
-    ``microbatch_size``: records per chunk of every per-record or full-data computation
-    (memory, not results). The default, 512, keeps
-    a Poisson batch of expected size 256 (256 ± 16) in one chunk: each extra chunk is one more
-    forward/backward with its fixed cost (~10 % of a step of the MNIST CNN).
+    ``module``: an ``nn.Module`` without BatchNorm, torch's recurrent layers or running statistics, whose forward
+    changes no buffer and whose records do not interact, except inside modules that ``engine`` runs per record (all
+    of them for "vmap"; for "ghost", every module not in ``known_layers``); ``loss_fn(output, target) -> [B]``, run
+    on each record alone (under vmap) wherever a per-record quantity is computed; ``X [n, ...]``, ``y [n, ...]``
+    tensors, or ``X`` a map-style Dataset of ``(x, y)`` pairs and ``y`` None, read lazily by index
+    (:mod:`dpopt.oracles.records`; floating-point X is cast to the module's dtype chunk by chunk; they are not to be
+    modified after: the oracle reuses the records and the per-record results of its recent calls); ``engine``:
+    "ghost" (default) or "vmap"; ``known_layers``: the layer types the ghost engine may run on the whole batch
+    (:data:`~dpopt.oracles.ghost.KNOWN_LAYERS`, extended with ``.with_per_record(MyLayer)``); ``microbatch_size``:
+    records per chunk of every per-record or full-data computation (memory, not results). The default, 512, keeps a
+    Poisson batch of expected size 256 (256 ± 16) in one chunk: each extra chunk is one more forward/backward with
+    its fixed cost (~10 % of a step of the MNIST CNN).
     """
 
     def __init__(self, module: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], X: Tensor | records.Records,
@@ -465,7 +464,7 @@ class TorchModel:
             rows = self._per_record(point, indices, theta)
             losses = torch.cat(self._evaluated or [point.new_zeros(0)])
             if self._recent and isinstance(rows, ghost.GhostRows) and torch.equal(self._recent[0][1], indices):
-                ghost.reuse_inputs(rows, self._recent[0][2])
+                ghost.reuse_inputs(rows, cast(ghost.GhostRows, self._recent[0][2]))  # (one engine: rows alike)
             self._recent = [(point.clone(), indices.clone(), rows, losses), *self._recent[: RECENT - 1]]
         if self._seen is not None:
             self._seen.append((point.clone(), losses))
@@ -476,9 +475,9 @@ class TorchModel:
         """The rows; the per-record losses their forward evaluated go to ``_evaluated``, chunk by chunk."""
         chunks = self._chunks(indices)
         if self.engine == "vmap":
-            rows = [self._dense_rows(point, x, y) for x, y in chunks]
-            rows = torch.cat(rows) if rows else point.new_zeros(0, self.dim)
-            return Dense(rows.to(theta.device, theta.dtype))
+            parts = [self._dense_rows(point, x, y) for x, y in chunks]
+            dense = torch.cat(parts) if parts else point.new_zeros(0, self.dim)
+            return Dense(dense.to(theta.device, theta.dtype))
         layers = []
         with torch.enable_grad():  # the layers' output gradients come from autograd, even under no_grad
             views = self.layout.views(point.detach().requires_grad_(True))

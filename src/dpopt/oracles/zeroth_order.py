@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..base import Oracle
+from ..base import Oracle, Pointwise
 
 
 def sphere(gen: torch.Generator, records: int, count: int, dim: int, dtype: torch.dtype = torch.float64) -> Tensor:
@@ -45,7 +45,7 @@ def ball(gen: torch.Generator, records: int, count: int, dim: int, radius: float
 CHUNK = 1 << 19
 
 
-def two_point(oracle: Oracle, x: Tensor, indices: Tensor, directions: Tensor, alpha: float) -> Tensor:
+def two_point(oracle: Pointwise, x: Tensor, indices: Tensor, directions: Tensor, alpha: float) -> Tensor:
     """``[B, d]``: the estimator (4) of each record ``indices[i]`` at x, with its m directions
     ``directions[i] [m, d]`` (unit vectors) and smoothing radius ``alpha`` (records in chunks of
     at most :data:`CHUNK` query entries)."""

@@ -33,7 +33,8 @@ from .. import _validate
 class Trials(Protocol):
     """The distribution of the number of trials K."""
 
-    mean: float
+    @property
+    def mean(self) -> float: ...  # read-only: the distributions are frozen dataclasses
 
     @property
     def shape(self) -> float: ...

@@ -3,6 +3,10 @@ records made from what it returns."""
 
 from __future__ import annotations
 
+import functools
+import operator
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -43,16 +47,20 @@ def _calls(stage: Stage, pairs: list[tuple[Tensor, Tensor]]) -> Layer | Block | 
     if stage.kind == "linear":
         return Layer(stage, *(torch.cat([t.reshape(B, -1, t.shape[-1]) for t in part], 1) for part in zip(*pairs)))
     layers = [layer_from(stage, a, g) for a, g in pairs]
+    # (layer_from gives every call of one stage the class its kind names: the filters drop nothing)
     if stage.kind == "embedding":
-        return Embedding(stage, torch.cat([e.idx for e in layers], 1), torch.cat([e.g for e in layers], 1))
-    rows = [layer.grads if isinstance(layer, Block) else layer.row_dict() for layer in layers]
-    return Block(stage, {name: sum(r[name] for r in rows) for name in rows[0]})
+        calls = [e for e in layers if isinstance(e, Embedding)]
+        return Embedding(stage, torch.cat([e.idx for e in calls], 1), torch.cat([e.g for e in calls], 1))
+    rows = [layer.grads if isinstance(layer, Block) else layer.row_dict()
+            for layer in layers if not isinstance(layer, Embedding)]
+    return Block(stage, {name: functools.reduce(operator.add, (r[name] for r in rows)) for name in rows[0]})
 
 
 def layer_from(stage: Stage, a: Tensor, g: Tensor) -> Layer | Block | Embedding:
     """The records of a ghost layer from its input ``a`` and output gradient ``g`` (``[B, *per
     record]``; a call inside a block sees each record as a batch of one)."""
-    m, B = stage.module, len(g)
+    m: Any = stage.module  # the class stage.kind names; nn.Module types its attributes Tensor | Module
+    B = len(g)
     if stage.kind == "linear":
         return Layer(stage, a, g)
     if stage.kind == "embedding":
@@ -69,7 +77,7 @@ def _one_sample(stage: Stage, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
     """A call's input and output gradient from a block, ``[B, *per record]``, as :func:`layer_from`
     takes them: a convolution's or GroupNorm's batched input (each record a batch of one) without
     that dimension of one."""
-    m = stage.module
+    m: Any = stage.module  # the class stage.kind names; nn.Module types its attributes Tensor | Module
     if stage.kind == "groupnorm" or (stage.kind == "conv" and a.ndim == len(m.kernel_size) + 3):
         if a.shape[1] != 1:
             raise _validate.DpoptError(f"engine='ghost' takes each record to layer {stage.path!r} as one sample; "
@@ -83,7 +91,8 @@ def _norm_rows(stage: Stage, a: Tensor, g: Tensor) -> dict[str, Tensor]:
     (x̂ normalised per record: over the last dims, or per group of channels), so ``∇γ = Σ g ⊙ x̂``
     and ``∇β = Σ g`` over the positions (LayerNorm) or the spatial dims (GroupNorm). x̂ is
     recomputed from the input: ``[B, size of γ]`` rows, a block."""
-    m, B, names = stage.module, len(g), dict(stage.names)
+    m: Any = stage.module  # the class stage.kind names; nn.Module types its attributes Tensor | Module
+    B, names = len(g), dict(stage.names)
     if stage.kind == "layernorm":
         shape = tuple(m.normalized_shape)
         A, G = a.reshape(B, -1, *shape), g.reshape(B, -1, *shape)

@@ -17,6 +17,8 @@ a :class:`~dpopt._validate.DpoptError` naming its path, at the first call.
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -128,7 +130,8 @@ def _discover(stage: Stage, shared: dict[str, Tensor], params: dict[str, Tensor]
     with torch.enable_grad(), tap.hooked():
         out, inputs = per_record(stage, {k: v[:1].detach() for k, v in params.items()}, x[:1], leaves, tap)
         ends = [t for t in (out, *inputs) if t.requires_grad]
-        reached = (torch.autograd.grad(sum(t.sum() for t in ends), list(leaves.values()), allow_unused=True)
+        reached = (torch.autograd.grad(functools.reduce(operator.add, (t.sum() for t in ends)),
+                                       list(leaves.values()), allow_unused=True)
                    if ends else [None] * len(leaves))
     owner = {alias: k for k, inner in enumerate(stage.inner) for aliases in inner.aliases for alias in aliases}
     bypassed = {owner[name] for name, grad in zip(leaves, reached) if grad is not None}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -63,12 +64,14 @@ class ConvGeometry:
     weight_shape: tuple[int, int, int, int]
 
 
-def geometry(conv: nn.Module) -> ConvGeometry:
+def geometry(module: nn.Module) -> ConvGeometry:
     """The Conv2d geometry of a zero-padded ``nn.Conv2d`` or ``nn.Conv1d``."""
+    conv: Any = module  # a Conv1d or Conv2d; nn.Module types its attributes Tensor | Module
     padding = (0,) * len(conv.kernel_size) if conv.padding == "valid" else tuple(conv.padding)
-    if isinstance(conv, nn.Conv2d):
-        return ConvGeometry(tuple(conv.kernel_size), tuple(conv.stride), padding, tuple(conv.dilation), conv.groups,
-                            tuple(conv.weight.shape))
+    if isinstance(conv, nn.Conv2d):  # its sizes are pairs (typed tuple[int, ...] by torch)
+        (kh, kw), (sh, sw), (dh, dw), w = conv.kernel_size, conv.stride, conv.dilation, conv.weight.shape
+        return ConvGeometry((kh, kw), (sh, sw), (padding[0], padding[1]), (dh, dw), conv.groups,
+                            (w[0], w[1], w[2], w[3]))
     return ConvGeometry((1, conv.kernel_size[0]), (1, conv.stride[0]), (0, padding[0]), (1, conv.dilation[0]),
                         conv.groups, (*conv.weight.shape[:2], 1, conv.weight.shape[2]))
 

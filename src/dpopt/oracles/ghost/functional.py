@@ -11,6 +11,8 @@ float rounding (oneDNN may sum in another order).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -48,7 +50,7 @@ class _ChannelsLastMaxPool(torch.autograd.Function):
         return grad_input.contiguous(), None, None, None, None, None
 
 
-def _pair(value: int | tuple[int, ...]) -> tuple[int, int]:
+def _pair(value: int | tuple[int, ...]) -> tuple[int, ...]:
     return (value, value) if isinstance(value, int) else tuple(value)
 
 
@@ -79,7 +81,7 @@ def forward(stages: tuple[Stage, ...], views: dict[str, Tensor], x: Tensor, taps
     hook might mix records). With taps, a ghost layer's output that a later stage overwrites in
     place (e.g. ``nn.ReLU(inplace=True)``) is refused: its output gradient would be that of the
     overwritten values."""
-    out_taps = []
+    out_taps: list[tuple] = []
     for stage in stages:
         m = stage.module
         if stage.kind == "plain" and not hooked(m):
@@ -124,7 +126,7 @@ def _check_not_overwritten(out_taps: list[tuple]) -> None:
 def _functional(stage: Stage, params: dict[str, Tensor], x: Tensor) -> Tensor:
     """A ghost layer's output with its trainable parameters ``params`` (its own frozen ones else),
     computed here, without the module's call (and so without hooks)."""
-    m = stage.module
+    m: Any = stage.module  # the class stage.kind names; nn.Module types its attributes Tensor | Module
     least, most = {"linear": (2, None), "conv": (len(getattr(m, "kernel_size", ())) + 2,) * 2,
                    "layernorm": (len(getattr(m, "normalized_shape", ())) + 1, None)}.get(stage.kind, (1, None))
     if x.ndim < least or (most is not None and x.ndim > most):

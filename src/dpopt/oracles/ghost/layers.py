@@ -5,12 +5,15 @@ the difference of a layer at two points."""
 
 from __future__ import annotations
 
+import functools
+import operator
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
-from torch import Tensor
+import torch.nn.grad
+from torch import Tensor, nn
 
 from .conv import geometry, hwc, padded, patches, unfold
 from .rounding import U64, gamma, gram_bounds, run_norms, sq_of_runs, sq_rows, unit
@@ -20,7 +23,8 @@ from .stages import Stage
 class Layout(Protocol):
     """Where each trainable parameter lives in the flat θ (see ``torch_model.Layout``)."""
 
-    dim: int
+    @property
+    def dim(self) -> int: ...  # read-only: torch_model.Layout is a frozen dataclass
 
     def place(self, name: str) -> slice: ...
 
@@ -191,7 +195,9 @@ class Layer:
         if self.stage.kind == "linear" and T == 1:  # ‖g aᵀ‖² = ‖a‖²‖g‖², whether or not the rows were built
             return one * self.input_sq_norms * sq_rows(self.g.reshape(B, -1))
         if "_direct" in self.__dict__ or not (T == 1 or use_gram(T, p, q, self.a.element_size())):  # direct form
-            return one * sq_of_runs(self._direct[1], groups * p * q, self.a.dtype)
+            runs = self._direct[1]
+            assert runs is not None  # None only for a Linear layer at one position, returned above
+            return one * sq_of_runs(runs, groups * p * q, self.a.dtype)
         if T == 1:  # a convolution at one position: ‖g aᵀ‖² = ‖a‖²‖g‖² per group, on the patch
             A, G = self.matrices()
             sq = sq_rows(A.reshape(B * groups, p)) * sq_rows(G.reshape(B * groups, q))
@@ -246,7 +252,8 @@ class Block:
 
     def sq_bounds(self) -> Tensor:
         """Upper bounds (float64) of the squared norms of ``fl(w·row)`` per unit weight."""
-        return sum(sq_rows(g.flatten(1)) * (1 + unit(g.dtype)) ** 4 for g in self.grads.values())
+        return functools.reduce(operator.add, (sq_rows(g.flatten(1)) * (1 + unit(g.dtype)) ** 4
+                                               for g in self.grads.values()))  # (a block has a parameter)
 
     def add_weighted(self, w: Tensor, kept: Tensor | None, total: Tensor, layout: Layout) -> None:
         for name, g in self.grads.items():
@@ -277,7 +284,8 @@ class Embedding:
         positions, γ_{T+3}·Σ_t ‖g_t‖; squared."""
         if "weight" not in dict(self.stage.names):
             return self.g.new_zeros(len(self.g), dtype=torch.float64)
-        (B, T, D), u, V = self.g.shape, unit(self.g.dtype), self.stage.module.num_embeddings
+        (B, T, D), u = self.g.shape, unit(self.g.dtype)
+        V = cast(nn.Embedding, self.stage.module).num_embeddings  # (the module of an "embedding" stage)
         G = self.g.double().reshape(B * T, D)
         records = torch.arange(B, device=self.idx.device).repeat_interleave(T)
         keys, segment = torch.unique(records * V + self.idx.reshape(-1), return_inverse=True)
@@ -326,11 +334,14 @@ def difference(left: Layer | Block | Embedding, right: Layer | Block | Embedding
     per-record gradients; in the direct form, the difference of the rows built at each point
     (kept there for that point's norms and sums); else the stacked Gram form (:class:`Stacked`)."""
     if isinstance(left, Block):
+        assert isinstance(right, Block)
         return Block(left.stage, {name: g - right.grads[name] for name, g in left.grads.items()})
     if isinstance(left, Embedding):  # indices are integers: never a function of θ
+        assert isinstance(right, Embedding)
         if not torch.equal(left.idx, right.idx):
             raise ValueError(f"layer {left.stage.path!r} was given other indices at the two points")
         return Embedding(left.stage, left.idx, left.g - right.g)
+    assert isinstance(right, Layer)
     if same_memory(left.a, right.a):
         share_input(left, right)
         layer = Layer(left.stage, left.a, left.g - right.g)

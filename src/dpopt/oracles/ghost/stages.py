@@ -60,14 +60,14 @@ def hooked(module: nn.Module) -> bool:
 
 class Calls:
     """The calls a block makes to its ghost layers on records of one shape, found once per shape
-    (``blocks._discover``) and then checked at every call: ``by_shape[(shape, dtype)]`` is a tuple of
-    ``(index into Stage.inner, output shape per record, output dtype)``. Owned by its stage,
+    (``blocks._discover``) and then checked at every call: ``by_shape[(shape, dtype)]`` is the stage to run
+    and a tuple of ``(index into Stage.inner, output shape per record, output dtype)``. Owned by its stage,
     bounded to :data:`SHAPES` shapes."""
 
     SHAPES = 8
 
     def __init__(self) -> None:
-        self.by_shape: dict[tuple, tuple[tuple[int, tuple[int, ...], torch.dtype], ...]] = {}
+        self.by_shape: dict[tuple, tuple[Stage, tuple[tuple[int, tuple[int, ...], torch.dtype], ...]]] = {}
 
     def remember(self, key: tuple, calls: tuple) -> tuple:
         if len(self.by_shape) >= self.SHAPES:
@@ -269,6 +269,7 @@ def plan(module: nn.Module, theta_names: dict[int, str], known: Registry = KNOWN
     def walk(m: nn.Module, path: str) -> None:
         if _opens(m):
             for name, child in m._modules.items():
+                assert child is not None, f"module {path or '<model>'!r} has no module {name!r}"  # (forward fails too)
                 walk(child, f"{path}.{name}" if path else name)
             return
         names, local = _trainable(m, theta_names)
