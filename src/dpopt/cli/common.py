@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, NoReturn, TypeVar
 
+from .. import _validate
 from ..algorithms import registry
 from ..names import NOISES
 from .output import Output
@@ -113,8 +114,24 @@ KNOB_FLAGS: dict[str, str] = {
     "obj_clip": "DP-AGD's clip of per-record losses",
     "noise": "noise source: the run's seeded generator (torch), the OS CSPRNG (secure), or the exact discrete "
              "Gaussian (discrete; full-batch dp-gd only)",
+    "bands": "banded matrix factorisation's b >= 1: correlated noise over cyclic Poisson batches (dp-sgd, rrpsgd, "
+             "aclip, dp-bandmf; default 1, dp-bandmf 4)",
+    "clip_quantile": "adaptive clipping's target quantile γ in (0, 1): the clip follows a private quantile of the "
+                     "gradient norms, --clip the first step's (DP-SGD; default off)",
+    "clip_lr": "adaptive clipping's step η > 0: C <- C·exp(−η(b̂ − γ))",
+    "count_noise": "adaptive clipping's count noise σ_b > 0 (default: batch size / 20)",
+    "optimizer": "the update rule: the algorithm's own (sgd), or DP-AdamBC on its private gradient (adambc: --lr "
+                 "is Adam's step size)",
+    "adam_gamma": "DP-AdamBC's floor γ > 0 of its bias-corrected second moment",
 }
-_CHOICES = {"sampling": registry.SAMPLINGS, "noise": NOISES}
+_CHOICES = {"sampling": registry.SAMPLINGS, "noise": NOISES, "optimizer": tuple(registry.OPTIMIZERS)}
+#: The type of the flags whose Knobs default is None (off, or the algorithm's own default).
+_TYPES: dict[str, type] = {"bands": int, "clip_quantile": float, "count_noise": float}
+#: The allowed range of the flags whose range the library checks only when it builds the algorithm, checked
+#: when the command line is read (``--bands 0`` is refused before any data is read).
+_RANGES: dict[str, Callable[[str, Any], object]] = {
+    "bands": _validate.positive_int, "clip_quantile": _validate.open_unit, "clip_lr": _validate.positive,
+    "count_noise": _validate.positive, "adam_gamma": _validate.positive}
 
 
 def add_knobs(sub: argparse.ArgumentParser, names: Sequence[str], *, helps: Mapping[str, str] | None = None,
@@ -126,13 +143,19 @@ def add_knobs(sub: argparse.ArgumentParser, names: Sequence[str], *, helps: Mapp
     for name in names:
         default = (defaults or {}).get(name, declared[name])
         choices = _CHOICES.get(name)
-        sub.add_argument(f"--{name.replace('_', '-')}", type=str if choices else type(default), choices=choices,
+        kind = str if choices else _TYPES.get(name, type(default))
+        sub.add_argument(f"--{name.replace('_', '-')}", type=kind, choices=choices,
                          default=default, help=(helps or {}).get(name, KNOB_FLAGS[name]))
 
 
 def knobs_of(args: argparse.Namespace, names: Sequence[str]) -> dict[str, Any]:
-    """The hyper-parameters ``names`` as the command line gave them, by their Knobs names."""
-    return {name: getattr(args, name) for name in names}
+    """The hyper-parameters ``names`` as the command line gave them, by their Knobs names; a value out
+    of its range (:data:`_RANGES`; None: off or the default) is refused naming its flag."""
+    given = {name: getattr(args, name) for name in names}
+    for name, value in given.items():
+        if name in _RANGES and value is not None:
+            _RANGES[name](f"--{name.replace('_', '-')}", value)
+    return given
 
 
 def add_delta(sub: argparse.ArgumentParser) -> None:

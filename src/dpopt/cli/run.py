@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 MODELS = ("logistic", "nonconvex-logistic", "ridge", "mlp")
 #: The hyper-parameters ``run`` sets (flags of the same names, dashed).
 KNOBS = ("batch_size", "sampling", "lr", "clip", "clip_diff", "clients", "restart", "local_steps", "gamma",
-         "noise_ratio", "obj_clip", "noise")
+         "noise_ratio", "obj_clip", "noise", "bands", "clip_quantile", "clip_lr", "count_noise", "optimizer",
+         "adam_gamma")
 BACKENDS = ("local", "torch")
 
 
