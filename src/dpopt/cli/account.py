@@ -80,7 +80,7 @@ class Mechanism:
         import dp_accounting as dpa
         from dp_accounting import NeighboringRelation
 
-        if self.name == "banded-mf":
+        if self.name == "banded-mf" and self.rate is not None:
             from ..correlation.events import banded_event
 
             return banded_event(z, self.rate, self.steps, self.bands), NeighboringRelation.ADD_OR_REMOVE_ONE

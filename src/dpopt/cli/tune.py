@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 MODELS = ("logistic", "nonconvex-logistic", "ridge")
 #: The hyper-parameters every trial shares unless the space varies them (flags of the same names).
-FIXED = ("batch_size", "sampling", "lr", "clip", "clip_diff", "gamma")
+FIXED = ("batch_size", "sampling", "lr", "clip", "clip_diff", "gamma", "bands", "clip_quantile", "clip_lr",
+         "count_noise", "optimizer", "adam_gamma")
 #: What ``tuned.json`` and the summary say of the validation split (its share of the training file).
 UNPROTECTED = ("the validation split ({share:.0%} of the training file, a fixed public permutation) is not protected "
                "by the guarantee: the selected candidate's exact score on it (validation_score) is released")
@@ -33,6 +34,21 @@ def _numbers(name: str, text: str) -> list[float]:
         raise _validate.DpoptError(f"{name}={text!r} must be comma-separated numbers") from None
 
 
+def _grid_values(name: str, text: str) -> tuple[float | int | str, ...]:
+    """``--grid NAME=V1,V2``'s values: update rules by name for ``optimizer``, integers >= 1 for
+    ``bands``, numbers otherwise."""
+    from ..algorithms.registry import OPTIMIZERS
+
+    if name == "optimizer":
+        return tuple(_validate.one_of("grid optimizer", value, OPTIMIZERS) for value in text.split(","))
+    numbers = _numbers(f"grid {name}", text)
+    if name == "bands":
+        if not all(number.is_integer() for number in numbers):
+            raise _validate.DpoptError(f"grid bands={text!r} must be comma-separated integers >= 1")
+        return tuple(_validate.positive_int("grid bands", int(number)) for number in numbers)
+    return tuple(numbers)
+
+
 def space_of(grid: list[str], ranges: list[str]) -> Space:
     """``--grid lr=0.1,0.3`` (one of the values) and ``--range clip=0.1,10`` (log-uniform) as a Space."""
     from ..tuning.space import TUNABLE, Choice, Dimension, LogUniform, Space
@@ -42,10 +58,13 @@ def space_of(grid: list[str], ranges: list[str]) -> Space:
         for spec in specs:
             name, _, values = spec.partition("=")
             _validate.one_of(option, name, TUNABLE)
-            numbers = _numbers(f"{option} {name}", values)
             if option == "grid":
-                dimensions[name] = Choice(tuple(numbers))
-            elif len(numbers) != 2:
+                dimensions[name] = Choice(_grid_values(name, values))
+                continue
+            if name in ("bands", "optimizer"):
+                raise _validate.DpoptError(f"range {name}: {name} takes --grid values, not a log-uniform range")
+            numbers = _numbers(f"{option} {name}", values)
+            if len(numbers) != 2:
                 raise _validate.DpoptError(f"range {name}={values!r} must be two numbers LOW,HIGH")
             else:
                 dimensions[name] = LogUniform(*numbers)
@@ -155,7 +174,9 @@ def add_parser(commands: Any) -> None:
     add_delta(sub)
     sub.add_argument("--steps", type=int, default=500, help="steps of every trial")
     sub.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2,...",
-                     help="every trial draws one of these values (lr, clip, clip_diff, gamma, obj_clip)")
+                     help="every trial draws one of these values (lr, clip, clip_diff, gamma, obj_clip, "
+                     "clip_quantile, clip_lr, adam_gamma; bands: integers, the first the reference the noise is "
+                     "calibrated on; optimizer: sgd,adambc)")
     sub.add_argument("--range", action="append", default=[], metavar="NAME=LOW,HIGH",
                      help="every trial draws this hyper-parameter log-uniformly in [LOW, HIGH]")
     add_knobs(sub, FIXED, helps={"lr": "the step size where it is not tuned", "clip": "the clip norm where it is "
