@@ -54,6 +54,12 @@ TIE = 1e-3
 
 @dataclass(frozen=True)
 class Method:
+    """A method of a problem, by its ``name`` (the key of its table): the registered ``algorithm``
+    (the table's ``algorithm`` key; default: the name) with the ``fixed`` settings for ``steps``
+    steps, tuned over ``space`` (the table's ``grid``: its first values are the reference the noise is
+    calibrated on; :func:`dpopt.tuning.tune`)."""
+
+    name: str
     algorithm: str
     steps: int
     fixed: Mapping[str, Any]
@@ -97,9 +103,9 @@ def _problem(name: str, spec: dict[str, Any], variant: str | None) -> Problem:
     settings = spec | overrides
     fraction = settings.get("step_fraction", 1.0)
     trials = trials_of(settings["trials"]["mean"], settings["trials"].get("shape", 1.0))
-    methods = tuple(Method(algorithm, max(1, round(fraction * m["steps"])), m.get("fixed", {}),
+    methods = tuple(Method(name, m.get("algorithm", name), max(1, round(fraction * m["steps"])), m.get("fixed", {}),
                            Space({key: Choice(tuple(values)) for key, values in m["grid"].items()}))
-                    for algorithm, m in spec["methods"].items())
+                    for name, m in spec["methods"].items())
     task = spec["task"] | overrides.get("task", {})  # a variant overrides single task settings
     return Problem(name, task, settings["delta"], settings["validation_fraction"], tuple(settings["epsilons"]),
                    settings["seeds"], trials, methods, settings.get("allow_large_delta", False))
@@ -223,7 +229,7 @@ def bench(chosen: Sequence[Problem], pool: Pool, *, randomness: Randomness, data
         _validate.meaningful_delta(problem.delta, task.oracle.n, allow_large_delta=problem.allow_large_delta,
                                    override=allow)
         pool.expect(len(problem.epsilons) * len(problem.methods) * problem.seeds)
-        jobs = {(epsilon, method.algorithm): [pool.start(Tuning(method, problem.trials, epsilon, problem.delta,
+        jobs = {(epsilon, method.name): [pool.start(Tuning(method, problem.trials, epsilon, problem.delta,
                                                                 randomness.seed(slot), problem.allow_large_delta),
                                                          task, key)
                                               for slot in range(problem.seeds)]
@@ -233,7 +239,7 @@ def bench(chosen: Sequence[Problem], pool: Pool, *, randomness: Randomness, data
     for problem, metric, jobs in queued:
         cells = []
         for epsilon in problem.epsilons:
-            runs = {method.algorithm: [future.result() for future in jobs[epsilon, method.algorithm]]
+            runs = {method.name: [future.result() for future in jobs[epsilon, method.name]]
                     for method in problem.methods}
             for name, rs in runs.items():
                 diagnostics.append({"problem": problem.name, "epsilon": epsilon, "algorithm": name,
@@ -249,8 +255,8 @@ def bench(chosen: Sequence[Problem], pool: Pool, *, randomness: Randomness, data
                         "dataset": problem.task.get("dataset", kind), "model": problem.task.get("model", kind),
                         "preparation": described(preparation(problem.task)),
                         "delta": problem.delta, "seeds": problem.seeds, "trials": repr(problem.trials),
-                        "steps": {m.algorithm: m.steps for m in problem.methods},
-                        "grids": {m.algorithm: {k: list(d.values) for k, d in m.space.dimensions.items()}
+                        "steps": {m.name: m.steps for m in problem.methods},
+                        "grids": {m.name: {k: list(d.values) for k, d in m.space.dimensions.items()}
                                   for m in problem.methods},
                         "cells": cells})
     return {"problems": results, "randomness": randomness.origin,

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from .. import _validate
 from ..names import ACCOUNTANTS
-from .common import Command, Request, subcommand
+from .common import Command, Request, Subcommands, subcommand
 from .output import Output
 
 if TYPE_CHECKING:
@@ -196,20 +197,19 @@ def calibrate(request: CalibrateRequest) -> Output:
     return Output(result, table=[_row(result)])
 
 
-def _row(result: dict[str, Any]) -> dict[str, Any]:
+def _row(result: Mapping[str, object]) -> dict[str, object]:
     return {"mechanism": result["mechanism"], "steps": result["steps"],
             "noise multiplier": f"{result['noise_multiplier']:.6g}", "ε": f"{result['epsilon']:.6g}",
             "δ": result["delta"], "accountant": result["accountant"],
             "relation": result["neighboring_relation"]}
 
 
-def add_parser(commands: Any) -> None:
-    for name, command, help_text in (
-            ("account", Command(parse_account, account), "ε of a mechanism run --steps times"),
-            ("calibrate", Command(CalibrateRequest.parse, calibrate),
-             "noise multiplier for a target ε (the inverse of account)")):
-        sub = subcommand(commands, name, command, help_text)
-        if name == "account":
+def add_parser(commands: Subcommands) -> None:
+    accounted = subcommand(commands, "account", Command(parse_account, account), "ε of a mechanism run --steps times")
+    calibrated = subcommand(commands, "calibrate", Command(CalibrateRequest.parse, calibrate),
+                            "noise multiplier for a target ε (the inverse of account)")
+    for sub in (accounted, calibrated):
+        if sub is accounted:
             sub.add_argument("--mechanism", choices=MECHANISMS, help="the mechanism run every step")
             sub.add_argument("--noise-multiplier", type=float, help="noise standard deviation over the sensitivity")
             sub.add_argument("--explain", help="aclip: the ε the AClip paper's noise formula σ̂ = "

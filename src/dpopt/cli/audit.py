@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .. import _validate
 from ..algorithms import registry
-from .common import Command, Request, add_knobs, algorithm_help, knobs_of, subcommand
+from .common import Command, Request, add_knobs, algorithm_help, knobs_of, Subcommands, subcommand
 from .output import Output
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ class AuditRequest(Request):
     delta: float
     steps: int
     dataset_size: int
-    knobs: dict[str, Any]
+    knobs: dict[str, object]
     runs: int
     threat_model: ThreatModel
     bound: BoundKind
@@ -88,7 +88,7 @@ def handle(request: AuditRequest) -> Output:
     return Output(result.to_dict(), table=[row], lines=[result.verdict])
 
 
-def add_parser(commands: Any) -> None:
+def add_parser(commands: Subcommands) -> None:
     sub = subcommand(commands, "audit", Command(AuditRequest.parse, handle),
                      "empirical ε lower bound by the canary method (see dpopt.audit)")
     named = sub.add_mutually_exclusive_group(required=True)

@@ -9,10 +9,10 @@ import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .. import _validate
-from .common import Command, Request, add_data_dir, subcommand
+from .common import Command, Request, add_data_dir, Subcommands, subcommand
 from .output import Output
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ def handle(request: BenchRequest) -> Output:
     return Output(result, lines=[result["markdown"].rstrip("\n")], written=written)
 
 
-def add_parser(commands: Any) -> None:
+def add_parser(commands: Subcommands) -> None:
     sub = subcommand(commands, "bench", Command(BenchRequest.parse, handle),
                      "every private optimiser on the declared problems, each tuned privately with the same budget "
                      "for tuning and training")

@@ -13,7 +13,7 @@ import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, NoReturn, TypeVar
+from typing import Generic, NoReturn, TypeAlias, TypeVar
 
 from .. import _validate
 from ..algorithms import registry
@@ -41,15 +41,14 @@ class Parser(argparse.ArgumentParser):
     """argparse whose errors are one line and exit 2, whose option values may start with a minus
     sign followed by a digit or a point (no dpopt option does), and whose help shows defaults."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", Formatter)
-        super().__init__(*args, **kwargs)
+    def _get_formatter(self) -> argparse.HelpFormatter:
+        return Formatter(prog=self.prog)
 
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"dpopt: error: {message}\n")
         sys.exit(2)
 
-    def _parse_optional(self, arg_string: str) -> Any:
+    def _parse_optional(self, arg_string: str) -> tuple[argparse.Action | None, str, str | None] | None:
         if _NEGATIVE_VALUE.match(arg_string):
             return None  # a value (argparse: "not an option")
         return super()._parse_optional(arg_string)
@@ -80,7 +79,11 @@ class Command(Generic[R]):
     handle: Callable[[R], Output | None]
 
 
-def subcommand(commands: Any, name: str, command: Command[Any], help_text: str) -> argparse.ArgumentParser:
+#: The subcommands of the top-level parser (what ``add_subparsers`` returns).
+Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def subcommand(commands: Subcommands, name: str, command: Command[R], help_text: str) -> argparse.ArgumentParser:
     """The parser of subcommand ``name``, which runs ``command``, with the ``--json`` flag."""
     sub: argparse.ArgumentParser = commands.add_parser(name, help=help_text, description=help_text)
     sub.set_defaults(command=command)
@@ -129,13 +132,13 @@ _CHOICES = {"sampling": registry.SAMPLINGS, "noise": NOISES, "optimizer": tuple(
 _TYPES: dict[str, type] = {"bands": int, "clip_quantile": float, "count_noise": float}
 #: The allowed range of the flags whose range the library checks only when it builds the algorithm, checked
 #: when the command line is read (``--bands 0`` is refused before any data is read).
-_RANGES: dict[str, Callable[[str, Any], object]] = {
+_RANGES: dict[str, Callable[..., object]] = {
     "bands": _validate.positive_int, "clip_quantile": _validate.open_unit, "clip_lr": _validate.positive,
     "count_noise": _validate.positive, "adam_gamma": _validate.positive}
 
 
 def add_knobs(sub: argparse.ArgumentParser, names: Sequence[str], *, helps: Mapping[str, str] | None = None,
-              defaults: Mapping[str, Any] | None = None) -> None:
+              defaults: Mapping[str, object] | None = None) -> None:
     """One flag per hyper-parameter in ``names`` (:data:`KNOB_FLAGS`), typed and defaulted as
     :class:`~dpopt.algorithms.registry.Knobs` declares it; ``defaults`` and ``helps`` override
     (e.g. the audit's smaller batches)."""
@@ -148,7 +151,7 @@ def add_knobs(sub: argparse.ArgumentParser, names: Sequence[str], *, helps: Mapp
                          default=default, help=(helps or {}).get(name, KNOB_FLAGS[name]))
 
 
-def knobs_of(args: argparse.Namespace, names: Sequence[str]) -> dict[str, Any]:
+def knobs_of(args: argparse.Namespace, names: Sequence[str]) -> dict[str, object]:
     """The hyper-parameters ``names`` as the command line gave them, by their Knobs names; a value out
     of its range (:data:`_RANGES`; None: off or the default) is refused naming its flag."""
     given = {name: getattr(args, name) for name in names}

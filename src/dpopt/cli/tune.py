@@ -8,15 +8,16 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from .. import _validate, report
-from .common import Command, add_delta, add_knobs, algorithm_help, knobs_of, subcommand
+from .common import Command, add_delta, add_knobs, algorithm_help, knobs_of, Subcommands, subcommand
 from .output import Output
 from .sources import Source, TrainingRequest, add_flags, fits
 
 if TYPE_CHECKING:
-    from ..tuning import Space, Trials
+    from ..tuning import Space, Trials, Tuned
 
 MODELS = ("logistic", "nonconvex-logistic", "ridge")
 #: The hyper-parameters every trial shares unless the space varies them (flags of the same names).
@@ -80,7 +81,7 @@ class TuneRequest(TrainingRequest):
     candidates from ``space`` over the ``fixed`` hyper-parameters, the target covering them all;
     ``tuned.json`` in ``out``."""
 
-    fixed: dict[str, Any]
+    fixed: dict[str, object]
     space: Space
     trials: Trials
     validation_fraction: float
@@ -137,32 +138,34 @@ def handle(request: TuneRequest) -> Output:
                "validation_split": UNPROTECTED.format(share=request.validation_fraction), **stated, **tuned.to_dict()}
     report.write_json(out / "tuned.json", payload)
     result = {key: value for key, value in payload.items() if key != "theta"} | {"out": str(out)}
-    final = result["final"]
+    final = tuned.final
     row = {"algorithm": request.algorithm, "dataset": request.data.name, "ε": final["epsilon"],
-           "one trial's ε": result["trial_epsilon"], "validation error": final.get("validation_score"),
+           "one trial's ε": tuned.trial_epsilon, "validation error": final.get("validation_score"),
            "test error": final.get("test_error")}
-    return Output(result, table=[row], lines=summary(result), written=[out / "tuned.json"])
+    lines = summary(tuned, UNPROTECTED.format(share=request.validation_fraction), stated)
+    return Output(result, table=[row], lines=lines, written=[out / "tuned.json"])
 
 
-def summary(result: dict[str, Any]) -> list[str]:
-    """One line per fact of a ``dpopt tune`` result."""
-    final = result["final"]
-    lines = [f"δ = {result['delta']:g} for tuning and training ({result['accountant']}, "
-             f"{result['neighboring_relation']}); trials: {result['trials']}"]
-    if result["hyperparameters"] is None:
+def summary(tuned: Tuned, validation_split: str, stated: Mapping[str, str]) -> list[str]:
+    """One line per fact of a ``dpopt tune`` result: ``tuned``, what its ``validation_split`` is, and
+    what is ``stated`` of a file of one's own (its protected records and test data)."""
+    final = tuned.final
+    lines = [f"δ = {tuned.delta:g} for tuning and training ({tuned.accountant}, "
+             f"{tuned.neighboring_relation}); trials: {tuned.trials}"]
+    if tuned.hyperparameters is None:
         lines.append("no trial was drawn (K = 0): nothing is released")
     else:
-        lines.append(f"selected {result['hyperparameters']}: validation error {final['validation_score']:.4f} "
-                     f"(exact, NOT PROTECTED: {result['validation_split']}), test error {final['test_error']:.4f}")
-    if "test_data" in result:
-        lines += [f"protected: {result['protected_records']}", f"test error on: {result['test_data']}"]
-    lines.append(f"randomness: {result['randomness']}")
-    if result["diagnostics"] is not None:
-        lines.append(f"{result['diagnostics']['trials_run']} trials run (NOT PRIVATE: reveals K)")
+        lines.append(f"selected {tuned.hyperparameters}: validation error {final['validation_score']:.4f} "
+                     f"(exact, NOT PROTECTED: {validation_split}), test error {final['test_error']:.4f}")
+    if stated:
+        lines += [f"protected: {stated['protected_records']}", f"test error on: {stated['test_data']}"]
+    lines.append(f"randomness: {tuned.randomness}")
+    if tuned.diagnostics is not None:
+        lines.append(f"{tuned.diagnostics['trials_run']} trials run (NOT PRIVATE: reveals K)")
     return lines
 
 
-def add_parser(commands: Any) -> None:
+def add_parser(commands: Subcommands) -> None:
     sub = subcommand(commands, "tune", Command(TuneRequest.parse, handle),
                      "private hyper-parameter selection: the best of a random number of private runs, tuning and "
                      "training in one guarantee (Papernot & Steinke 2022)")
