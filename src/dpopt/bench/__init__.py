@@ -33,10 +33,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _validate, report
+from ..json_types import JsonObject, JsonValue
 from ..outputs import NOT_PRIVATE
 from ..experiments.preparation import described
 from ..report import summarise
-from ..tuning import Choice, Space, tune
+from ..tuning import Space, tune
+from ..tuning.space import Value
 from ..tuning.task import Task, builder
 from ..tuning.trials import trials_of
 from .tasks import build_task, preparation
@@ -63,7 +65,11 @@ class Method:
     algorithm: str
     steps: int
     fixed: Mapping[str, Any]
-    space: Space
+    grid: Mapping[str, tuple[Value, ...]]
+
+    @property
+    def space(self) -> Space:
+        return Space.grid(**self.grid)
 
 
 @dataclass(frozen=True)
@@ -104,7 +110,7 @@ def _problem(name: str, spec: dict[str, Any], variant: str | None) -> Problem:
     fraction = settings.get("step_fraction", 1.0)
     trials = trials_of(settings["trials"]["mean"], settings["trials"].get("shape", 1.0))
     methods = tuple(Method(name, m.get("algorithm", name), max(1, round(fraction * m["steps"])), m.get("fixed", {}),
-                           Space({key: Choice(tuple(values)) for key, values in m["grid"].items()}))
+                           {key: tuple(values) for key, values in m["grid"].items()})
                     for name, m in spec["methods"].items())
     task = spec["task"] | overrides.get("task", {})  # a variant overrides single task settings
     return Problem(name, task, settings["delta"], settings["validation_fraction"], tuple(settings["epsilons"]),
@@ -126,15 +132,16 @@ class Tuning:
     seed: int
     allow_large_delta: bool = field(default=False, repr=False)  # a permission: the result does not depend on it
 
-    def run(self, task: Task) -> dict[str, Any]:
+    def run(self, task: Task) -> JsonObject:
         clock = time.perf_counter()
         method = self.method
         tuned = tune(builder(method.algorithm, task.oracle.n, method.fixed), task.oracle, space=method.space,
                      trials=self.trials, epsilon=self.epsilon, delta=self.delta, steps=method.steps,
                      score=task.validation_error, seed=self.seed, theta0=task.theta0, test_error=task.test_error,
                      diagnostics=True, allow_large_delta=self.allow_large_delta)
+        trials_run = None if tuned.diagnostics is None else tuned.diagnostics["trials_run"]  # (diagnostics asked for)
         return {"test_error": tuned.final.get("test_error", math.nan), "epsilon": tuned.final["epsilon"],
-                "expected_passes": tuned.final["expected_passes"], "trials_run": tuned.diagnostics["trials_run"],
+                "expected_passes": tuned.final["expected_passes"], "trials_run": trials_run,
                 "wall_time_s": time.perf_counter() - clock}
 
     def described(self, task: Task) -> dict[str, str]:
@@ -216,7 +223,7 @@ def shown_command(argv: Sequence[str]) -> str:
 
 
 def bench(chosen: Sequence[Problem], pool: Pool, *, randomness: Randomness, data_dir: str | None = None,
-          progress: bool = False) -> dict[str, Any]:
+          progress: bool = False) -> JsonObject:
     """Every problem of ``chosen``, at each of its ε, every method tuned privately on seed slots 0,
     1, … (one :class:`Tuning` job each, seeded by ``randomness``, all queued in ``pool`` before any
     is waited for)."""
@@ -235,9 +242,10 @@ def bench(chosen: Sequence[Problem], pool: Pool, *, randomness: Randomness, data
                                               for slot in range(problem.seeds)]
                 for epsilon in problem.epsilons for method in problem.methods}
         queued.append((problem, task.metric, jobs))
-    results, diagnostics = [], []
+    results: list[JsonValue] = []
+    diagnostics: list[JsonValue] = []
     for problem, metric, jobs in queued:
-        cells = []
+        cells: list[JsonValue] = []
         for epsilon in problem.epsilons:
             runs = {method.name: [future.result() for future in jobs[epsilon, method.name]]
                     for method in problem.methods}
@@ -256,15 +264,14 @@ def bench(chosen: Sequence[Problem], pool: Pool, *, randomness: Randomness, data
                         "preparation": described(preparation(problem.task)),
                         "delta": problem.delta, "seeds": problem.seeds, "trials": repr(problem.trials),
                         "steps": {m.name: m.steps for m in problem.methods},
-                        "grids": {m.name: {k: list(d.values) for k, d in m.space.dimensions.items()}
-                                  for m in problem.methods},
+                        "grids": {m.name: {k: list(values) for k, values in m.grid.items()} for m in problem.methods},
                         "cells": cells})
     return {"problems": results, "randomness": randomness.origin,
             "diagnostics": {"label": NOT_PRIVATE + " (wall times and trial counts reveal the number of trials)",
                             "runs": diagnostics, "wall_time_s": time.perf_counter() - started}}
 
 
-def cell(epsilon: float, runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
+def cell(epsilon: float, runs: Mapping[str, Sequence[Mapping[str, float]]]) -> JsonObject:
     """The result of one ε from each method's jobs (``runs``: method → one :meth:`Tuning.run` result
     per seed): every method's metric (mean, std over seeds), the largest ε its tunings claimed and
     its planned passes; and the winner.
@@ -284,8 +291,9 @@ def cell(epsilon: float, runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> dic
     runner_up = ranked[1] if winner is not None and len(ranked) > 1 else None
     p = None if winner is None else one_sided_p(errors[winner], errors[runner_up]) if runner_up else 0.0
     return {"epsilon": epsilon, "winner": winner, "runner_up": runner_up, "p_value": p,
-            "significant": p is not None and p < SIGNIFICANCE, "tied": tied if winner is None else [],
-            "methods": {name: {"test_error": summarise(errors[name]),
+            "significant": p is not None and p < SIGNIFICANCE,
+            "tied": [name for name in tied] if winner is None else [],
+            "methods": {name: {"test_error": {**summarise(errors[name])},
                                "epsilon_tuning_and_training": max(r["epsilon"] for r in rs),
                                "expected_passes": rs[0]["expected_passes"]}
                         for name, rs in runs.items()}}
@@ -301,7 +309,7 @@ def select(names: Sequence[str] | None, variant: str | None, path: Path = PROBLE
 
 
 def run_bench(chosen: Sequence[Problem], *, out: Path, workers: int, seed: int | None, command: str,
-              data_dir: str | None = None, progress: bool = False) -> dict[str, Any]:
+              data_dir: str | None = None, progress: bool = False) -> JsonObject:
     """``dpopt bench`` of the problems ``chosen``: run, write ``bench.json``, ``bench.md``, a figure per
     problem and ``summary.png`` to ``out``; the result (with its Markdown) for printing.
 

@@ -31,7 +31,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 from dp_accounting import DpEvent
@@ -45,15 +45,17 @@ from ..outputs import NOT_PRIVATE
 from ..plan import Plan
 from . import dominance
 from .select import Outcome, repeat_and_select
-from .space import Space
+from ..json_types import JsonObject
+from .space import Space, Value
 from .trials import Trials
 
+S = TypeVar("S")
 #: RepeatAndSelectDpEvent has an RDP bound only.
 ACCOUNTANT = "rdp"
 
 
-def tuning_plan(algorithm: Algorithm[Any], *, trials: Trials, epsilon: float, delta: float, n: int, steps: int,
-                allow_large_delta: bool = False) -> Plan[Any]:
+def tuning_plan(algorithm: Algorithm[S], *, trials: Trials, epsilon: float, delta: float, n: int, steps: int,
+                allow_large_delta: bool = False) -> Plan[S]:
     """The plan of a private tuning: the best of K ~ ``trials`` runs of ``algorithm`` for ``steps``
     steps, its noise multipliers (at their ratios) the smallest common scale with ε(δ) of
     ``trials.wrap(planned_event(n, steps))`` ≤ ``epsilon`` (RDP: repeat-and-select has an RDP bound
@@ -75,8 +77,8 @@ class Tuned:
     NOT PRIVATE): the number of trials run and the wall time, which reveal K."""
 
     theta: Tensor | None
-    hyperparameters: dict[str, Any] | None
-    algorithm: Any | None
+    hyperparameters: dict[str, Value] | None
+    algorithm: Algorithm[Any] | None
     final: dict[str, float]
     delta: float
     trial_epsilon: float
@@ -86,18 +88,18 @@ class Tuned:
     randomness: str
     diagnostics: dict[str, Any] | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         written = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
         return written | {"theta": None if self.theta is None else self.theta.tolist(),
                           "algorithm": None if self.algorithm is None else repr(self.algorithm)}
 
 
-class Dominated:
+class Dominated(Generic[S]):
     """The trials of a tuning calibrated by ``plan`` (its algorithm: the reference candidate's):
     :meth:`noised` gives a candidate's algorithm the tuning's noise, raised where its event is not
     the reference's until the reference's Rényi curve dominates its own, and checks it."""
 
-    def __init__(self, plan: Plan[Any]) -> None:
+    def __init__(self, plan: Plan[S]) -> None:
         self.plan = plan
         self.planned = canonical(plan.run_event)
         self.noise = noise_of(plan.algorithm)
@@ -105,7 +107,7 @@ class Dominated:
         self._reference: NDArray[np.float64] | None = None
         self._scales: dict[str, float] = {}  # a candidate's event at the tuning's noise (its repr) → its scale
 
-    def _passes(self, algorithm: Algorithm[Any]) -> float:
+    def _passes(self, algorithm: Algorithm[S]) -> float:
         """The planned expected data passes of one run of ``algorithm``."""
         plan = self.plan
         return sum(algorithm.sampler(t, plan.n).expected_size for t in range(plan.steps)) / plan.n
@@ -117,7 +119,7 @@ class Dominated:
             self._reference = dominance.curve(self.plan.run_event, self.plan.relation)
         return self._reference
 
-    def noised(self, algorithm: Algorithm[Any], candidate: Mapping[str, Any]) -> Algorithm[Any]:
+    def noised(self, algorithm: Algorithm[S], candidate: Mapping[str, Value]) -> Algorithm[S]:
         """``algorithm`` (built from ``candidate``) at the tuning's noise times the smallest scale ≥ 1
         whose run's curve the reference's dominates (1: the same event); refused if its relation or
         its expected batches differ from the reference's, and checked before it runs."""
@@ -137,11 +139,11 @@ class Dominated:
                                                            self.plan.relation)
         return self.checked(with_noise(noised, {f: self._scales[key] * z for f, z in self.noise.items()}))
 
-    def _scaled(self, algorithm: Algorithm[Any], scale: float) -> DpEvent:
+    def _scaled(self, algorithm: Algorithm[S], scale: float) -> DpEvent:
         return with_noise(algorithm, {f: scale * z for f, z in self.noise.items()}).planned_event(self.plan.n,
                                                                                                   self.plan.steps)
 
-    def checked(self, algorithm: Algorithm[Any]) -> Algorithm[Any]:
+    def checked(self, algorithm: Algorithm[S]) -> Algorithm[S]:
         """``algorithm``, whose run's curve must be at most the reference's at every order."""
         if not dominance.dominated(algorithm.planned_event(self.plan.n, self.plan.steps), self.reference,
                                    self.plan.relation):
@@ -163,7 +165,7 @@ def _seeds(seed: int | None) -> tuple[np.random.Generator, Callable[[int], int |
         np.random.SeedSequence(runs.entropy, spawn_key=(*runs.spawn_key, i)).generate_state(1)[0])
 
 
-def tune(build: Callable[[Mapping[str, Any]], Any], oracle: Oracle, *, space: Space, trials: Trials,
+def tune(build: Callable[[Mapping[str, Value]], Algorithm[S]], oracle: Oracle, *, space: Space, trials: Trials,
          epsilon: float, delta: float, steps: int, score: Callable[[Tensor], float], seed: int | None = None,
          theta0: Tensor | None = None, test_error: Callable[[Tensor], float] | None = None,
          diagnostics: bool = False, progress: bool = False, allow_large_delta: bool = False) -> Tuned:
@@ -182,7 +184,7 @@ def tune(build: Callable[[Mapping[str, Any]], Any], oracle: Oracle, *, space: Sp
     within = Dominated(plan)
     rng, run_seed = _seeds(seed)
 
-    def trial(candidate: dict[str, Any], i: int) -> Outcome[tuple[Tensor, Any]]:
+    def trial(candidate: dict[str, Value], i: int) -> Outcome[tuple[Tensor, Algorithm[S]]]:
         trial_plan = plan.with_algorithm(within.noised(build(candidate), candidate))
         history = train.train(trial_plan, oracle, train.Options(seed=run_seed(i), log_every=steps, progress=progress),
                               theta0)
