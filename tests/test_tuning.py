@@ -87,8 +87,13 @@ def trial_counts(trials, seed: int = 0) -> list[int]:
     rng = np.random.default_rng(seed)
     counts = []
     for _ in range(DRAWS):
-        ran = []
-        selection = repeat_and_select(lambda c, i: ran.append(i) or Outcome(c["lr"], None), SPACE, trials, rng)
+        ran: list[int] = []
+
+        def trial(c, i):
+            ran.append(i)
+            return Outcome(c["lr"], None)
+
+        selection = repeat_and_select(trial, SPACE, trials, rng)
         assert selection.trials_run == len(ran)
         counts.append(len(ran))
     return counts
