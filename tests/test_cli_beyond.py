@@ -56,6 +56,21 @@ def test_run_passes_the_new_flags_to_the_algorithm(capsys: pytest.CaptureFixture
     assert _theta(capsys, tmp_path / "quantile", "--algorithm", "dp-sgd", "--clip-quantile", "0.5") != plain
 
 
+AUDIT = ["audit", "--epsilon", "2", "--steps", "4", "--runs", "100", "--json"]
+
+
+def test_audit_takes_the_new_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    """``dpopt audit`` audits the banded algorithm it is given (its groups of 20 records: 2 bands of a
+    batch of 20 on 100 records), and refuses what the library refuses, naming it."""
+    assert main([*AUDIT, "--algorithm", "dp-bandmf", "--bands", "2", "--batch-size", "20"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert 0.99 * 2 <= result["claimed_epsilon"] <= 2 and result["epsilon_lower_bound"] <= 2
+    assert main([*AUDIT, "--algorithm", "dp-bandmf", "--bands", "4", "--batch-size", "20", "--clip-quantile",
+                 "0.5"]) == 2
+    assert capsys.readouterr().err.startswith("dpopt: error: bands=4 (banded matrix factorisation) is refused with "
+                                              "clip_quantile=0.5")
+
+
 # ------------------------------------------------------------------ calibrate and account: banded-mf
 RECIPE = ["--mechanism", "banded-mf", "--dataset-size", "50000", "--batch-size", "500", "--steps", "2000",
           "--delta", "1e-5", "--json"]

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from ..audit import BoundKind, Engine, ThreatModel
 
 #: The hyper-parameters ``audit`` sets (flags of the same names), and their defaults there.
-KNOBS = ("batch_size", "sampling", "lr", "clip", "noise")
+KNOBS = ("batch_size", "sampling", "lr", "clip", "noise", "bands", "clip_quantile", "clip_lr", "count_noise",
+         "optimizer", "adam_gamma")
 DEFAULTS = {"batch_size": 50, "lr": 1.0}
 
 
