@@ -48,17 +48,19 @@ NOISY = TINY.replace("[tiny", "[noisy").replace(
 
 
 #: The issue's suite: each problem's task kind and methods.
-SUITE = {"adult-logistic": ("glm", ["dp-sgd", "dp-srm", "aclip", "dp-gd"]),
-         "ijcnn1-logistic": ("glm", ["dp-sgd", "dp-srm", "aclip", "dp-gd"]),
-         "mnist-cnn": ("classifier", ["dp-sgd", "dp-srm"]),
-         "california-diff2": ("mlp-regression", ["diff2-gd", "dp-gd", "dp-sgd"]),
-         "heavy-tailed-regression": ("heavy-tailed", ["aclip", "dp-sgd", "dp-gd"]),
-         "nonsmooth-o2nc": ("truncated-absolute", ["o2nc-first", "dp-sgd", "dp-gd"])}
+#: Beside every DP-SGD: BandMF (bands tuned), DP-SGD with adaptive clipping, DP-AdamBC.
+BEYOND = ["dp-bandmf", "dp-sgd-adaptive", "dp-adambc"]
+SUITE = {"adult-logistic": ("glm", ["dp-sgd", *BEYOND, "dp-srm", "aclip", "dp-gd"]),
+         "ijcnn1-logistic": ("glm", ["dp-sgd", *BEYOND, "dp-srm", "aclip", "dp-gd"]),
+         "mnist-cnn": ("classifier", ["dp-sgd", *BEYOND, "dp-srm"]),
+         "california-diff2": ("mlp-regression", ["diff2-gd", "dp-gd", "dp-sgd", *BEYOND]),
+         "heavy-tailed-regression": ("heavy-tailed", ["aclip", "dp-sgd", *BEYOND, "dp-gd"]),
+         "nonsmooth-o2nc": ("truncated-absolute", ["o2nc-first", "dp-sgd", *BEYOND, "dp-gd"])}
 
 
 def test_the_suite_is_declared_with_full_and_quick_settings():
     full, quick = problems(), problems("quick")
-    assert {name: (p.task["kind"], [m.algorithm for m in p.methods]) for name, p in full.items()} == SUITE
+    assert {name: (p.task["kind"], [m.name for m in p.methods]) for name, p in full.items()} == SUITE
     for name, problem in full.items():
         assert problem.epsilons == (0.5, 1.0, 3.0, 8.0) and problem.seeds >= 5, name
         assert quick[name].epsilons == (1.0,) and quick[name].seeds == 2, name
@@ -75,7 +77,7 @@ def test_the_suite_is_declared_with_full_and_quick_settings():
 
 def test_the_bundled_problems_and_their_quick_settings():
     full, quick = problems()["adult-logistic"], problems("quick")["adult-logistic"]
-    assert [m.algorithm for m in full.methods] == ["dp-sgd", "dp-srm", "aclip", "dp-gd"]
+    assert [m.name for m in full.methods] == ["dp-sgd", *BEYOND, "dp-srm", "aclip", "dp-gd"]
     assert full.epsilons == (0.5, 1.0, 3.0, 8.0) and full.seeds >= 5 and quick.epsilons == (1.0,)
     assert full.trials == TruncatedNegativeBinomial(4.0, 1.0)
     assert [m.steps for m in quick.methods] == [round(0.25 * m.steps) for m in full.methods]
@@ -86,6 +88,47 @@ def test_the_bundled_problems_and_their_quick_settings():
     assert list(problems("main")) == ["adult-logistic"]  # the only problem with a `main` block
     with pytest.raises(DpoptError, match="variant='nightly': no problem of .* declares such a block"):
         problems("nightly")
+
+
+#: The new methods as the problems declare them: named tables over a registered algorithm.
+NEW = TINY.replace("epsilons = [0.5, 2.0]", "epsilons = [1.0]").split("[tiny.methods.dp-gd]")[0] + """
+[tiny.methods.dp-bandmf]
+steps = 6
+fixed = { batch_size = 256 }
+grid = { bands = [1, 4], lr = [0.1, 1.0] }
+
+[tiny.methods.dp-sgd-adaptive]
+algorithm = "dp-sgd"
+steps = 6
+fixed = { batch_size = 256, clip_quantile = 0.5 }
+grid = { lr = [0.1, 1.0] }
+
+[tiny.methods.dp-adambc]
+algorithm = "dp-sgd"
+steps = 6
+fixed = { batch_size = 256, optimizer = "adambc", adam_gamma = 1e-6 }
+grid = { lr = [0.01, 0.1] }
+"""
+
+
+def test_bandmf_adaptive_clipping_and_adambc_are_bench_methods(capsys, tmp_path):
+    """A method is named by its table and runs the ``algorithm`` it names: DP-SGD, BandMF with its
+    bands tuned privately (a candidate of four bands at the noise the reference's Rényi curve
+    dominates), DP-SGD with adaptive clipping, DP-AdamBC, each within the cell's ε."""
+    file = tmp_path / "problems.toml"
+    file.write_text(NEW)
+    (problem,) = problems(path=file).values()
+    assert [(m.name, m.algorithm) for m in problem.methods] == [
+        ("dp-sgd", "dp-sgd"), ("dp-bandmf", "dp-bandmf"), ("dp-sgd-adaptive", "dp-sgd"), ("dp-adambc", "dp-sgd")]
+    assert main(["bench", "--file", str(file), "--json", "--seeds", "1", "--workers", "1", "--out",
+                 str(tmp_path / "out")]) == 0
+    (result,) = json.loads(capsys.readouterr().out)["problems"]
+    assert result["grids"]["dp-bandmf"] == {"bands": [1, 4], "lr": [0.1, 1.0]}
+    (cell,) = result["cells"]
+    assert set(cell["methods"]) == {"dp-sgd", "dp-bandmf", "dp-sgd-adaptive", "dp-adambc"}
+    for entry in cell["methods"].values():
+        assert 0.99 <= entry["epsilon_tuning_and_training"] <= 1.0
+        assert math.isfinite(entry["test_error"]["mean"])
 
 
 def test_bench_json_gives_each_cell_its_methods_errors_epsilons_and_winner(capsys, tmp_path):
@@ -107,8 +150,8 @@ def test_bench_json_gives_each_cell_its_methods_errors_epsilons_and_winner(capsy
         else:
             assert sorted(cell["tied"]) == sorted(means) and cell["p_value"] is None and not cell["significant"]
     assert result["diagnostics"]["label"].startswith("NOT PRIVATE")
-    assert len(result["diagnostics"]["runs"]) == 4
-    assert all(len(r["trials_run"]) == 2 for r in result["diagnostics"]["runs"])
+    runs = result["diagnostics"]["runs"]
+    assert len(runs) == 4 and all(len(r["trials_run"]) == 2 for r in runs)
     written = {p.name for p in (tmp_path / "out").iterdir()}
     assert written == {"bench.json", "bench.md", "tiny.png", "summary.png", "runs"}
     text = (tmp_path / "out" / "bench.md").read_text()

@@ -253,6 +253,26 @@ def test_cli_nproc_2_gives_the_nproc_1_run(tmp_path: Path, capfd: pytest.Capture
     assert {p.name for p in (tmp_path / "two").iterdir()} == {p.name for p in (tmp_path / "one").iterdir()}
 
 
+def test_cli_nproc_2_with_bands_gives_the_nproc_1_run(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """``dpopt run --algorithm dp-bandmf --bands 4 --nproc 2``: every rank draws the same correlated noise
+    and the same cyclic Poisson groups, so θ is the one-process run's (to the summation order of
+    the gradient sum across ranks), and the ledger is the same."""
+    from dpopt.cli import main
+
+    banded = [*RUN, "--algorithm", "dp-bandmf", "--bands", "4"]
+    assert main([*banded, "--out", str(tmp_path / "one")]) == 0
+    assert main([*banded, "--nproc", "2", "--out", str(tmp_path / "two")]) == 0
+    capfd.readouterr()
+    histories = [json.loads((tmp_path / which / "history.json").read_text()) for which in ("one", "two")]
+    assert histories[1]["processes"] == 2
+    thetas = [torch.tensor(history["theta"]) for history in histories]
+    assert _relative(thetas[1], thetas[0]) <= 1e-12
+    assert [r["epsilon"] for r in histories[1]["records"]] == [r["epsilon"] for r in histories[0]["records"]]
+    assert main([*RUN, "--out", str(tmp_path / "plain")]) == 0
+    plain = json.loads((tmp_path / "plain" / "history.json").read_text())
+    assert _relative(torch.tensor(plain["theta"]), thetas[0]) > 1e-3  # the bands changed the run
+
+
 def test_cli_nproc_2_without_a_seed_says_its_randomness_comes_from_the_operating_system(
         tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """Finding: `dpopt run --nproc 2` without --seed wrote "seeded by the user": the secret seed the

@@ -4,6 +4,7 @@ writes is classified. Each privacy check is paired with a mutant it catches."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 
@@ -17,6 +18,7 @@ from scipy import stats
 
 from dpopt import DPSGD, dp_gd, outputs, train
 from dpopt._validate import DpoptError
+from dpopt.accounting import with_noise
 from dpopt.tuning import (LogUniform, Outcome, Poisson, Space, TruncatedNegativeBinomial, repeat_and_select,
                           tune)
 from tests.contracts.test_algorithms import oracle
@@ -85,8 +87,13 @@ def trial_counts(trials, seed: int = 0) -> list[int]:
     rng = np.random.default_rng(seed)
     counts = []
     for _ in range(DRAWS):
-        ran = []
-        selection = repeat_and_select(lambda c, i: ran.append(i) or Outcome(c["lr"], None), SPACE, trials, rng)
+        ran: list[int] = []
+
+        def trial(c, i):
+            ran.append(i)
+            return Outcome(c["lr"], None)
+
+        selection = repeat_and_select(trial, SPACE, trials, rng)
         assert selection.trials_run == len(ran)
         counts.append(len(ran))
     return counts
@@ -270,9 +277,103 @@ def test_dpopt_tune_says_the_validation_split_is_unprotected_and_its_score_exact
     (["--range", "lr=0.1"], "range lr='0.1' must be two numbers LOW,HIGH"),
     (["--grid", "lr=0.1", "--trials-mean", "0.5"], "mean=0.5 must be >= 1"),
     ([], "tune needs at least one --grid"),
+    (["--grid", "bands=1,2.5"], "grid bands='1,2.5' must be comma-separated integers >= 1"),
+    (["--grid", "bands=0,4"], "grid bands=0 must be >= 1"),
+    (["--grid", "optimizer=sgd,adam"], "grid optimizer='adam' must be one of: sgd, adambc"),
+    (["--range", "bands=1,16"], "range bands: bands takes --grid values, not a log-uniform range"),
 ])
 def test_dpopt_tune_refuses_bad_input_with_exit_2(capsys, extra, message, tmp_path):
     from dpopt.cli import main
 
     assert main(["tune", "--algorithm", "dp-sgd", "--epsilon", "1", "--out", str(tmp_path), *extra]) == 2
     assert message in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ candidates of other events: dominated
+def banded_trials(monkeypatch):
+    """A tuning over bands {1, 4} (the reference: 1) and every trial's algorithm, as it ran."""
+    ran = []
+    real = train.train
+    monkeypatch.setattr(train, "train", lambda plan, *args: ran.append(plan.algorithm) or real(plan, *args))
+    data = oracle()
+    tuned = tune(lambda c: DPSGD(lr=0.5, clip=1.0, noise_multiplier=1.0, batch_size=40, bands=c["bands"]), data,
+                 space=Space.grid(bands=[1, 4]), trials=TruncatedNegativeBinomial(6.0), epsilon=2.0, delta=DELTA,
+                 steps=8, seed=2, score=lambda theta: float(data.loss(theta)))
+    return tuned, ran, data.n
+
+
+def rdp(event, orders=None) -> np.ndarray:
+    """ε(λ) at the RDP accountant's orders (or at ``orders``)."""
+    relation = dpa.NeighboringRelation.ADD_OR_REMOVE_ONE
+    accountant = rdp_privacy_accountant.RdpAccountant(**({} if orders is None else {"orders": orders}),
+                                                      neighboring_relation=relation)
+    accountant.compose(event)
+    return np.asarray(accountant.rdp)
+
+
+def bounded(event) -> np.ndarray:
+    """ε(λ) ≤ ε(⌈λ⌉) at every order λ of the RDP accountant (integer orders: exact)."""
+    orders = rdp_privacy_accountant.RdpAccountant().orders
+    return rdp(event, [float(math.ceil(order)) for order in orders])
+
+
+def test_a_candidate_of_other_bands_runs_at_noise_the_reference_dominates(monkeypatch):
+    """Repeat-and-select is calibrated on the reference candidate (one band); a trial at four bands
+    (another event: ⌈T/4⌉ rounds at rate 4B/n) runs at more noise, the smallest (to 1e-3) whose
+    Rényi curve (bounded by its exact value at ⌈λ⌉) is at most the reference's at every order λ of
+    the accountant, so the tuning's ε (computed from the reference) covers it."""
+    tuned, ran, n = banded_trials(monkeypatch)
+    assert {algorithm.bands for algorithm in ran} == {1, 4}
+    reference = next(a for a in ran if a.bands == 1)
+    curve = rdp(reference.planned_event(n, 8))
+    for algorithm in ran:  # the reference's own event, or one it dominates
+        assert algorithm.planned_event(n, 8) == reference.planned_event(n, 8) or np.all(
+            bounded(algorithm.planned_event(n, 8)) <= curve)
+    four = next(a for a in ran if a.bands == 4)
+    assert four.noise_multiplier > reference.noise_multiplier
+    lower = dataclasses.replace(four, noise_multiplier=four.noise_multiplier / 1.002)
+    assert not np.all(bounded(lower.planned_event(n, 8)) <= curve)  # the smallest such noise
+    assert tuned.final["epsilon"] <= 2.0
+
+
+def test_the_dominance_check_catches_a_candidate_run_at_the_references_noise(monkeypatch):
+    """Mutant: the candidate of four bands runs at the reference's noise (the check skipped): its
+    curve exceeds the reference's at some order, which the test above asserts never happens."""
+    from dpopt.tuning import private
+
+    monkeypatch.setattr(private.Dominated, "noised", lambda self, algorithm, candidate: with_noise(algorithm,
+                                                                                                     self.noise))
+    _, ran, n = banded_trials(monkeypatch)
+    reference = next(a for a in ran if a.bands == 1)
+    curve = rdp(reference.planned_event(n, 8))
+    assert any(not np.all(bounded(algorithm.planned_event(n, 8)) <= curve) for algorithm in ran if algorithm.bands == 4)
+
+
+def test_a_candidate_whose_curve_is_not_dominated_is_refused_before_it_runs(monkeypatch):
+    """The check itself: a candidate at four bands handed to it at the reference's noise is refused."""
+    from dpopt.tuning import private
+
+    monkeypatch.setattr(private.dominance, "dominating_scale", lambda *args: 1.0)
+    with pytest.raises(DpoptError, match="Rényi curve exceeds the reference candidate's at some order"):
+        banded_trials(monkeypatch)
+
+
+def test_dpopt_tune_tunes_bands_clip_quantile_and_optimizer(capsys, tmp_path):
+    """``dpopt tune --grid bands=1,4 --grid optimizer=sgd,adambc --grid clip_quantile=0.5,0.8``: the
+    selected candidate is one of the grid's and the guarantee is the reference's (one band, whose
+    noise the tuning calibrated and whose Rényi curve dominates every trial's)."""
+    import json
+
+    from dpopt.cli import main
+
+    argv = ["tune", "--algorithm", "dp-sgd", "--dataset", "adult", "--epsilon", "1", "--steps", "6", "--grid",
+            "bands=1,4", "--grid", "optimizer=sgd,adambc", "--grid", "lr=0.05", "--trials-mean", "3", "--seed",
+            "2", "--json", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["hyperparameters"]["bands"] in (1, 4) and printed["hyperparameters"]["optimizer"] in ("sgd",
+                                                                                                          "adambc")
+    assert 0.99 <= printed["final"]["epsilon"] <= 1.0
+    assert main([*argv[:9], "--grid", "clip_quantile=0.5,0.8", "--grid", "lr=0.1", "--trials-mean", "2", "--seed",
+                 "2", "--json", "--out", str(tmp_path / "quantile")]) == 0
+    assert json.loads(capsys.readouterr().out)["hyperparameters"]["clip_quantile"] in (0.5, 0.8)

@@ -28,15 +28,17 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
 from .. import _validate, report
+from ..json_types import JsonObject, JsonValue
 from ..outputs import NOT_PRIVATE
 from ..experiments.preparation import described
 from ..report import summarise
-from ..tuning import Choice, Space, tune
+from ..tuning import Space, tune
+from ..tuning.space import Value
 from ..tuning.task import Task, builder
 from ..tuning.trials import trials_of
 from .tasks import build_task, preparation
@@ -54,10 +56,20 @@ TIE = 1e-3
 
 @dataclass(frozen=True)
 class Method:
+    """A method of a problem, by its ``name`` (the key of its table): the registered ``algorithm``
+    (the table's ``algorithm`` key; default: the name) with the ``fixed`` settings for ``steps``
+    steps, tuned over ``space`` (the table's ``grid``: its first values are the reference the noise is
+    calibrated on; :func:`dpopt.tuning.tune`)."""
+
+    name: str
     algorithm: str
     steps: int
     fixed: Mapping[str, Any]
-    space: Space
+    grid: Mapping[str, tuple[Value, ...]]
+
+    @property
+    def space(self) -> Space:
+        return Space.grid(**self.grid)
 
 
 @dataclass(frozen=True)
@@ -97,12 +109,23 @@ def _problem(name: str, spec: dict[str, Any], variant: str | None) -> Problem:
     settings = spec | overrides
     fraction = settings.get("step_fraction", 1.0)
     trials = trials_of(settings["trials"]["mean"], settings["trials"].get("shape", 1.0))
-    methods = tuple(Method(algorithm, max(1, round(fraction * m["steps"])), m.get("fixed", {}),
-                           Space({key: Choice(tuple(values)) for key, values in m["grid"].items()}))
-                    for algorithm, m in spec["methods"].items())
+    methods = tuple(Method(name, m.get("algorithm", name), max(1, round(fraction * m["steps"])), m.get("fixed", {}),
+                           {key: tuple(values) for key, values in m["grid"].items()})
+                    for name, m in spec["methods"].items())
     task = spec["task"] | overrides.get("task", {})  # a variant overrides single task settings
     return Problem(name, task, settings["delta"], settings["validation_fraction"], tuple(settings["epsilons"]),
                    settings["seeds"], trials, methods, settings.get("allow_large_delta", False))
+
+
+class Tuned(TypedDict):
+    """A :class:`Tuning` job's result: the selected θ's test metric, the claimed ε of tuning and
+    training, the planned expected passes; NOT PRIVATE: the trials run and the wall time."""
+
+    test_error: float
+    epsilon: float
+    expected_passes: float
+    trials_run: int | None
+    wall_time_s: float
 
 
 @dataclass(frozen=True)
@@ -120,16 +143,16 @@ class Tuning:
     seed: int
     allow_large_delta: bool = field(default=False, repr=False)  # a permission: the result does not depend on it
 
-    def run(self, task: Task) -> dict[str, Any]:
+    def run(self, task: Task) -> Tuned:
         clock = time.perf_counter()
         method = self.method
         tuned = tune(builder(method.algorithm, task.oracle.n, method.fixed), task.oracle, space=method.space,
                      trials=self.trials, epsilon=self.epsilon, delta=self.delta, steps=method.steps,
                      score=task.validation_error, seed=self.seed, theta0=task.theta0, test_error=task.test_error,
                      diagnostics=True, allow_large_delta=self.allow_large_delta)
-        assert tuned.diagnostics is not None  # (asked for)
+        trials_run = None if tuned.diagnostics is None else int(tuned.diagnostics["trials_run"])  # (asked for)
         return {"test_error": tuned.final.get("test_error", math.nan), "epsilon": tuned.final["epsilon"],
-                "expected_passes": tuned.final["expected_passes"], "trials_run": tuned.diagnostics["trials_run"],
+                "expected_passes": tuned.final["expected_passes"], "trials_run": trials_run,
                 "wall_time_s": time.perf_counter() - clock}
 
     def described(self, task: Task) -> dict[str, str]:
@@ -211,7 +234,7 @@ def shown_command(argv: Sequence[str]) -> str:
 
 
 def bench(chosen: Sequence[Problem], pool: Pool, *, randomness: Randomness, data_dir: str | None = None,
-          progress: bool = False) -> dict[str, Any]:
+          progress: bool = False) -> JsonObject:
     """Every problem of ``chosen``, at each of its ε, every method tuned privately on seed slots 0,
     1, … (one :class:`Tuning` job each, seeded by ``randomness``, all queued in ``pool`` before any
     is waited for)."""
@@ -224,17 +247,18 @@ def bench(chosen: Sequence[Problem], pool: Pool, *, randomness: Randomness, data
         _validate.meaningful_delta(problem.delta, task.oracle.n, allow_large_delta=problem.allow_large_delta,
                                    override=allow)
         pool.expect(len(problem.epsilons) * len(problem.methods) * problem.seeds)
-        jobs = {(epsilon, method.algorithm): [pool.start(Tuning(method, problem.trials, epsilon, problem.delta,
+        jobs = {(epsilon, method.name): [pool.start(Tuning(method, problem.trials, epsilon, problem.delta,
                                                                 randomness.seed(slot), problem.allow_large_delta),
                                                          task, key)
                                               for slot in range(problem.seeds)]
                 for epsilon in problem.epsilons for method in problem.methods}
         queued.append((problem, task.metric, jobs))
-    results, diagnostics = [], []
+    results: list[JsonValue] = []
+    diagnostics: list[JsonValue] = []
     for problem, metric, jobs in queued:
-        cells = []
+        cells: list[JsonValue] = []
         for epsilon in problem.epsilons:
-            runs = {method.algorithm: [future.result() for future in jobs[epsilon, method.algorithm]]
+            runs = {method.name: [future.result() for future in jobs[epsilon, method.name]]
                     for method in problem.methods}
             for name, rs in runs.items():
                 diagnostics.append({"problem": problem.name, "epsilon": epsilon, "algorithm": name,
@@ -250,17 +274,15 @@ def bench(chosen: Sequence[Problem], pool: Pool, *, randomness: Randomness, data
                         "dataset": problem.task.get("dataset", kind), "model": problem.task.get("model", kind),
                         "preparation": described(preparation(problem.task)),
                         "delta": problem.delta, "seeds": problem.seeds, "trials": repr(problem.trials),
-                        "steps": {m.algorithm: m.steps for m in problem.methods},
-                        "grids": {m.algorithm: {k: list(cast(Choice, d).values)  # (a bench space is a grid)
-                                                for k, d in m.space.dimensions.items()}
-                                  for m in problem.methods},
+                        "steps": {m.name: m.steps for m in problem.methods},
+                        "grids": {m.name: {k: list(values) for k, values in m.grid.items()} for m in problem.methods},
                         "cells": cells})
     return {"problems": results, "randomness": randomness.origin,
             "diagnostics": {"label": NOT_PRIVATE + " (wall times and trial counts reveal the number of trials)",
                             "runs": diagnostics, "wall_time_s": time.perf_counter() - started}}
 
 
-def cell(epsilon: float, runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
+def cell(epsilon: float, runs: Mapping[str, Sequence[Tuned]]) -> JsonObject:
     """The result of one ε from each method's jobs (``runs``: method → one :meth:`Tuning.run` result
     per seed): every method's metric (mean, std over seeds), the largest ε its tunings claimed and
     its planned passes; and the winner.
@@ -280,8 +302,9 @@ def cell(epsilon: float, runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> dic
     runner_up = ranked[1] if winner is not None and len(ranked) > 1 else None
     p = None if winner is None else one_sided_p(errors[winner], errors[runner_up]) if runner_up else 0.0
     return {"epsilon": epsilon, "winner": winner, "runner_up": runner_up, "p_value": p,
-            "significant": p is not None and p < SIGNIFICANCE, "tied": tied if winner is None else [],
-            "methods": {name: {"test_error": summarise(errors[name]),
+            "significant": p is not None and p < SIGNIFICANCE,
+            "tied": [name for name in tied] if winner is None else [],
+            "methods": {name: {"test_error": {**summarise(errors[name])},
                                "epsilon_tuning_and_training": max(r["epsilon"] for r in rs),
                                "expected_passes": rs[0]["expected_passes"]}
                         for name, rs in runs.items()}}
@@ -297,7 +320,7 @@ def select(names: Sequence[str] | None, variant: str | None, path: Path = PROBLE
 
 
 def run_bench(chosen: Sequence[Problem], *, out: Path, workers: int, seed: int | None, command: str,
-              data_dir: str | None = None, progress: bool = False) -> dict[str, Any]:
+              data_dir: str | None = None, progress: bool = False) -> JsonObject:
     """``dpopt bench`` of the problems ``chosen``: run, write ``bench.json``, ``bench.md``, a figure per
     problem and ``summary.png`` to ``out``; the result (with its Markdown) for printing.
 

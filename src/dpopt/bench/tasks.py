@@ -28,9 +28,11 @@ import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+
+from torch import Tensor
 
 from .. import _validate
+from ..base import Oracle
 from ..data.bounds import Preparation
 from ..experiments.preparation import SYNTHETIC, registered
 from ..tuning.task import METRICS, Task, glm_task, held_out_task
@@ -72,7 +74,7 @@ def mlp_regression(*, dataset: str, validation_fraction: float, data_dir: str | 
     return dataclasses.replace(task, theta0=task.oracle.flat_params())
 
 
-def _mean_loss(oracle: Any) -> Callable[[Any], float]:
+def _mean_loss(oracle: Oracle) -> Callable[[Tensor], float]:
     return lambda theta: float(oracle.loss(theta))
 
 
@@ -121,18 +123,18 @@ KINDS: dict[str, Kind] = {
     "heavy-tailed": Kind(heavy_tailed, False), "truncated-absolute": Kind(truncated_absolute, False)}
 
 
-def _kind(settings: Mapping[str, Any]) -> Kind:
+def _kind(settings: Mapping[str, object]) -> Kind:
     return KINDS[_validate.one_of("task kind", settings.get("kind"), KINDS)]
 
 
-def preparation(settings: Mapping[str, Any]) -> Preparation:
+def preparation(settings: Mapping[str, object]) -> Preparation:
     """How the task ``settings`` declare prepares its data: by the public bounds its registered data
     set declares (:func:`~dpopt.experiments.preparation.registered`: refused if it declares none),
     or :data:`~dpopt.experiments.preparation.SYNTHETIC`."""
-    return registered(settings["dataset"]) if _kind(settings).registered else SYNTHETIC
+    return registered(str(settings.get("dataset"))) if _kind(settings).registered else SYNTHETIC
 
 
-def build_task(settings: dict[str, Any], *, validation_fraction: float, data_dir: str | None) -> Task:
+def build_task(settings: Mapping[str, object], *, validation_fraction: float, data_dir: str | None) -> Task:
     """The task ``settings["kind"]`` declares, built from the rest of ``settings`` (and the data
     prepared as :func:`preparation` declares)."""
     kind = _kind(settings)

@@ -23,7 +23,7 @@ import contextlib
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TextIO
 
 from .. import _validate
 from . import account, audit, bench, data, reproduce, run, tune
@@ -45,7 +45,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dpopt`` console script."""
     args = parser().parse_args(argv)
-    command: Command[Any] = args.command
+    command: Command[Request] = args.command
     request: Request | None = None
     try:
         with _warnings_in_one_line():
@@ -71,11 +71,12 @@ def _warnings_in_one_line() -> Iterator[None]:
         warnings.simplefilter("always", _validate.DpoptWarning)
         shown = warnings.showwarning
 
-        def show(message: Warning | str, category: type[Warning], *where: Any, **more: Any) -> None:
+        def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 file: TextIO | None = None, line: str | None = None) -> None:
             if issubclass(category, _validate.DpoptWarning):
                 sys.stderr.write(f"dpopt: warning: {message}\n")
             else:
-                shown(message, category, *where, **more)
+                shown(message, category, filename, lineno, file, line)
 
         warnings.showwarning = show
         yield

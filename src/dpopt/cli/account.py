@@ -5,18 +5,24 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from .. import _validate
 from ..names import ACCOUNTANTS
-from .common import Command, Request, subcommand
+from .common import Command, Request, Subcommands, subcommand
 from .output import Output
 
 if TYPE_CHECKING:
     import dp_accounting as dpa
     from dp_accounting import NeighboringRelation
 
-MECHANISMS = ("poisson-gaussian", "wor-gaussian", "gaussian", "tree")
+MECHANISMS = ("poisson-gaussian", "wor-gaussian", "gaussian", "tree", "banded-mf")
+#: The mechanisms whose batches are drawn from --dataset-size records by --batch-size (Poisson also by a rate).
+SAMPLED = ("poisson-gaussian", "wor-gaussian", "banded-mf")
+#: ``banded-mf``'s calibration: its noise multiplier to 4 digits (tolerance 1e-4, on a PLD grid of 1e-4),
+#: so that the printed multiplier can be compared with other implementations of the recipe.
+BANDED_PRECISION = 1e-4
 EXPLAINED = ("aclip",)
 
 
@@ -24,34 +30,61 @@ EXPLAINED = ("aclip",)
 class Mechanism:
     """A mechanism by name run ``steps`` times: Poisson-sampled Gaussian at ``rate``, Gaussian on
     batches of ``batch_size`` of ``n`` records drawn without replacement, the Gaussian on every
-    record, or one binary ``tree`` over ``steps`` increments (each record in one)."""
+    record, one binary ``tree`` over ``steps`` increments (each record in one), or ``banded-mf``:
+    banded matrix factorisation with ``bands`` b over cyclic Poisson batches of expected size
+    ``batch_size`` (:func:`dpopt.correlation.events.banded_event`: ⌈T/b⌉ rounds of the Poisson-sampled
+    Gaussian at the group rate b·B/n; b = 1 is ``poisson-gaussian``)."""
 
     name: str
     steps: int
     rate: float | None = None
     n: int | None = None
     batch_size: int | None = None
+    bands: int = 1
 
     @classmethod
     def parse(cls, args: argparse.Namespace) -> Mechanism:
         steps = _validate.positive_int("steps", args.steps)
+        if args.bands is not None and args.mechanism != "banded-mf":
+            raise _validate.DpoptError(f"--bands is for mechanism=banded-mf, not mechanism={args.mechanism}")
         if args.mechanism == "poisson-gaussian" and args.sampling_rate is not None:
             return cls(args.mechanism, steps, rate=_validate.unit_interval("sampling_rate", args.sampling_rate))
-        if args.mechanism in ("poisson-gaussian", "wor-gaussian"):
+        if args.mechanism in SAMPLED:
             if args.dataset_size is None or args.batch_size is None:
                 alternative = " --sampling-rate or" if args.mechanism == "poisson-gaussian" else ""
                 raise _validate.DpoptError(f"mechanism={args.mechanism} needs{alternative} --dataset-size and "
                                            "--batch-size")
             n = _validate.positive_int("dataset_size", args.dataset_size)
             b = _validate.positive_int("batch_size", args.batch_size, maximum=n, maximum_name="dataset_size")
-            return cls(args.mechanism, steps, rate=b / n, n=n, batch_size=b)
+            if args.mechanism != "banded-mf":
+                return cls(args.mechanism, steps, rate=b / n, n=n, batch_size=b)
+            bands = _validate.positive_int("--bands", 1 if args.bands is None else args.bands)
+            if bands * b > n:
+                raise _validate.DpoptError(f"--bands={bands} times --batch-size={b} must be <= --dataset-size={n}: "
+                                           "each group of n/b records is sampled at rate b·B/n <= 1")
+            return cls(args.mechanism, steps, rate=bands * b / n, n=n, batch_size=b, bands=bands)
         return cls(args.mechanism, steps)
+
+    @property
+    def precision(self) -> dict[str, float]:
+        """How finely calibration solves for the noise (:func:`dpopt.accounting.solve_noise`'s
+        ``tolerance`` and ``grid``; {}: its defaults)."""
+        return {"tolerance": BANDED_PRECISION, "grid": BANDED_PRECISION} if self.name == "banded-mf" else {}
+
+    @property
+    def described(self) -> dict[str, int]:
+        """What the outputs add to name the mechanism: banded-mf's bands."""
+        return {"bands": self.bands} if self.name == "banded-mf" else {}
 
     def event(self, z: float) -> tuple[dpa.DpEvent, NeighboringRelation]:
         """The composed event of :attr:`steps` runs with noise multiplier z, and its relation."""
         import dp_accounting as dpa
         from dp_accounting import NeighboringRelation
 
+        if self.name == "banded-mf" and self.rate is not None:
+            from ..correlation.events import banded_event
+
+            return banded_event(z, self.rate, self.steps, self.bands), NeighboringRelation.ADD_OR_REMOVE_ONE
         if self.name == "tree":  # dpopt.mechanisms.tree_event, without importing torch
             return dpa.SingleEpochTreeAggregationDpEvent(z, [self.steps]), NeighboringRelation.REPLACE_SPECIAL
         if self.name == "gaussian":
@@ -108,10 +141,12 @@ def account(request: AccountRequest | ExplainRequest) -> Output:
     from ..accounting import RELATION_NAMES, accountant_for, epsilon_of
 
     event, relation = request.mechanism.event(request.noise_multiplier)
-    result = {"epsilon": epsilon_of(event, request.delta, relation, request.accountant), "delta": request.delta,
+    grid = request.mechanism.precision.get("grid")
+    result = {"epsilon": epsilon_of(event, request.delta, relation, request.accountant, grid), "delta": request.delta,
               "accountant": accountant_for(event, relation, request.accountant),
               "neighboring_relation": RELATION_NAMES[relation], "mechanism": request.mechanism.name,
-              "noise_multiplier": request.noise_multiplier, "steps": request.mechanism.steps}
+              "noise_multiplier": request.noise_multiplier, "steps": request.mechanism.steps,
+              **request.mechanism.described}
     return Output(result, table=[_row(result)])
 
 
@@ -154,27 +189,27 @@ def calibrate(request: CalibrateRequest) -> Output:
     mechanism = request.mechanism
     relation = mechanism.event(1.0)[1]
     z, achieved = solve_noise(lambda s: mechanism.event(s)[0], epsilon=request.epsilon, delta=request.delta,
-                              relation=relation, accountant=request.accountant)
+                              relation=relation, accountant=request.accountant, **mechanism.precision)
     result = {"noise_multiplier": z, "epsilon": achieved, "target_epsilon": request.epsilon, "delta": request.delta,
               "accountant": accountant_for(mechanism.event(z)[0], relation, request.accountant),
-              "neighboring_relation": RELATION_NAMES[relation], "mechanism": mechanism.name, "steps": mechanism.steps}
+              "neighboring_relation": RELATION_NAMES[relation], "mechanism": mechanism.name, "steps": mechanism.steps,
+              **mechanism.described}
     return Output(result, table=[_row(result)])
 
 
-def _row(result: dict[str, Any]) -> dict[str, Any]:
+def _row(result: Mapping[str, object]) -> dict[str, object]:
     return {"mechanism": result["mechanism"], "steps": result["steps"],
             "noise multiplier": f"{result['noise_multiplier']:.6g}", "ε": f"{result['epsilon']:.6g}",
             "δ": result["delta"], "accountant": result["accountant"],
             "relation": result["neighboring_relation"]}
 
 
-def add_parser(commands: Any) -> None:
-    for name, command, help_text in (
-            ("account", Command(parse_account, account), "ε of a mechanism run --steps times"),
-            ("calibrate", Command(CalibrateRequest.parse, calibrate),
-             "noise multiplier for a target ε (the inverse of account)")):
-        sub = subcommand(commands, name, command, help_text)
-        if name == "account":
+def add_parser(commands: Subcommands) -> None:
+    accounted = subcommand(commands, "account", Command(parse_account, account), "ε of a mechanism run --steps times")
+    calibrated = subcommand(commands, "calibrate", Command(CalibrateRequest.parse, calibrate),
+                            "noise multiplier for a target ε (the inverse of account)")
+    for sub in (accounted, calibrated):
+        if sub is accounted:
             sub.add_argument("--mechanism", choices=MECHANISMS, help="the mechanism run every step")
             sub.add_argument("--noise-multiplier", type=float, help="noise standard deviation over the sensitivity")
             sub.add_argument("--explain", help="aclip: the ε the AClip paper's noise formula σ̂ = "
@@ -187,7 +222,9 @@ def add_parser(commands: Any) -> None:
             sub.add_argument("--epsilon", type=float, required=True, help="the target ε")
         sub.add_argument("--sampling-rate", type=float, help="poisson-gaussian: the sampling rate q")
         sub.add_argument("--dataset-size", type=int, help="records n (with --batch-size: q = b/n)")
-        sub.add_argument("--batch-size", type=int, help="the batch size b")
+        sub.add_argument("--batch-size", type=int, help="the (expected) batch size B")
+        sub.add_argument("--bands", type=int, help="banded-mf: the bands b >= 1 (groups of cyclic Poisson sampling; "
+                         "default 1)")
         sub.add_argument("--steps", type=int, required=True, help="how often the mechanism runs")
         sub.add_argument("--delta", type=float, required=True, help="the δ of the guarantee")
         sub.add_argument("--accountant", choices=ACCOUNTANTS, default="pld", help="privacy loss distributions "

@@ -6,18 +6,19 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .. import _validate
 from ..algorithms import registry
-from .common import Command, Request, add_knobs, algorithm_help, knobs_of, subcommand
+from .common import Command, Request, add_knobs, algorithm_help, knobs_of, Subcommands, subcommand
 from .output import Output
 
 if TYPE_CHECKING:
     from ..audit import BoundKind, Engine, ThreatModel
 
 #: The hyper-parameters ``audit`` sets (flags of the same names), and their defaults there.
-KNOBS = ("batch_size", "sampling", "lr", "clip", "noise")
+KNOBS = ("batch_size", "sampling", "lr", "clip", "noise", "bands", "clip_quantile", "clip_lr", "count_noise",
+         "optimizer", "adam_gamma")
 DEFAULTS = {"batch_size": 50, "lr": 1.0}
 
 
@@ -33,7 +34,7 @@ class AuditRequest(Request):
     delta: float
     steps: int
     dataset_size: int
-    knobs: dict[str, Any]
+    knobs: dict[str, object]
     runs: int
     threat_model: ThreatModel
     bound: BoundKind
@@ -88,7 +89,7 @@ def handle(request: AuditRequest) -> Output:
     return Output(result.to_dict(), table=[row], lines=[result.verdict])
 
 
-def add_parser(commands: Any) -> None:
+def add_parser(commands: Subcommands) -> None:
     sub = subcommand(commands, "audit", Command(AuditRequest.parse, handle),
                      "empirical ε lower bound by the canary method (see dpopt.audit)")
     named = sub.add_mutually_exclusive_group(required=True)

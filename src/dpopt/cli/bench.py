@@ -9,10 +9,10 @@ import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .. import _validate
-from .common import Command, Request, add_data_dir, subcommand
+from .common import Command, Request, add_data_dir, Subcommands, subcommand
 from .output import Output
 
 if TYPE_CHECKING:
@@ -55,12 +55,14 @@ def handle(request: BenchRequest) -> Output:
     result = run_bench(request.problems, out=request.out, workers=request.workers, seed=request.seed,
                        command=request.command, data_dir=request.data_dir, progress=not request.json)
     out = request.out
-    written = [out / "bench.json", out / "bench.md", *(out / f"{p['problem']}.png" for p in result["problems"]),
+    written = [out / "bench.json", out / "bench.md", *(out / f"{p.name}.png" for p in request.problems),
                out / "summary.png", out / "runs"]
-    return Output(result, lines=[result["markdown"].rstrip("\n")], written=written)
+    markdown = result["markdown"]
+    assert isinstance(markdown, str)
+    return Output(result, lines=[markdown.rstrip("\n")], written=written)
 
 
-def add_parser(commands: Any) -> None:
+def add_parser(commands: Subcommands) -> None:
     sub = subcommand(commands, "bench", Command(BenchRequest.parse, handle),
                      "every private optimiser on the declared problems, each tuned privately with the same budget "
                      "for tuning and training")

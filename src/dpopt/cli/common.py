@@ -13,8 +13,9 @@ import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, NoReturn, TypeVar
+from typing import Generic, NoReturn, TypeAlias, TypeVar
 
+from .. import _validate
 from ..algorithms import registry
 from ..names import NOISES
 from .output import Output
@@ -40,15 +41,14 @@ class Parser(argparse.ArgumentParser):
     """argparse whose errors are one line and exit 2, whose option values may start with a minus
     sign followed by a digit or a point (no dpopt option does), and whose help shows defaults."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", Formatter)
-        super().__init__(*args, **kwargs)
+    def _get_formatter(self) -> argparse.HelpFormatter:
+        return Formatter(prog=self.prog)
 
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"dpopt: error: {message}\n")
         sys.exit(2)
 
-    def _parse_optional(self, arg_string: str) -> Any:
+    def _parse_optional(self, arg_string: str) -> tuple[argparse.Action | None, str, str | None] | None:
         if _NEGATIVE_VALUE.match(arg_string):
             return None  # a value (argparse: "not an option")
         return super()._parse_optional(arg_string)
@@ -79,7 +79,11 @@ class Command(Generic[R]):
     handle: Callable[[R], Output | None]
 
 
-def subcommand(commands: Any, name: str, command: Command[Any], help_text: str) -> argparse.ArgumentParser:
+#: The subcommands of the top-level parser (what ``add_subparsers`` returns).
+Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def subcommand(commands: Subcommands, name: str, command: Command[R], help_text: str) -> argparse.ArgumentParser:
     """The parser of subcommand ``name``, which runs ``command``, with the ``--json`` flag."""
     sub: argparse.ArgumentParser = commands.add_parser(name, help=help_text, description=help_text)
     sub.set_defaults(command=command)
@@ -113,12 +117,28 @@ KNOB_FLAGS: dict[str, str] = {
     "obj_clip": "DP-AGD's clip of per-record losses",
     "noise": "noise source: the run's seeded generator (torch), the OS CSPRNG (secure), or the exact discrete "
              "Gaussian (discrete; full-batch dp-gd only)",
+    "bands": "banded matrix factorisation's b >= 1: correlated noise over cyclic Poisson batches (dp-sgd, rrpsgd, "
+             "aclip, dp-bandmf; default 1, dp-bandmf 4)",
+    "clip_quantile": "adaptive clipping's target quantile γ in (0, 1): the clip follows a private quantile of the "
+                     "gradient norms, --clip the first step's (DP-SGD; default off)",
+    "clip_lr": "adaptive clipping's step η > 0: C <- C·exp(−η(b̂ − γ))",
+    "count_noise": "adaptive clipping's count noise σ_b > 0 (default: batch size / 20)",
+    "optimizer": "the update rule: the algorithm's own (sgd), or DP-AdamBC on its private gradient (adambc: --lr "
+                 "is Adam's step size)",
+    "adam_gamma": "DP-AdamBC's floor γ > 0 of its bias-corrected second moment",
 }
-_CHOICES = {"sampling": registry.SAMPLINGS, "noise": NOISES}
+_CHOICES = {"sampling": registry.SAMPLINGS, "noise": NOISES, "optimizer": tuple(registry.OPTIMIZERS)}
+#: The type of the flags whose Knobs default is None (off, or the algorithm's own default).
+_TYPES: dict[str, type] = {"bands": int, "clip_quantile": float, "count_noise": float}
+#: The allowed range of the flags whose range the library checks only when it builds the algorithm, checked
+#: when the command line is read (``--bands 0`` is refused before any data is read).
+_RANGES: dict[str, Callable[..., object]] = {
+    "bands": _validate.positive_int, "clip_quantile": _validate.open_unit, "clip_lr": _validate.positive,
+    "count_noise": _validate.positive, "adam_gamma": _validate.positive}
 
 
 def add_knobs(sub: argparse.ArgumentParser, names: Sequence[str], *, helps: Mapping[str, str] | None = None,
-              defaults: Mapping[str, Any] | None = None) -> None:
+              defaults: Mapping[str, object] | None = None) -> None:
     """One flag per hyper-parameter in ``names`` (:data:`KNOB_FLAGS`), typed and defaulted as
     :class:`~dpopt.algorithms.registry.Knobs` declares it; ``defaults`` and ``helps`` override
     (e.g. the audit's smaller batches)."""
@@ -126,13 +146,19 @@ def add_knobs(sub: argparse.ArgumentParser, names: Sequence[str], *, helps: Mapp
     for name in names:
         default = (defaults or {}).get(name, declared[name])
         choices = _CHOICES.get(name)
-        sub.add_argument(f"--{name.replace('_', '-')}", type=str if choices else type(default), choices=choices,
+        kind = str if choices else _TYPES.get(name, type(default))
+        sub.add_argument(f"--{name.replace('_', '-')}", type=kind, choices=choices,
                          default=default, help=(helps or {}).get(name, KNOB_FLAGS[name]))
 
 
-def knobs_of(args: argparse.Namespace, names: Sequence[str]) -> dict[str, Any]:
-    """The hyper-parameters ``names`` as the command line gave them, by their Knobs names."""
-    return {name: getattr(args, name) for name in names}
+def knobs_of(args: argparse.Namespace, names: Sequence[str]) -> dict[str, object]:
+    """The hyper-parameters ``names`` as the command line gave them, by their Knobs names; a value out
+    of its range (:data:`_RANGES`; None: off or the default) is refused naming its flag."""
+    given = {name: getattr(args, name) for name in names}
+    for name, value in given.items():
+        if name in _RANGES and value is not None:
+            _RANGES[name](f"--{name.replace('_', '-')}", value)
+    return given
 
 
 def add_delta(sub: argparse.ArgumentParser) -> None:

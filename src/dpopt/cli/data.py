@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .. import _validate
-from .common import Command, Request, add_data_dir, subcommand
+from .common import Command, Request, add_data_dir, Subcommands, subcommand
 from .output import Output
 
 ACTIONS = ("list", "info", "fetch")
@@ -62,7 +61,7 @@ def handle(request: ListRequest | NamedRequest) -> Output:
                                                "its sha256"], written=fetched)
 
 
-def add_parser(commands: Any) -> None:
+def add_parser(commands: Subcommands) -> None:
     sub = subcommand(commands, "data", Command(parse, handle), "list, describe or download data sets")
     sub.add_argument("action", choices=ACTIONS, help="list the data sets, describe one, or download one")
     sub.add_argument("name", nargs="?", help="the data set (info, fetch)")

@@ -52,7 +52,7 @@ class Output:
         return self.exit_code
 
 
-def cell(value: Any) -> str:
+def cell(value: object) -> str:
     """A table cell: numbers to four significant digits, None as "-"."""
     if value is None:
         return "-"
@@ -61,7 +61,7 @@ def cell(value: Any) -> str:
     return str(value)
 
 
-def table(rows: Sequence[Mapping[str, Any]]) -> str:
+def table(rows: Sequence[Mapping[str, object]]) -> str:
     """``rows`` as an aligned text table under a header of their keys (the first row's, in order,
     then any other row's); a missing value is "-"."""
     columns = list(dict.fromkeys(key for row in rows for key in row))

@@ -7,9 +7,8 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from .common import Command, Request, add_data_dir, subcommand
+from .common import Command, Request, add_data_dir, Subcommands, subcommand
 from .output import Output, cell
 
 
@@ -49,7 +48,7 @@ def handle(request: ReproduceRequest) -> Output:
                                              f"randomness: {result['randomness']}"], written=written)
 
 
-def add_parser(commands: Any) -> None:
+def add_parser(commands: Subcommands) -> None:
     sub = subcommand(commands, "reproduce", Command(ReproduceRequest.parse, handle), "reproduce a paper's experiment")
     sub.add_argument("name", help="experiment name, e.g. dp-srm-ijcnn1")
     sub.add_argument("--quick", action="store_true", help="a fast smoke version (2 seeds)")

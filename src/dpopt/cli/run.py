@@ -16,28 +16,32 @@ there.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 from .. import _validate, report
 from ..algorithms import registry
 from ..names import ACCOUNTANTS
-from .common import Command, add_delta, add_knobs, algorithm_help, knobs_of, subcommand
+from .common import Command, add_delta, add_knobs, algorithm_help, knobs_of, Subcommands, subcommand
 from .output import EXIT_DIVERGED, Output
 from .sources import Source, TrainingRequest, add_flags, fits
 
 if TYPE_CHECKING:
     from ..data.own import Described
+    from ..oracles.glm import GLM
     from ..plan import Plan
     from ..train import History
 
 MODELS = ("logistic", "nonconvex-logistic", "ridge", "mlp")
 #: The hyper-parameters ``run`` sets (flags of the same names, dashed).
 KNOBS = ("batch_size", "sampling", "lr", "clip", "clip_diff", "clients", "restart", "local_steps", "gamma",
-         "noise_ratio", "obj_clip", "noise")
+         "noise_ratio", "obj_clip", "noise", "bands", "clip_quantile", "clip_lr", "count_noise", "optimizer",
+         "adam_gamma")
 BACKENDS = ("local", "torch")
+S = TypeVar("S")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,7 +50,7 @@ class RunRequest(TrainingRequest):
     hyper-parameters ``knobs`` (by their Knobs names); results in ``out``; ``nproc`` processes
     (``backend`` "torch": a federated algorithm's clients on ranks 1.., the server on rank 0)."""
 
-    knobs: dict[str, Any]
+    knobs: dict[str, object]
     backend: str
     accountant: str
     seed: int | None
@@ -146,8 +150,8 @@ def train_and_write(request: RunRequest) -> Output | None:
     from .. import distributed
     from ..mechanisms import source_named
     from ..models import logistic_loss, mlp_oracle
-    from ..oracles import GLM, TorchModel
     from ..oracles import make as make_oracle
+    from ..oracles.torch_model import TorchModel
     from ..plan import plan_for
     from ..train import Options, OsSeed, train
 
@@ -156,42 +160,37 @@ def train_and_write(request: RunRequest) -> Output | None:
     dataset = described.dataset
     fits(request.model, dataset)
     X_test, y_test = torch.as_tensor(dataset.X_test), torch.as_tensor(dataset.y_test)
-    oracle: TorchModel | GLM | distributed.Sharded
+    oracle: GLM | TorchModel
     if request.model == "mlp":  # the DIFF2 paper's network; a binary task: one logit, logistic loss
-        oracle = mlp_oracle(dataset.X_train, dataset.y_train, classes=described.classes,
-                            loss=logistic_loss if dataset.task == "binary" else None)
-        test_error = (mlp_oracle(dataset.X_test, dataset.y_test).loss if dataset.task == "regression"
+        oracle = mlp_oracle(torch.as_tensor(dataset.X_train), torch.as_tensor(dataset.y_train),
+                            classes=described.classes, loss=logistic_loss if dataset.task == "binary" else None)
+        test_error = (mlp_oracle(X_test, y_test).loss if dataset.task == "regression"
                       else lambda theta: oracle.error(theta, X_test, y_test))
-        theta0 = oracle.flat_params()  # the network's initialisation
     else:
         oracle = make_oracle(request.model, torch.as_tensor(dataset.X_train), torch.as_tensor(dataset.y_train),
                              reg=request.reg)
-        theta0 = None
-
-        def test_error(theta: torch.Tensor) -> float:
-            return oracle.error(theta, X_test, y_test)
-
+        test_error = functools.partial(oracle.error, X=X_test, y=y_test)
     processes = distributed.world_size()
-    if processes > 1 and request.backend == "local":
-        oracle = distributed.Sharded(oracle)
+    trained = distributed.Sharded(oracle) if processes > 1 and request.backend == "local" else oracle
     knobs = registry.Knobs.of(oracle.n, **request.knobs, backend=distributed.backend(request.backend))
     plan = plan_for(registry.entry(request.algorithm).build(knobs), n=oracle.n, steps=request.steps,
                     delta=request.delta, epsilon=request.epsilon, accountant=request.accountant,
                     allow_large_delta=request.allow_large_delta)
     seed = request.seed if request.seed is not None or processes == 1 else OsSeed(distributed.shared_secret_seed())
     with distributed.resumable(request.checkpoint) as checkpoint_path:  # rank 0 alone writes out/
+        theta0 = oracle.flat_params() if isinstance(oracle, TorchModel) else None  # the network's initialisation
         options = Options(seed=seed, noise_source=source_named(knobs.noise),
                           test_error=(lambda theta: float(test_error(theta))) if lead else None,
                           checkpoint_path=checkpoint_path, checkpoint_every=request.checkpoint_every if lead else None,
                           max_epsilon=request.max_epsilon, progress=lead and not request.json and sys.stderr.isatty(),
                           diagnostics=request.diagnostics)
-        history = train(plan, oracle, options, theta0)
+        history = train(plan, trained, options, theta0)
     if not lead:
         return None
     return write(request, plan, history, described, processes)
 
 
-def write(request: RunRequest, plan: Plan[Any], history: History, described: Described,
+def write(request: RunRequest, plan: Plan[S], history: History, described: Described,
           processes: int) -> Output:
     """``history.json``, ``summary.md`` and ``curves.png`` in ``--out``; what the command shows."""
     dataset = described.dataset
@@ -230,8 +229,9 @@ def run_figure(path: Path, history: History, *, algorithm: str, dataset: str, ep
     against the expected data passes, and the training objective (NOT PRIVATE) if diagnostics were
     asked for; one run, so no spread."""
     passes = [r["expected_passes"] for r in history.records]
-    panels = {test_label: {algorithm: (passes, [r["test_error"] for r in history.records])},
-              "ε spent (guarantee)": {algorithm: (passes, [r["epsilon"] for r in history.records])}}
+    panels: dict[str, dict[str, report.Curve | tuple[list[float], list[float]]]] = {
+        test_label: {algorithm: (passes, [r["test_error"] for r in history.records])},
+        "ε spent (guarantee)": {algorithm: (passes, [r["epsilon"] for r in history.records])}}
     if history.diagnostics is not None:
         panels["training objective (NOT PRIVATE)"] = {algorithm: (
             passes, [r["objective"] for r in history.diagnostics["records"]])}
@@ -258,7 +258,7 @@ def summary(algorithm: str, dataset: str, history: History, described: Described
     return text
 
 
-def add_parser(commands: Any) -> None:
+def add_parser(commands: Subcommands) -> None:
     sub = subcommand(commands, "run", Command(RunRequest.parse, handle),
                      "train one algorithm on one data set at a target ε")
     sub.add_argument("--algorithm", required=True, help=algorithm_help())

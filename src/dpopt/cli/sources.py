@@ -7,12 +7,13 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from .. import _validate
 from .common import Request, add_data_dir
 
 if TYPE_CHECKING:
+    from ..data import Dataset
     from ..data.bounds import Preparation
     from ..data.own import Described, Schema
 
@@ -145,12 +146,26 @@ class Source:
         return PublicBounds(feature_ranges(self.feature_bounds, columns), target, self.row_norm)
 
 
-def fits(model: str, dataset: Any) -> None:
+def fits(model: str, dataset: Dataset) -> None:
     """``model`` must be able to learn ``dataset``'s task."""
     needed = {"ridge": ("regression",), "mlp": ("regression", "multiclass", "binary")}.get(model, ("binary",))
     if dataset.task not in needed:
         raise _validate.DpoptError(f"dataset={dataset.name!r} is a {dataset.task} task; model={model!r} "
                                    f"needs a {' or '.join(needed)} data set")
+
+
+class Given(TypedDict):
+    """The fields of a :class:`TrainingRequest` as the command line gives them."""
+
+    algorithm: str
+    data: Source
+    model: str
+    reg: float
+    epsilon: float
+    delta: float
+    allow_large_delta: bool
+    steps: int
+    json: bool
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,7 +184,7 @@ class TrainingRequest(Request):
     steps: int
 
     @staticmethod
-    def given(args: argparse.Namespace, data: Source) -> dict[str, Any]:
+    def given(args: argparse.Namespace, data: Source) -> Given:
         """The fields of this class as ``args`` gives them, with ``data``."""
         return {"algorithm": args.algorithm, "data": data, "model": args.model, "reg": args.reg,
                 "epsilon": args.epsilon, "delta": args.delta, "allow_large_delta": args.allow_large_delta,

@@ -8,19 +8,21 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from .. import _validate, report
-from .common import Command, add_delta, add_knobs, algorithm_help, knobs_of, subcommand
+from .common import Command, add_delta, add_knobs, algorithm_help, knobs_of, Subcommands, subcommand
 from .output import Output
 from .sources import Source, TrainingRequest, add_flags, fits
 
 if TYPE_CHECKING:
-    from ..tuning import Space, Trials
+    from ..tuning import Space, Trials, Tuned
 
 MODELS = ("logistic", "nonconvex-logistic", "ridge")
 #: The hyper-parameters every trial shares unless the space varies them (flags of the same names).
-FIXED = ("batch_size", "sampling", "lr", "clip", "clip_diff", "gamma")
+FIXED = ("batch_size", "sampling", "lr", "clip", "clip_diff", "gamma", "bands", "clip_quantile", "clip_lr",
+         "count_noise", "optimizer", "adam_gamma")
 #: What ``tuned.json`` and the summary say of the validation split (its share of the training file).
 UNPROTECTED = ("the validation split ({share:.0%} of the training file, a fixed public permutation) is not protected "
                "by the guarantee: the selected candidate's exact score on it (validation_score) is released")
@@ -33,6 +35,21 @@ def _numbers(name: str, text: str) -> list[float]:
         raise _validate.DpoptError(f"{name}={text!r} must be comma-separated numbers") from None
 
 
+def _grid_values(name: str, text: str) -> tuple[float | int | str, ...]:
+    """``--grid NAME=V1,V2``'s values: update rules by name for ``optimizer``, integers >= 1 for
+    ``bands``, numbers otherwise."""
+    from ..algorithms.registry import OPTIMIZERS
+
+    if name == "optimizer":
+        return tuple(_validate.one_of("grid optimizer", value, OPTIMIZERS) for value in text.split(","))
+    numbers = _numbers(f"grid {name}", text)
+    if name == "bands":
+        if not all(number.is_integer() for number in numbers):
+            raise _validate.DpoptError(f"grid bands={text!r} must be comma-separated integers >= 1")
+        return tuple(_validate.positive_int("grid bands", int(number)) for number in numbers)
+    return tuple(numbers)
+
+
 def space_of(grid: list[str], ranges: list[str]) -> Space:
     """``--grid lr=0.1,0.3`` (one of the values) and ``--range clip=0.1,10`` (log-uniform) as a Space."""
     from ..tuning.space import TUNABLE, Choice, Dimension, LogUniform, Space
@@ -42,10 +59,13 @@ def space_of(grid: list[str], ranges: list[str]) -> Space:
         for spec in specs:
             name, _, values = spec.partition("=")
             _validate.one_of(option, name, TUNABLE)
-            numbers = _numbers(f"{option} {name}", values)
             if option == "grid":
-                dimensions[name] = Choice(tuple(numbers))
-            elif len(numbers) != 2:
+                dimensions[name] = Choice(_grid_values(name, values))
+                continue
+            if name in ("bands", "optimizer"):
+                raise _validate.DpoptError(f"range {name}: {name} takes --grid values, not a log-uniform range")
+            numbers = _numbers(f"{option} {name}", values)
+            if len(numbers) != 2:
                 raise _validate.DpoptError(f"range {name}={values!r} must be two numbers LOW,HIGH")
             else:
                 dimensions[name] = LogUniform(*numbers)
@@ -61,7 +81,7 @@ class TuneRequest(TrainingRequest):
     candidates from ``space`` over the ``fixed`` hyper-parameters, the target covering them all;
     ``tuned.json`` in ``out``."""
 
-    fixed: dict[str, Any]
+    fixed: dict[str, object]
     space: Space
     trials: Trials
     validation_fraction: float
@@ -118,32 +138,34 @@ def handle(request: TuneRequest) -> Output:
                "validation_split": UNPROTECTED.format(share=request.validation_fraction), **stated, **tuned.to_dict()}
     report.write_json(out / "tuned.json", payload)
     result = {key: value for key, value in payload.items() if key != "theta"} | {"out": str(out)}
-    final = result["final"]
+    final = tuned.final
     row = {"algorithm": request.algorithm, "dataset": request.data.name, "ε": final["epsilon"],
-           "one trial's ε": result["trial_epsilon"], "validation error": final.get("validation_score"),
+           "one trial's ε": tuned.trial_epsilon, "validation error": final.get("validation_score"),
            "test error": final.get("test_error")}
-    return Output(result, table=[row], lines=summary(result), written=[out / "tuned.json"])
+    lines = summary(tuned, UNPROTECTED.format(share=request.validation_fraction), stated)
+    return Output(result, table=[row], lines=lines, written=[out / "tuned.json"])
 
 
-def summary(result: dict[str, Any]) -> list[str]:
-    """One line per fact of a ``dpopt tune`` result."""
-    final = result["final"]
-    lines = [f"δ = {result['delta']:g} for tuning and training ({result['accountant']}, "
-             f"{result['neighboring_relation']}); trials: {result['trials']}"]
-    if result["hyperparameters"] is None:
+def summary(tuned: Tuned, validation_split: str, stated: Mapping[str, str]) -> list[str]:
+    """One line per fact of a ``dpopt tune`` result: ``tuned``, what its ``validation_split`` is, and
+    what is ``stated`` of a file of one's own (its protected records and test data)."""
+    final = tuned.final
+    lines = [f"δ = {tuned.delta:g} for tuning and training ({tuned.accountant}, "
+             f"{tuned.neighboring_relation}); trials: {tuned.trials}"]
+    if tuned.hyperparameters is None:
         lines.append("no trial was drawn (K = 0): nothing is released")
     else:
-        lines.append(f"selected {result['hyperparameters']}: validation error {final['validation_score']:.4f} "
-                     f"(exact, NOT PROTECTED: {result['validation_split']}), test error {final['test_error']:.4f}")
-    if "test_data" in result:
-        lines += [f"protected: {result['protected_records']}", f"test error on: {result['test_data']}"]
-    lines.append(f"randomness: {result['randomness']}")
-    if result["diagnostics"] is not None:
-        lines.append(f"{result['diagnostics']['trials_run']} trials run (NOT PRIVATE: reveals K)")
+        lines.append(f"selected {tuned.hyperparameters}: validation error {final['validation_score']:.4f} "
+                     f"(exact, NOT PROTECTED: {validation_split}), test error {final['test_error']:.4f}")
+    if stated:
+        lines += [f"protected: {stated['protected_records']}", f"test error on: {stated['test_data']}"]
+    lines.append(f"randomness: {tuned.randomness}")
+    if tuned.diagnostics is not None:
+        lines.append(f"{tuned.diagnostics['trials_run']} trials run (NOT PRIVATE: reveals K)")
     return lines
 
 
-def add_parser(commands: Any) -> None:
+def add_parser(commands: Subcommands) -> None:
     sub = subcommand(commands, "tune", Command(TuneRequest.parse, handle),
                      "private hyper-parameter selection: the best of a random number of private runs, tuning and "
                      "training in one guarantee (Papernot & Steinke 2022)")
@@ -155,7 +177,9 @@ def add_parser(commands: Any) -> None:
     add_delta(sub)
     sub.add_argument("--steps", type=int, default=500, help="steps of every trial")
     sub.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2,...",
-                     help="every trial draws one of these values (lr, clip, clip_diff, gamma, obj_clip)")
+                     help="every trial draws one of these values (lr, clip, clip_diff, gamma, obj_clip, "
+                     "clip_quantile, clip_lr, adam_gamma; bands: integers, the first the reference the noise is "
+                     "calibrated on; optimizer: sgd,adambc)")
     sub.add_argument("--range", action="append", default=[], metavar="NAME=LOW,HIGH",
                      help="every trial draws this hyper-parameter log-uniformly in [LOW, HIGH]")
     add_knobs(sub, FIXED, helps={"lr": "the step size where it is not tuned", "clip": "the clip norm where it is "

@@ -8,11 +8,15 @@ Every trial is a full private training run (:func:`dpopt.train.run`) of the algo
 makes from a candidate, all with the same noise, calibrated by :func:`calibrate_tuning` so that
 the best of K runs is (ε, δ)-DP: the event ``trials.wrap(planned)`` (dp_accounting's
 ``RepeatAndSelectDpEvent`` around one trial's planned event, RDP accountant) has ε(δ) ≤ ε. The
-hyper-parameters the space varies must therefore leave the privacy event unchanged (step sizes,
-clip norms, momenta: the noise multiplier is relative to the clip); a candidate that changes it
-(batch size, steps) is refused. Each trial's ledger is checked against that planned event by the
-run itself (double entry), and the tuning's ε is computed from the planned event the trials
-were checked against.
+noise is calibrated on the space's reference candidate; most hyper-parameters leave the privacy
+event unchanged (step sizes, clip norms, momenta: the noise multiplier is relative to the clip,
+the update rule is post-processing). A candidate whose event differs at the same neighbouring
+relation and the same expected batches (other bands of banded matrix factorisation, adaptive
+clipping's count) runs at the smallest noise above the tuning's whose Rényi curve the
+reference's dominates at every order (:mod:`dpopt.tuning.dominance`); one that changes the
+relation or the expected batches (batch size, steps) is refused. Each trial's ledger is checked
+against its own planned event by the run itself (double entry), and the tuning's ε is computed
+from the reference's planned event, which dominates every trial's.
 
 The score (lower is better) must read only θ and data outside the training set (see
 :mod:`dpopt.tuning.select`); the validation records are not protected by the guarantee.
@@ -23,12 +27,15 @@ entropy unless ``seed`` is given.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
+from dp_accounting import DpEvent
+from numpy.typing import NDArray
 from torch import Tensor
 
 from .. import _validate, train
@@ -36,16 +43,19 @@ from ..accounting import canonical, noise_of, with_noise
 from ..base import Algorithm, Oracle
 from ..outputs import NOT_PRIVATE
 from ..plan import Plan
+from . import dominance
 from .select import Outcome, repeat_and_select
-from .space import Space
+from ..json_types import JsonObject
+from .space import Space, Value
 from .trials import Trials
 
+S = TypeVar("S")
 #: RepeatAndSelectDpEvent has an RDP bound only.
 ACCOUNTANT = "rdp"
 
 
-def tuning_plan(algorithm: Algorithm[Any], *, trials: Trials, epsilon: float, delta: float, n: int, steps: int,
-                allow_large_delta: bool = False) -> Plan[Any]:
+def tuning_plan(algorithm: Algorithm[S], *, trials: Trials, epsilon: float, delta: float, n: int, steps: int,
+                allow_large_delta: bool = False) -> Plan[S]:
     """The plan of a private tuning: the best of K ~ ``trials`` runs of ``algorithm`` for ``steps``
     steps, its noise multipliers (at their ratios) the smallest common scale with ε(δ) of
     ``trials.wrap(planned_event(n, steps))`` ≤ ``epsilon`` (RDP: repeat-and-select has an RDP bound
@@ -67,8 +77,8 @@ class Tuned:
     NOT PRIVATE): the number of trials run and the wall time, which reveal K."""
 
     theta: Tensor | None
-    hyperparameters: dict[str, Any] | None
-    algorithm: Any | None
+    hyperparameters: dict[str, Value] | None
+    algorithm: Algorithm[Any] | None
     final: dict[str, float]
     delta: float
     trial_epsilon: float
@@ -78,10 +88,68 @@ class Tuned:
     randomness: str
     diagnostics: dict[str, Any] | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         written = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
         return written | {"theta": None if self.theta is None else self.theta.tolist(),
                           "algorithm": None if self.algorithm is None else repr(self.algorithm)}
+
+
+class Dominated(Generic[S]):
+    """The trials of a tuning calibrated by ``plan`` (its algorithm: the reference candidate's):
+    :meth:`noised` gives a candidate's algorithm the tuning's noise, raised where its event is not
+    the reference's until the reference's Rényi curve dominates its own, and checks it."""
+
+    def __init__(self, plan: Plan[S]) -> None:
+        self.plan = plan
+        self.planned = canonical(plan.run_event)
+        self.noise = noise_of(plan.algorithm)
+        self.passes = self._passes(plan.algorithm)
+        self._reference: NDArray[np.float64] | None = None
+        self._scales: dict[str, float] = {}  # a candidate's event at the tuning's noise (its repr) → its scale
+
+    def _passes(self, algorithm: Algorithm[S]) -> float:
+        """The planned expected data passes of one run of ``algorithm``."""
+        plan = self.plan
+        return sum(algorithm.sampler(t, plan.n).expected_size for t in range(plan.steps)) / plan.n
+
+    @property
+    def reference(self) -> NDArray[np.float64]:
+        """The reference run's Rényi curve (computed once, when a candidate first needs it)."""
+        if self._reference is None:
+            self._reference = dominance.curve(self.plan.run_event, self.plan.relation)
+        return self._reference
+
+    def noised(self, algorithm: Algorithm[S], candidate: Mapping[str, Value]) -> Algorithm[S]:
+        """``algorithm`` (built from ``candidate``) at the tuning's noise times the smallest scale ≥ 1
+        whose run's curve the reference's dominates (1: the same event); refused if its relation or
+        its expected batches differ from the reference's, and checked before it runs."""
+        noised = with_noise(algorithm, self.noise)
+        event = canonical(noised.planned_event(self.plan.n, self.plan.steps))
+        if event == self.planned:
+            return noised
+        if noised.relation() != self.plan.relation or not math.isclose(self._passes(noised), self.passes,
+                                                                          rel_tol=1e-9):
+            raise _validate.DpoptError(f"space: the candidate {dict(candidate)} changes the privacy event of a trial "
+                                       "beyond what its noise can be raised for (its neighbouring relation or its "
+                                       "expected batches); tune hyper-parameters such as lr, clip, bands, "
+                                       "clip_quantile or optimizer, with batch size and steps fixed")
+        key = repr(event)
+        if key not in self._scales:
+            self._scales[key] = dominance.dominating_scale(lambda s: self._scaled(noised, s), self.reference,
+                                                           self.plan.relation)
+        return self.checked(with_noise(noised, {f: self._scales[key] * z for f, z in self.noise.items()}))
+
+    def _scaled(self, algorithm: Algorithm[S], scale: float) -> DpEvent:
+        return with_noise(algorithm, {f: scale * z for f, z in self.noise.items()}).planned_event(self.plan.n,
+                                                                                                  self.plan.steps)
+
+    def checked(self, algorithm: Algorithm[S]) -> Algorithm[S]:
+        """``algorithm``, whose run's curve must be at most the reference's at every order."""
+        if not dominance.dominated(algorithm.planned_event(self.plan.n, self.plan.steps), self.reference,
+                                   self.plan.relation):
+            raise _validate.DpoptError(f"{algorithm!r}: its run's Rényi curve exceeds the reference candidate's at "
+                                       "some order, so the tuning's guarantee would not cover it")
+        return algorithm
 
 
 def _seeds(seed: int | None) -> tuple[np.random.Generator, Callable[[int], int | None]]:
@@ -97,7 +165,7 @@ def _seeds(seed: int | None) -> tuple[np.random.Generator, Callable[[int], int |
         np.random.SeedSequence(runs.entropy, spawn_key=(*runs.spawn_key, i)).generate_state(1)[0])
 
 
-def tune(build: Callable[[Mapping[str, Any]], Any], oracle: Oracle, *, space: Space, trials: Trials,
+def tune(build: Callable[[Mapping[str, Value]], Algorithm[S]], oracle: Oracle, *, space: Space, trials: Trials,
          epsilon: float, delta: float, steps: int, score: Callable[[Tensor], float], seed: int | None = None,
          theta0: Tensor | None = None, test_error: Callable[[Tensor], float] | None = None,
          diagnostics: bool = False, progress: bool = False, allow_large_delta: bool = False) -> Tuned:
@@ -113,23 +181,17 @@ def tune(build: Callable[[Mapping[str, Any]], Any], oracle: Oracle, *, space: Sp
     n = oracle.n
     plan = tuning_plan(build(space.reference()), trials=trials, epsilon=epsilon, delta=delta, n=n, steps=steps,
                        allow_large_delta=allow_large_delta)
-    planned = canonical(plan.run_event)
-    noise = noise_of(plan.algorithm)
+    within = Dominated(plan)
     rng, run_seed = _seeds(seed)
 
-    def trial(candidate: dict[str, Any], i: int) -> Outcome[tuple[Tensor, Any]]:
-        trial_plan = plan.with_algorithm(with_noise(build(candidate), noise))
-        if canonical(trial_plan.run_event) != planned:
-            raise _validate.DpoptError(f"space: the candidate {candidate} changes the privacy event of a trial; "
-                                       "tune only hyper-parameters that leave it unchanged (e.g. lr, clip), with "
-                                       "batch size and steps fixed")
+    def trial(candidate: dict[str, Value], i: int) -> Outcome[tuple[Tensor, Algorithm[S]]]:
+        trial_plan = plan.with_algorithm(within.noised(build(candidate), candidate))
         history = train.train(trial_plan, oracle, train.Options(seed=run_seed(i), log_every=steps, progress=progress),
                               theta0)
         return Outcome(float(score(history.theta)), (history.theta, trial_plan.algorithm))
 
     selection = repeat_and_select(trial, space, trials, rng)
-    passes = sum(plan.algorithm.sampler(t, n).expected_size for t in range(steps)) / n
-    final = {"epsilon": plan.epsilon(), "expected_passes": trials.mean * passes}
+    final = {"epsilon": plan.epsilon(), "expected_passes": trials.mean * within.passes}
     theta = algorithm = None
     if selection.best is not None:
         theta, algorithm = selection.best.result

@@ -14,11 +14,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import numpy as np
 
-from .space import Space
+from .space import Space, Value
 from .trials import Trials
 
 T = TypeVar("T")
@@ -37,17 +37,17 @@ class Selection(Generic[T]):
     """The best trial (None when K = 0), its candidate, and K (NOT PRIVATE: a diagnostic)."""
 
     best: Outcome[T] | None
-    candidate: dict[str, Any] | None
+    candidate: dict[str, Value] | None
     trials_run: int
 
 
-def repeat_and_select(trial: Callable[[dict[str, Any], int], Outcome[T]], space: Space, trials: Trials,
+def repeat_and_select(trial: Callable[[dict[str, Value], int], Outcome[T]], space: Space, trials: Trials,
                       rng: np.random.Generator) -> Selection[T]:
     """K = ``trials.draw(rng)``; for i < K, a candidate c_i = ``space.draw(rng)`` and ``trial(c_i, i)``;
     the outcome with the smallest score wins (the first among ties). ``rng`` must be secret."""
     count = trials.draw(rng)
     best: Outcome[T] | None = None
-    chosen: dict[str, Any] | None = None
+    chosen: dict[str, Value] | None = None
     for i in range(count):
         candidate = space.draw(rng)
         outcome = trial(candidate, i)

@@ -11,40 +11,47 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol, TypeAlias
 
 import numpy as np
 
 from .. import _validate
 
 #: Hyper-parameters (by their :class:`~dpopt.algorithms.registry.Knobs` names) a private tuning may
-#: vary: they leave the privacy event unchanged.
-TUNABLE = ("lr", "clip", "clip_diff", "gamma", "obj_clip")
+#: vary: they leave the privacy event unchanged, or (``bands``) change it at the same expected
+#: batches, and the trial's noise is raised until the reference's Rényi curve dominates its own
+#: (:mod:`dpopt.tuning.dominance`).
+TUNABLE = ("lr", "clip", "clip_diff", "gamma", "obj_clip", "bands", "clip_quantile", "clip_lr", "optimizer",
+           "adam_gamma")
+
+
+#: A hyper-parameter's value: a number, a name (e.g. an update rule), or None (off).
+Value: TypeAlias = float | str | None
 
 
 class Dimension(Protocol):
     """One hyper-parameter's distribution."""
 
-    def draw(self, rng: np.random.Generator) -> Any: ...
+    def draw(self, rng: np.random.Generator) -> Value: ...
 
-    def reference(self) -> Any: ...
+    def reference(self) -> Value: ...
 
 
 @dataclass(frozen=True)
 class Choice:
     """One of ``values``, uniformly (a grid's axis)."""
 
-    values: tuple[Any, ...]
+    values: tuple[Value, ...]
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "values", tuple(self.values))
         if not self.values:
             raise _validate.DpoptError("values=() must hold at least one value")
 
-    def draw(self, rng: np.random.Generator) -> Any:
+    def draw(self, rng: np.random.Generator) -> Value:
         return self.values[int(rng.integers(len(self.values)))]
 
-    def reference(self) -> Any:
+    def reference(self) -> Value:
         return self.values[0]
 
 
@@ -78,13 +85,13 @@ class Space:
             raise _validate.DpoptError("space must name at least one hyper-parameter")
 
     @classmethod
-    def grid(cls, **values: Sequence[Any]) -> Space:
+    def grid(cls, **values: Sequence[Value]) -> Space:
         """Every trial draws one point of the product of ``values`` uniformly at random."""
         return cls({name: Choice(tuple(axis)) for name, axis in values.items()})
 
-    def draw(self, rng: np.random.Generator) -> dict[str, Any]:
+    def draw(self, rng: np.random.Generator) -> dict[str, Value]:
         return {name: dimension.draw(rng) for name, dimension in self.dimensions.items()}
 
-    def reference(self) -> dict[str, Any]:
+    def reference(self) -> dict[str, Value]:
         """A fixed point (the first value, or the low end): what the noise is calibrated on."""
         return {name: dimension.reference() for name, dimension in self.dimensions.items()}

@@ -11,15 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeAlias
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from .. import _validate, data
 from ..algorithms import registry
+from ..base import Algorithm, Oracle
 from ..data.bounds import Preparation
 from ..oracles import make
+from .space import Value
 
 #: The GLM models a task may use, each with the metric its ``error`` computes.
 METRICS = {"logistic": "test_error", "nonconvex-logistic": "test_error", "ridge": "test_mse"}
@@ -65,18 +68,33 @@ def by_content(X: Tensor, y: Tensor, fraction: float) -> tuple[Tensor, Tensor, T
     return X[~held], y[~held], X[held], y[held]
 
 
-def held_out_task(oracle_on: Callable[[Tensor, Tensor], Any], X: Any, y: Any, X_test: Any, y_test: Any, *,
-                  validation_fraction: float, metric: str = "test_error",
-                  measure: Callable[[Any, Tensor, Tensor], Callable[[Tensor], float]] | None = None,
+class Scored(Oracle, Protocol):
+    """An oracle that also measures θ's error on records outside it (a misclassification rate, or
+    the model's regression error)."""
+
+    def error(self, theta: Tensor, X: Tensor, y: Tensor) -> float: ...
+
+
+#: Records as a tensor or an array (rows of features, or targets).
+Records: TypeAlias = "Tensor | np.ndarray"
+
+
+def _error(oracle: Scored, X: Tensor, y: Tensor) -> Callable[[Tensor], float]:
+    """θ ↦ ``oracle.error(θ, X, y)``."""
+    return lambda theta: oracle.error(theta, X, y)
+
+
+def held_out_task(oracle_on: Callable[[Tensor, Tensor], Scored], X: Records, y: Records, X_test: Records,
+                  y_test: Records, *, validation_fraction: float, metric: str = "test_error",
+                  measure: Callable[[Scored, Tensor, Tensor], Callable[[Tensor], float]] = _error,
                   split_by: Callable[[Tensor, Tensor, float], tuple[Tensor, Tensor, Tensor, Tensor]] = split) -> Task:
     """``oracle_on(X_train, y_train)`` on the training arrays ``(X, y)`` less their validation split
     (``split_by``: :func:`split` or :func:`by_content`); θ is scored by ``measure(oracle, X', y')``
     (default: ``oracle.error`` on (X', y')) on the validation split and on ``(X_test, y_test)``."""
     X_train, y_train, X_val, y_val = split_by(torch.as_tensor(X), torch.as_tensor(y), validation_fraction)
     oracle = oracle_on(X_train, y_train)
-    on = measure or (lambda o, X_, y_: lambda theta: o.error(theta, X_, y_))
-    return Task(oracle, on(oracle, X_val, y_val), on(oracle, torch.as_tensor(X_test), torch.as_tensor(y_test)),
-                metric)
+    return Task(oracle, measure(oracle, X_val, y_val),
+                measure(oracle, torch.as_tensor(X_test), torch.as_tensor(y_test)), metric)
 
 
 def glm_task(dataset: str | data.Dataset, model: str, *, reg: float, validation_fraction: float,
@@ -97,7 +115,7 @@ def glm_task(dataset: str | data.Dataset, model: str, *, reg: float, validation_
                          metric=METRICS[model], split_by=split_by)
 
 
-def builder(algorithm: str, n: int, fixed: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], Any]:
+def builder(algorithm: str, n: int, fixed: Mapping[str, object]) -> Callable[[Mapping[str, Value]], Algorithm[object]]:
     """candidate ↦ the private algorithm ``algorithm`` (by name, :mod:`dpopt.algorithms.registry`) for n
     records with the ``fixed`` settings, the candidate's on top."""
     _validate.one_of("algorithm", algorithm, [name for name, entry in registry.REGISTRY.items() if entry.private])
