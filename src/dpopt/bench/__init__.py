@@ -28,12 +28,12 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 import numpy as np
 
 from .. import _validate, report
-from ..json_types import JsonObject, JsonValue
+from ..json_types import JsonValue
 from ..outputs import NOT_PRIVATE
 from ..experiments.preparation import described
 from ..report import summarise
@@ -124,8 +124,77 @@ class Tuned(TypedDict):
     test_error: float
     epsilon: float
     expected_passes: float
-    trials_run: int | None
+    trials_run: int
     wall_time_s: float
+
+
+class MethodCell(TypedDict):
+    """A method at one ε of a problem: its metric's mean and std over seeds (``test_error``), the
+    largest ε its tunings claimed, its planned expected passes."""
+
+    test_error: dict[str, float]
+    epsilon_tuning_and_training: float
+    expected_passes: float
+
+
+class Cell(TypedDict):
+    """One ε of a problem (:func:`cell`): every method's entry and the winner, or the methods that tie."""
+
+    epsilon: float
+    winner: str | None
+    runner_up: str | None
+    p_value: float | None
+    significant: bool
+    tied: list[str]
+    methods: dict[str, MethodCell]
+
+
+class ProblemResult(TypedDict):
+    """A problem's part of ``bench.json``: what it is, how it was run, and its cells."""
+
+    problem: str
+    metric: NotRequired[str]
+    task: dict[str, JsonValue]
+    dataset: str
+    model: str
+    preparation: NotRequired[str]
+    delta: float
+    seeds: int
+    trials: str
+    steps: dict[str, int]
+    grids: dict[str, dict[str, list[Value]]]
+    cells: list[Cell]
+
+
+class RunDiagnostics(TypedDict):
+    """NOT PRIVATE: a method's wall time at one ε of a problem and its trials run, per seed."""
+
+    problem: str
+    epsilon: float
+    algorithm: str
+    wall_time_s: float
+    trials_run: list[int]
+
+
+class Diagnostics(TypedDict):
+    label: str
+    runs: list[RunDiagnostics]
+    wall_time_s: float
+
+
+class BenchResult(TypedDict):
+    """``bench.json`` (without its command)."""
+
+    problems: list[ProblemResult]
+    randomness: NotRequired[str]
+    diagnostics: Diagnostics
+
+
+class BenchRun(BenchResult):
+    """What :func:`run_bench` returns for printing: the result, its Markdown and the folder written."""
+
+    markdown: str
+    out: str
 
 
 @dataclass(frozen=True)
@@ -150,7 +219,8 @@ class Tuning:
                      trials=self.trials, epsilon=self.epsilon, delta=self.delta, steps=method.steps,
                      score=task.validation_error, seed=self.seed, theta0=task.theta0, test_error=task.test_error,
                      diagnostics=True, allow_large_delta=self.allow_large_delta)
-        trials_run = None if tuned.diagnostics is None else int(tuned.diagnostics["trials_run"])  # (asked for)
+        assert tuned.diagnostics is not None  # (asked for)
+        trials_run = int(tuned.diagnostics["trials_run"])
         return {"test_error": tuned.final.get("test_error", math.nan), "epsilon": tuned.final["epsilon"],
                 "expected_passes": tuned.final["expected_passes"], "trials_run": trials_run,
                 "wall_time_s": time.perf_counter() - clock}
@@ -234,7 +304,7 @@ def shown_command(argv: Sequence[str]) -> str:
 
 
 def bench(chosen: Sequence[Problem], pool: Pool, *, randomness: Randomness, data_dir: str | None = None,
-          progress: bool = False) -> JsonObject:
+          progress: bool = False) -> BenchResult:
     """Every problem of ``chosen``, at each of its ε, every method tuned privately on seed slots 0,
     1, … (one :class:`Tuning` job each, seeded by ``randomness``, all queued in ``pool`` before any
     is waited for)."""
@@ -253,10 +323,10 @@ def bench(chosen: Sequence[Problem], pool: Pool, *, randomness: Randomness, data
                                               for slot in range(problem.seeds)]
                 for epsilon in problem.epsilons for method in problem.methods}
         queued.append((problem, task.metric, jobs))
-    results: list[JsonValue] = []
-    diagnostics: list[JsonValue] = []
+    results: list[ProblemResult] = []
+    diagnostics: list[RunDiagnostics] = []
     for problem, metric, jobs in queued:
-        cells: list[JsonValue] = []
+        cells: list[Cell] = []
         for epsilon in problem.epsilons:
             runs = {method.name: [future.result() for future in jobs[epsilon, method.name]]
                     for method in problem.methods}
@@ -282,7 +352,7 @@ def bench(chosen: Sequence[Problem], pool: Pool, *, randomness: Randomness, data
                             "runs": diagnostics, "wall_time_s": time.perf_counter() - started}}
 
 
-def cell(epsilon: float, runs: Mapping[str, Sequence[Tuned]]) -> JsonObject:
+def cell(epsilon: float, runs: Mapping[str, Sequence[Tuned]]) -> Cell:
     """The result of one ε from each method's jobs (``runs``: method → one :meth:`Tuning.run` result
     per seed): every method's metric (mean, std over seeds), the largest ε its tunings claimed and
     its planned passes; and the winner.
@@ -320,7 +390,7 @@ def select(names: Sequence[str] | None, variant: str | None, path: Path = PROBLE
 
 
 def run_bench(chosen: Sequence[Problem], *, out: Path, workers: int, seed: int | None, command: str,
-              data_dir: str | None = None, progress: bool = False) -> JsonObject:
+              data_dir: str | None = None, progress: bool = False) -> BenchRun:
     """``dpopt bench`` of the problems ``chosen``: run, write ``bench.json``, ``bench.md``, a figure per
     problem and ``summary.png`` to ``out``; the result (with its Markdown) for printing.
 
@@ -342,4 +412,4 @@ def run_bench(chosen: Sequence[Problem], *, out: Path, workers: int, seed: int |
     report.write_json(out / "bench.json", result | {"command": command})
     report.write_text(out / "bench.md", text)
     figures(out, result)
-    return result | {"markdown": text, "out": str(out)}
+    return BenchRun(**result, markdown=text, out=str(out))

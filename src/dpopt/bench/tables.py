@@ -16,10 +16,11 @@ import functools
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, cast
 
 from .. import report
-from . import SIGNIFICANCE, TIE
+from . import SIGNIFICANCE, TIE, BenchResult, Cell, MethodCell, ProblemResult, RunDiagnostics
 from ..report import markdown_table
 
 if TYPE_CHECKING:
@@ -29,23 +30,24 @@ if TYPE_CHECKING:
 GAP_CAP = 50.0
 
 
-def metric(problem: dict[str, Any]) -> str:
+def metric(problem: ProblemResult) -> str:
     """The name of the problem's metric (``test_error`` if it names none)."""
     return problem.get("metric", "test_error")
 
 
-def score(entry: dict[str, Any], name: str) -> dict[str, float]:
+def score(entry: MethodCell, name: str) -> dict[str, float]:
     """A method entry's metric summary ({mean, std, ...}): under the metric's name, ``"metric"``
     or ``"test_error"``, the first present."""
-    return next(entry[key] for key in (name, "metric", "test_error") if key in entry)
+    keyed: Mapping[str, object] = entry
+    return cast("dict[str, float]", next(keyed[key] for key in (name, "metric", "test_error") if key in keyed))
 
 
-def _methods(problem: dict[str, Any]) -> list[str]:
+def _methods(problem: ProblemResult) -> list[str]:
     """The problem's methods in the order of their first appearance over its cells."""
     return list(dict.fromkeys(name for cell in problem["cells"] for name in cell["methods"]))
 
 
-def markdown(result: dict[str, Any], command: str) -> str:
+def markdown(result: BenchResult, command: str) -> str:
     """Per problem: the metric table (rows: methods, then the winner with its p-value against the
     runner-up; one column per ε), the planned cost and the NOT PRIVATE wall time."""
     lines = [f"Command: `{command}`; total wall time (NOT PRIVATE: it reveals the number of trials) "
@@ -57,11 +59,12 @@ def markdown(result: dict[str, Any], command: str) -> str:
         cells, name, methods = problem["cells"], metric(problem), _methods(problem)
         columns = [f"ε = {cell['epsilon']:g}" for cell in cells]
 
-        def table(head: str, label_rows: dict[str, Any]) -> str:  # one row per label, a column per ε
+        # one row per label, a column per ε
+        def table(head: str, label_rows: Mapping[str, Callable[[Cell], object]]) -> str:
             return markdown_table([{head: label} | {column: entry(cell) for column, cell in zip(columns, cells)}
                                    for label, entry in label_rows.items()], [head, *columns])
 
-        rows: dict[str, Callable[[dict[str, Any]], str]] = {
+        rows: dict[str, Callable[[Cell], object]] = {
             method: functools.partial(_entry, name=method, metric_name=name) for method in methods}
         rows["winner (p vs runner-up)"] = _winner
         spent = max((entry["epsilon_tuning_and_training"] for cell in cells for entry in cell["methods"].values()),
@@ -76,12 +79,11 @@ def markdown(result: dict[str, Any], command: str) -> str:
                   *([f"Data preparation: {problem['preparation']}.", ""] if "preparation" in problem else []),
                   table("method", rows), ""]
         if any("expected_passes" in entry for cell in cells for entry in cell["methods"].values()):
-            passes = {method: (lambda cell, m=method: cell["methods"].get(m, {}).get("expected_passes", "–"))
-                      for method in methods}
+            passes = {method: functools.partial(_passes, method=method) for method in methods}
             lines += ["Cost: planned expected data passes of the whole tuning and training (expected trials × "
                       "one trial's passes; public: fixed by the plan before any data is seen).", "",
                       table("expected passes (planned)", passes), ""]
-        timed = {method: (lambda cell, m=method: _wall(walls.get((problem["problem"], cell["epsilon"], m))))
+        timed = {method: functools.partial(_wall_of, walls=walls, problem=problem["problem"], method=method)
                  for method in methods}
         lines += ["Cost, NOT PRIVATE wall time (it reveals the number of trials): seconds of tuning and training "
                   "per seed (trials run, summed over seeds).", "",
@@ -89,14 +91,23 @@ def markdown(result: dict[str, Any], command: str) -> str:
     return "\n".join(lines)
 
 
-def _winner(cell: dict[str, Any]) -> str:
+def _passes(cell: Cell, method: str) -> object:
+    entry = cell["methods"].get(method)
+    return "–" if entry is None else entry.get("expected_passes", "–")
+
+
+def _wall_of(cell: Cell, walls: Mapping[tuple[str, float, str], RunDiagnostics], problem: str, method: str) -> str:
+    return _wall(walls.get((problem, cell["epsilon"], method)))
+
+
+def _winner(cell: Cell) -> str:
     """The winner with its p-value against the runner-up, or the methods that tie."""
     if cell["winner"] is None:
         return f"none: {', '.join(cell['tied'])} tie (within {TIE:.1%})"
     return f"{cell['winner']} (p = {cell['p_value']:.2g}{', significant' if cell['significant'] else ''})"
 
 
-def _entry(cell: dict[str, Any], name: str, metric_name: str) -> str:
+def _entry(cell: Cell, name: str, metric_name: str) -> str:
     if name not in cell["methods"]:
         return "–"
     value = score(cell["methods"][name], metric_name)
@@ -109,20 +120,20 @@ def _number(value: float) -> str:
     return f"{value:.4f}" if 1e-3 <= abs(value) < 1e3 or value == 0 else f"{value:.4g}"
 
 
-def _wall(run: dict[str, Any] | None) -> str:
+def _wall(run: RunDiagnostics | None) -> str:
     if run is None:
         return "–"
     return f"{run['wall_time_s'] / len(run['trials_run']):.1f} s ({sum(run['trials_run'])} trials)"
 
 
-def figures(out: Path, result: dict[str, Any]) -> None:
+def figures(out: Path, result: BenchResult) -> None:
     """``<problem>.png`` for every problem and ``summary.png``, in ``out``."""
     for problem in result["problems"]:
         report.save_figure(out / f"{problem['problem']}.png", problem_figure(problem))
     report.save_figure(out / "summary.png", summary_figure(result))
 
 
-def problem_figure(problem: dict[str, Any]) -> Figure:
+def problem_figure(problem: ProblemResult) -> Figure:
     """The problem's metric (mean ± std over seeds) against ε, one line per method side by side at
     each ε (on a log axis if the means span :data:`~dpopt.report.LOG_SPAN` or more, e.g. a method
     that diverged; there a lower bar that would reach mean − std ≤ 0 stops at the mean, and the
@@ -160,7 +171,7 @@ def problem_figure(problem: dict[str, Any]) -> Figure:
     return fig
 
 
-def summary_figure(result: dict[str, Any]) -> Figure:
+def summary_figure(result: BenchResult) -> Figure:
     """A heatmap over all problems and ε: a row per (problem, method), a column per ε; the colour is
     the method's gap to the best mean of that cell relative to it (:func:`_gap`, capped at
     :data:`GAP_CAP`), so problems with different metrics share one scale; each square shows the

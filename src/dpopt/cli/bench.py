@@ -57,9 +57,7 @@ def handle(request: BenchRequest) -> Output:
     out = request.out
     written = [out / "bench.json", out / "bench.md", *(out / f"{p.name}.png" for p in request.problems),
                out / "summary.png", out / "runs"]
-    markdown = result["markdown"]
-    assert isinstance(markdown, str)
-    return Output(result, lines=[markdown.rstrip("\n")], written=written)
+    return Output(result, lines=[result["markdown"].rstrip("\n")], written=written)
 
 
 def add_parser(commands: Subcommands) -> None:
