@@ -56,7 +56,7 @@ class _Package(types.ModuleType):
     is imported (``dpopt.fit`` is the function even after ``import dpopt.fit``: the import system
     would set the package's attribute to the submodule)."""
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         if name in _EXPORTS and isinstance(value, types.ModuleType):
             return
         super().__setattr__(name, value)

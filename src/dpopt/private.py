@@ -83,7 +83,7 @@ from typing import Any, TypedDict
 
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from . import _validate, checkpoint, journal
 from .accounting import Ledger
@@ -139,7 +139,8 @@ class Private:
     ``allow_large_delta`` (:func:`dpopt._validate.meaningful_delta` says why).
     """
 
-    def __init__(self, module: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], data: Any, *,
+    def __init__(self, module: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor],
+                 data: Dataset | DataLoader | tuple[Tensor, Tensor], *,
                  algorithm: str | Any = "dp-sgd", epsilon: float | None, delta: float, epochs: float | None = None,
                  steps: int | None = None, batch_size: int = 256, clip: float = 1.0, lr: float = 0.1,
                  seed: int | None = None, accountant: str = "pld", engine: str = "ghost", microbatch_size: int = 512,

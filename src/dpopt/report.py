@@ -12,6 +12,7 @@ import math
 import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import checkpoint
@@ -109,7 +110,7 @@ def save_figure(path: Path, fig: Figure) -> None:
     checkpoint.write_bytes(path, buffer.getvalue())
 
 
-def pyplot() -> Any:
+def pyplot() -> ModuleType:
     """matplotlib's pyplot on the file-only (Agg) backend."""
     import matplotlib
 

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import dp_accounting as dpa
 
 from ._validate import DpoptError
 from .accounting import Ledger, PlanMismatch, compose, count_steps, guarantee, is_filter, run_length
+from .accounting.ledger import LedgerState
 
 if TYPE_CHECKING:
     from .base import S, Oracle
@@ -64,7 +65,7 @@ def check(path: Path, saved: object, described: dict[str, str], plan: Plan[S], *
     return checked_ledger(name, saved["ledger"], saved["step"], plan, stop_at=stop_at)
 
 
-def checked_ledger(name: str, state: Any, done: Any, plan: Plan[S], *, stop_at: int) -> Ledger:
+def checked_ledger(name: str, state: LedgerState, done: object, plan: Plan[S], *, stop_at: int) -> Ledger:
     """The ledger saved as ``state`` after ``done`` steps, refused (naming checkpoint ``name``)
     unless it records what ``plan`` spends in those steps (:func:`check` says how)."""
     if type(done) is not int or not 0 <= done <= stop_at:

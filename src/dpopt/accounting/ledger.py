@@ -8,7 +8,7 @@ bug, never a user error); :func:`is_filter` recognises a zCDP privacy filter's p
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TypedDict
 
 import dp_accounting as dpa
 from dp_accounting import NeighboringRelation
@@ -76,6 +76,15 @@ def guarantee(recorded: dpa.DpEvent, planned: dpa.DpEvent) -> dpa.DpEvent:
     return recorded
 
 
+class LedgerState(TypedDict):
+    """A ledger as a checkpoint keeps it: the adjacency's name, the accountant asked for, and the
+    runs of releases (an event and how many times in a row it was released)."""
+
+    relation: str
+    accountant: str
+    runs: list[tuple[dpa.DpEvent, int]]
+
+
 class Ledger:
     """What a run has actually spent: every event a step returned, in order.
 
@@ -120,11 +129,11 @@ class Ledger:
             return 0.0
         return epsilon_of(self.event(), delta, self.relation, self.requested_accountant)
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> LedgerState:
         return {"relation": self.relation.name, "accountant": self.requested_accountant, "runs": list(self._runs)}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any]) -> Ledger:
+    def from_state(cls, state: LedgerState) -> Ledger:
         ledger = cls(NeighboringRelation[state["relation"]], state["accountant"])
         ledger._runs = [(event, int(count)) for event, count in state["runs"]]
         return ledger

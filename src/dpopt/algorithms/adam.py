@@ -34,7 +34,7 @@ import dp_accounting as dpa
 import torch
 from torch import Tensor
 
-from .. import _validate
+from .. import _validate, mechanisms
 from ..base import S, Algorithm, Batch, Directed, KeyedSampling, NoiseSource, NoiseVariance, Oracle, Sampler
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ class AdamBC:
         return self.inner.noise_ratios
 
     @property
-    def noise(self) -> Any:
+    def noise(self) -> mechanisms.Noise:
         """The inner's kind of noise (the data-parallel check reads it)."""
         return self.inner.noise
 

@@ -291,15 +291,13 @@ def _scaled_clip(clip: float, move: Tensor) -> float:
     return clip * norm if math.isfinite(norm) else 0.0
 
 
-def _diff2(knobs: Knobs, **local: Any) -> DIFF2:
+def _diff2(knobs: Knobs, local: bool = False) -> DIFF2:
     split = sampling.Clients(knobs.n, knobs.clients)
-    backend = {} if knobs.backend is None else {"backend": knobs.backend}
-    if local:
-        local = {"local": LocalSteps(knobs.local_steps, min(knobs.batch_size, split.size), knobs.clip_diff),
-                 "noise_multiplier3": 1.0}
+    steps = LocalSteps(knobs.local_steps, min(knobs.batch_size, split.size), knobs.clip_diff) if local else None
     return DIFF2(lr=knobs.lr, clip=knobs.clip, clip_diff=knobs.clip_diff, restart=knobs.restart, noise_multiplier1=1.0,
                  noise_multiplier2=1.0, clients=split, output_rule=knobs.output_rule, noise_ratios=knobs.noise_ratios,
-                 **backend, **local)
+                 backend=Local() if knobs.backend is None else knobs.backend,
+                 local=steps, noise_multiplier3=1.0 if local else None)
 
 
 def gd_from_knobs(knobs: Knobs) -> DIFF2:

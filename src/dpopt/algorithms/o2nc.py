@@ -45,7 +45,7 @@ the theorems, with every hidden constant explicit: :mod:`dpopt.algorithms.o2nc_p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, NamedTuple, TypedDict, cast
 
 import dp_accounting as dpa
 import torch
@@ -311,7 +311,19 @@ class O2NCMulti(_Conversion):
         return (increment if start else state.released + increment), None, event
 
 
-def _o2nc_settings(knobs: Knobs) -> dict[str, Any]:
+class _Settings(TypedDict):
+    lr: float
+    radius: float
+    window: int
+    alpha: float
+    period: int
+    clip0: float
+    clip: float
+    noise_multiplier: float
+    directions: int
+
+
+def _o2nc_settings(knobs: Knobs) -> _Settings:
     """The settings every O2NC variant reads: period Σ = ``batch_size``, clips C1 = ``clip`` and
     C2 = ``clip_diff``, smoothing ``alpha``, m = ``directions``, M = ``window``, D = ``o2nc_radius``."""
     _validate.positive_int("batch_size", knobs.batch_size, maximum=knobs.n, maximum_name="n (training records)")

@@ -91,7 +91,7 @@ class Schema:
         return len(self.features) if isinstance(self.features, tuple) else self.features
 
     @classmethod
-    def of(cls, path: str | Path | None = None, **given: Any) -> Schema:
+    def of(cls, path: str | Path | None = None, **given: object) -> Schema:
         """The schema of the JSON file at ``path`` (if any), completed by ``given`` (the command
         line's ``task``, ``target``, ``features``, ``classes``; None: not given); a value given
         both ways must be the same."""
