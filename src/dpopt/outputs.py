@@ -72,9 +72,9 @@ DIAGNOSTIC_FACTS = frozenset({"goldstein_start", "reference_norm", "nonprivate_l
 #: run's history and of a reproduction's results.json.
 PRIVATE_FIELDS = frozenset(PRIVATE_METRICS) | frozenset(EXPERIMENT_PRIVATE) | PUBLIC_FACTS | {
     "step", "records", "final", "theta", "delta", "accountant", "neighboring_relation", "steps_done", "stopped",
-    "randomness", "algorithm", "dataset", "data_source", "out", "epsilon_target", "processes", "diagnostics", "diverged_at",
-    "experiment", "rows", "seeds", "quick", "log_points", "facts", "t_tests", "problem", "ours", "baseline",
-    "metrics", "mean", "std", "accountant_note",
+    "randomness", "algorithm", "dataset", "data_source", "out", "epsilon_target", "processes", "diagnostics",
+    "diverged_at", "experiment", "rows", "seeds", "quick", "log_points", "facts", "t_tests", "problem", "ours",
+    "baseline", "only", "metrics", "mean", "std", "accountant_note",
     # which records the guarantee protects, and where the test metrics were measured (own data:
     # held-out rows of the user's file, labelled NOT PRIVATE there)
     "protected_records", "test_data",
@@ -130,7 +130,8 @@ def unclassified(payload: Any, extra_diagnostics: frozenset[str] = frozenset()) 
     wrong = []
     for path, inside in _keys(payload, False, ""):
         key = path.rsplit(".", 1)[-1].removesuffix("[]")
-        allowed = DIAGNOSTIC_FIELDS | extra_diagnostics | {TUNING} if inside else PRIVATE_FIELDS | PUBLIC_BY_NAME | BY_METHOD
+        allowed = (DIAGNOSTIC_FIELDS | extra_diagnostics | {TUNING} if inside
+                   else PRIVATE_FIELDS | PUBLIC_BY_NAME | BY_METHOD)
         if key not in allowed and _metric(key) not in allowed:
             wrong.append(path)
     return wrong

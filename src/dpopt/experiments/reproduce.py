@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
+from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from tqdm import tqdm
@@ -46,6 +48,8 @@ def _preset(name: str) -> Experiment:
 X_LABELS = {"passes": "data passes (epochs)", "expected_passes": "expected data passes (epochs)",
             "wall_time_s": "training wall time (s)"}
 
+#: A problem's key (whatever the preset names its problems by).
+Key = TypeVar("Key")
 #: ``--quick`` runs 2 seeds of every method for this fraction of its steps (noise calibrated for
 #: the shorter run): a smoke test of the whole pipeline, not numbers to compare with the paper.
 QUICK_STEPS = 0.25
@@ -57,7 +61,7 @@ PUBLISHED = ("published seeds: the runs of every row use seeds 0 to {last}, and 
 
 def reproduce(name: str, *, seeds: int | None = None, quick: bool = False, out: str | Path | None = None,
               data_dir: str | None = None, retune: bool = False, progress: bool = False,
-              workers: int | None = None) -> dict[str, Any]:
+              workers: int | None = None, only: Sequence[str] = ()) -> dict[str, Any]:
     """Run experiment ``name`` and write its report under ``out`` (default ``results/<name>``).
 
     Seeds run in ``workers`` processes (default: one per core); their number defaults to the
@@ -65,7 +69,9 @@ def reproduce(name: str, *, seeds: int | None = None, quick: bool = False, out: 
     folder) before any work; every finished run is saved in ``out/runs`` as it completes, and runs
     saved there are loaded, not run again. ``progress``: a bar over the runs, with an ETA.
     Interrupted (KeyboardInterrupt), it stops its workers and raises KeyboardInterrupt saying how
-    many runs are saved and how to resume."""
+    many runs are saved and how to resume. ``only``: run just the rows whose ``problem/method/ε``
+    matches one of these shell patterns (e.g. ``scatternet:mnist/DP-SGD/3.0``; :func:`selected`),
+    all rows if empty; results.json and results.md state the patterns."""
     exp = _preset(name)
     n_seeds = _validate.positive_int("seeds", seeds if seeds is not None else
                                      (2 if quick else exp.SEEDS))
@@ -74,7 +80,7 @@ def reproduce(name: str, *, seeds: int | None = None, quick: bool = False, out: 
     pool = Pool(workers, _problem_of, name, data_dir, saved=Saved(out_dir / "runs", f"{name} {source_digest()}"),
                 progress=progress)
     with running(pool):
-        payload = _run_all(exp, data_dir, n_seeds, quick, retune, progress, pool)
+        payload = _run_all(exp, data_dir, n_seeds, quick, retune, progress, pool, tuple(only))
     _write(out_dir, payload, exp)
     return _classified(payload)
 
@@ -98,8 +104,20 @@ def _jobs(exp: Experiment, keys: tuple[Any, ...], built: dict[Any, Any]) -> list
     return jobs
 
 
+def selected(jobs: list[tuple[Key, Method, float]], only: tuple[str, ...]) -> list[tuple[Key, Method, float]]:
+    """The jobs whose ``problem/method/ε`` (``method/ε`` in a preset of one problem; ε
+    ``non-private`` for a non-private method) matches one of the shell patterns ``only`` (``*``,
+    ``?``, ``[…]``; all jobs if empty); a DpoptError listing the rows if none does."""
+    names = [f"{'' if key is None else f'{key}/'}{method.name}/{epsilon if method.private else 'non-private'}"
+             for key, method, epsilon in jobs]
+    chosen = [job for job, name in zip(jobs, names) if not only or any(fnmatchcase(name, p) for p in only)]
+    if not chosen:
+        raise _validate.DpoptError(f"only={list(only)!r} matches no row; the rows are: {', '.join(names)}")
+    return chosen
+
+
 def _run_all(exp: Experiment, data_dir: str | None, n_seeds: int, quick: bool, retune: bool,
-             progress: bool, pool: Pool) -> dict[str, Any]:
+             progress: bool, pool: Pool, only: tuple[str, ...] = ()) -> dict[str, Any]:
     started = time.perf_counter()
     rows, tuning, curves = [], {}, {}
     chosen: dict[tuple[Any, str], dict[str, Any]] = {}  # with TUNE_EPSILON: one tuning per method
@@ -109,7 +127,7 @@ def _run_all(exp: Experiment, data_dir: str | None, n_seeds: int, quick: bool, r
     keys = exp.problems(quick)
     built = {key: exp.problem(data_dir, key) for key in keys}
     facts = {str(key): stated | {"preparation": described(exp.preparation(key))} for key, (_, stated) in built.items()}
-    jobs = _jobs(exp, keys, built)
+    jobs = selected(_jobs(exp, keys, built), only)
     pool.expect(sum(1 if method.deterministic else n_seeds for _, method, _ in jobs))
     for key, method, epsilon in jobs:
         problem = built[key][0]
@@ -145,6 +163,7 @@ def _run_all(exp: Experiment, data_dir: str | None, n_seeds: int, quick: bool, r
         "randomness": PUBLISHED.format(last=n_seeds - 1, tuning=", ".join(map(str, exp.TUNING_SEEDS))),
         "paper": [_paper_row(row, exp.delta(row.get("problem"))) for row in exp.PAPER],
         "seeds": n_seeds, "quick": quick, "log_points": log_points, "facts": facts, "t_tests": tests,
+        "only": list(only),
         "grids": {m.name: m.grid for m in exp.methods(exp.EPSILONS[0], exp.problems(quick)[0])},
         "tuning": tuning or exp.TUNING_COST, "wall_time_s": time.perf_counter() - started, "_curves": curves,
     }
@@ -235,7 +254,7 @@ def _classified(payload: dict[str, Any]) -> dict[str, Any]:
     training_facts = [{k: v for k, v in f.items() if k == "problem" or k in outputs.DIAGNOSTIC_FACTS} for f in facts]
     tests = [_split_test(test) for test in payload["t_tests"]]
     return {key: payload[key] for key in ("experiment", "randomness", "paper", "seeds", "quick", "log_points",
-                                          "grids")} | {
+                                          "grids", "only")} | {
         "rows": rows, "facts": public_facts, "t_tests": [private for private, _ in tests if _tested(private)],
         "diagnostics": {"label": outputs.NOT_PRIVATE, "facts": [f for f in training_facts if len(f) > 1],
                         "t_tests": [diagnostic for _, diagnostic in tests if _tested(diagnostic)],
@@ -285,7 +304,9 @@ def _markdown(payload: dict[str, Any], exp: Experiment) -> str:
         f"{payload['seeds']} seeds (mean (std)); δ = {_deltas(payload['rows'])}; accountant: {first['accountant']}; "
         f"adjacency: {first['neighboring_relation']} (private rows). Wall time {payload['wall_time_s']:.0f} s."
         + (f" **Quick mode: {QUICK_STEPS:.0%} of every method's steps; not comparable with the paper.**"
-           if payload["quick"] else ""), "",
+           if payload["quick"] else "")
+        + (f" **Only the rows matching {', '.join(f'`{p}`' for p in payload['only'])}.**" if payload["only"] else ""),
+        "",
         f"Randomness: {payload['randomness']}.", "",
         *_preparation_lines(exp, payload["quick"]),
         report.markdown_table(table_rows, head + ["seeds"] + list(shown.values()) + [f"paper {c}" for c in paper_metrics]),
