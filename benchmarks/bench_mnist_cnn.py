@@ -74,8 +74,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _timing import (OpacusLoop, Stepper, data_dir, in_child, interleaved, load_sentence, mb, other_processes_share, script,
-                     status_mb, summary)
+from _timing import (OpacusLoop, Stepper, data_dir, in_child, interleaved, load_sentence, mb, other_processes_share,
+                     script, status_mb, summary)
 
 TITLE = "MNIST CNN step, batch 256: dpopt DP-SGD / DP-SRM vs plain PyTorch and Opacus"
 THREADS = 2

@@ -167,13 +167,14 @@ def measure(quick: bool) -> dict[str, Any]:
 def report(data: dict[str, Any], how: str) -> dict[str, Any]:
     curves, targets, recipe = data["curves"], data["targets"], data["recipe"]
     reached = {name: {target: first_reaching(curve, target) for target in targets} for name, curve in curves.items()}
-    per_step = {name: statistics.median(
-        (b[1] - a[1]) / (b[0] - a[0]) for a, b in zip([(0, 0.0, 0.0)] + curve, curve)) for name, curve in curves.items()}
+    per_step = {name: statistics.median((b[1] - a[1]) / (b[0] - a[0]) for a, b in zip([(0, 0.0, 0.0)] + curve, curve))
+                for name, curve in curves.items()}
     faster = min((HOOKS, GHOST), key=lambda name: reached[name][max(targets)][1]
                  if math.isfinite(reached[name][max(targets)][1]) else math.inf)
     busy = load_sentence(data["others"], "the times are inflated, the ratios (measured side by side) less so")
     md = [f"MNIST train (n = {data['n']:,}), test accuracy on the 10,000 test images; `make_model(\"mnist-cnn\", "
-          f"seed=0)`, float32, {data['threads']} threads; expected batch {recipe['batch_size']}, C = {recipe['clip']:g}, "
+          f"seed=0)`, float32, {data['threads']} threads; expected batch {recipe['batch_size']}, "
+          f"C = {recipe['clip']:g}, "
           f"σ = {data['sigma']:.4f} (dpopt's calibration to ε = {EPSILON:g}, δ = {DELTA:g} for {data['steps']} steps), "
           f"SGD lr {recipe['lr']:g} momentum {recipe['options']['momentum']:g}. Turns of {data['every']} steps per "
           f"contender, evaluation after each turn (not timed); {data['seconds']:.0f} s in all, in a child process with "

@@ -75,9 +75,8 @@ DIAGNOSTIC_FACTS = frozenset({"goldstein_start", "reference_norm", "nonprivate_l
 PRIVATE_FIELDS = frozenset(PRIVATE_METRICS) | frozenset(EXPERIMENT_PRIVATE) | PUBLIC_FACTS | {
     "step", "records", "final", "theta", "delta", "accountant", "neighboring_relation", "steps_done", "stopped",
     "randomness", "algorithm", "dataset", "data_source", "out", "epsilon_target", "processes", "diagnostics",
-    "diverged_at",
-    "experiment", "rows", "seeds", "quick", "log_points", "facts", "t_tests", "problem", "ours", "baseline",
-    "metrics", "mean", "std", "accountant_note",
+    "diverged_at", "experiment", "rows", "seeds", "quick", "log_points", "facts", "t_tests", "problem", "ours",
+    "baseline", "only", "metrics", "mean", "std", "accountant_note",
     # which records the guarantee protects, and where the test metrics were measured (own data:
     # held-out rows of the user's file, labelled NOT PRIVATE there)
     "protected_records", "test_data",

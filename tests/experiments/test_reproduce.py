@@ -14,7 +14,7 @@ import pytest
 import torch
 from scipy import stats
 
-from dpopt import experiments, outputs, report
+from dpopt import _validate, experiments, outputs, report
 from dpopt.algorithms import DPSGD, Storm, dp_gd
 from dpopt.experiments._runner import Method, Problem, mean_curve, one_sided_p
 from dpopt.train import History
@@ -371,3 +371,30 @@ def test_the_majority_class_error_is_a_statistic_of_the_test_labels(monkeypatch:
         monkeypatch.setattr(dp_srm_ijcnn1, "load", lambda name, data_dir, labels=train_labels: ijcnn1(labels))
         errors.append(dp_srm_ijcnn1.problem(None, None)[1]["majority_class_test_error"])
     assert errors == [pytest.approx(0.3), pytest.approx(0.3)]
+
+
+def test_only_runs_the_rows_matching_a_pattern_and_says_so(toy: str, tmp_path: Path) -> None:
+    """``only``: the rows whose method/ε match one of the shell patterns, stated in results.json
+    and results.md; a pattern matching nothing is refused with the rows there are."""
+    payload = reproduce(toy, seeds=1, out=tmp_path, workers=1, only=("DP-SGD/2.0", "SGD/*"))
+    assert {(row["algorithm"], row["epsilon"]) for row in payload["rows"]} == {("DP-SGD", 2.0), ("SGD", None)}
+    written = json.loads((tmp_path / "results.json").read_text())
+    assert written["only"] == ["DP-SGD/2.0", "SGD/*"] and outputs.unclassified(written) == []
+    assert "**Only the rows matching `DP-SGD/2.0`, `SGD/*`.**" in (tmp_path / "results.md").read_text()
+    assert reproduce(toy, seeds=1, out=tmp_path / "all", workers=1)["only"] == []
+    with pytest.raises(_validate.DpoptError, match=r"only=\['DP-SGD/3.0'\] matches no row; the rows are: DP-SGD/1.0, "
+                                                   r"DP-GD/1.0, SGD/non-private, DP-SGD/2.0, DP-GD/2.0"):
+        reproduce(toy, seeds=1, out=tmp_path / "none", workers=1, only=("DP-SGD/3.0",))
+
+
+def test_the_command_takes_only_patterns(toy: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dpopt.cli import main
+
+    argv = ["reproduce", toy, "--seeds", "1", "--workers", "1", "--out", str(tmp_path), "--json"]
+    assert main([*argv, "--only", "DP-GD/*", "--only", "SGD/non-private"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["only"] == ["DP-GD/*", "SGD/non-private"]
+    assert sorted((row["algorithm"], row["epsilon"]) for row in printed["rows"]) == [
+        ("DP-GD", 1.0), ("DP-GD", 2.0), ("SGD", None)]
+    assert main([*argv, "--only", "Adam/*"]) == 2
+    assert "dpopt: error: only=['Adam/*'] matches no row" in capsys.readouterr().err

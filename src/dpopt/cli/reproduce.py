@@ -23,13 +23,15 @@ class ReproduceRequest(Request):
     seeds: int | None
     retune: bool
     workers: int | None
+    only: tuple[str, ...]
     data_dir: str | None
     out: Path
 
     @classmethod
     def parse(cls, args: argparse.Namespace) -> ReproduceRequest:
         return cls(name=args.name, quick=args.quick, seeds=args.seeds, retune=args.retune, workers=args.workers,
-                   data_dir=args.data_dir, out=Path(args.out or Path("results") / args.name), json=args.json)
+                   only=tuple(args.only or ()), data_dir=args.data_dir,
+                   out=Path(args.out or Path("results") / args.name), json=args.json)
 
 
 def handle(request: ReproduceRequest) -> Output:
@@ -37,7 +39,8 @@ def handle(request: ReproduceRequest) -> Output:
 
     result = reproduce(request.name, seeds=request.seeds, quick=request.quick, out=request.out,
                        data_dir=request.data_dir, retune=request.retune,
-                       progress=not request.json and sys.stderr.isatty(), workers=request.workers)
+                       progress=not request.json and sys.stderr.isatty(), workers=request.workers,
+                       only=request.only)
     rows = [{**({"problem": row["problem"]} if row.get("problem") is not None else {}),
              "algorithm": row["algorithm"], "target ε": "non-private" if row["epsilon"] is None else row["epsilon"],
              **{name: f"{cell(value['mean'])} ± {cell(value['std'])}" for name, value in row["metrics"].items()}}
@@ -55,6 +58,9 @@ def add_parser(commands: Subcommands) -> None:
     sub.add_argument("--seeds", type=int, help="seeds per method (default: the experiment's)")
     sub.add_argument("--retune", action="store_true", help="re-run the step-size tuning instead of the preset's")
     sub.add_argument("--workers", type=int, help="processes running seeds in parallel (default: one per core)")
+    sub.add_argument("--only", action="append", metavar="PATTERN",
+                     help="run only the rows whose problem/method/epsilon matches this shell pattern, e.g. "
+                     "'scatternet:mnist/DP-SGD/3.0' or 'scatternet:mnist/*/3.0' (repeatable; default: every row)")
     add_data_dir(sub)
     sub.add_argument("--out", help="output directory (default: results/<name>); an interrupted reproduction "
                      "resumes from the runs saved there")

@@ -37,6 +37,7 @@ from .. import _validate
 from ..algorithms import registry
 from ..data import load
 from ..data.bounds import Preparation
+from ..json_types import JsonObject
 from ..plan import steps_for_epochs
 from ..scattering import Scattering2D, features
 from ..train import History
@@ -45,7 +46,8 @@ from ._runner import Method, Params, Problem, time_to_target
 from ._torch import classifier_problem
 from .optimizer_loop import OptimizerLoop, optimizer_class
 from .preparation import registered
-from .preset import declared_experiment
+from .payload import Payload, ProblemKey, named
+from .preset import Tuning, declared_experiment
 
 DATA = declared.load("mnist-sota")
 NAME = DATA["name"]
@@ -71,7 +73,7 @@ class Setting:
 SETTINGS = {key: Setting(**spec) for key, spec in DATA.parameter("problems").items()}
 
 
-def preparation(key: str) -> Preparation:
+def preparation(key: ProblemKey) -> Preparation:
     """MNIST's registered preparation (pixels / 255) for every problem; the scattering transform
     is part of the model (a fixed layer), not of the data's preparation."""
     return registered("mnist")
@@ -95,9 +97,9 @@ def final_metrics(history: History, *, target_error: float) -> dict[str, float]:
         history, target_error=target_error, passes="expected_passes")
 
 
-def build_problem(key: str, data_dir: str | None) -> tuple[Problem, dict[str, Any]]:
+def build_problem(key: ProblemKey, data_dir: str | None) -> tuple[Problem, JsonObject]:
     """The classifier of problem ``key`` and facts for the report."""
-    setting = SETTINGS[key]
+    setting = SETTINGS[named(key)]
     X, y, X_test, y_test = arrays(setting, data_dir)
     problem = classifier_problem(setting.model, X, y, X_test, y_test, microbatch_size=setting.microbatch_size,
                                  train_metrics=False, model_options=setting.model_options or {},
@@ -105,9 +107,10 @@ def build_problem(key: str, data_dir: str | None) -> tuple[Problem, dict[str, An
     features_of = (f"scattering features ({SCATTERING.channels} × {SCATTERING.output_shape[0]} × "
                    f"{SCATTERING.output_shape[1]}, J = {SCATTERING.J}, L = {SCATTERING.L}; a fixed public filter "
                    "bank, cached)" if setting.scattering else "pixels")
-    facts = {"n": len(X), "n_test": len(X_test), "dim": problem.oracle.dim, "data": "mnist", "features": features_of,
-             "model": f"{setting.model} {setting.model_options or ''}".strip(), "target_error": setting.target_error,
-             "delta": DATA["delta"]}
+    facts: JsonObject = {
+        "n": len(X), "n_test": len(X_test), "dim": problem.oracle.dim, "data": "mnist", "features": features_of,
+        "model": f"{setting.model} {setting.model_options or ''}".strip(), "target_error": setting.target_error,
+        "delta": DATA["delta"]}
     return problem, facts
 
 
@@ -144,7 +147,7 @@ def _method(name: str, spec: dict[str, Any], tuned: dict[float | None, Params]) 
     return Method(name, build, {}, tuned, loop=loop)
 
 
-def methods(key: str, epochs: int, tuned: dict[str, dict[float | None, Params]], epsilon: float) -> list[Method]:
+def methods(key: ProblemKey, epochs: int, tuned: Tuning, epsilon: float) -> list[Method]:
     """The file's methods, in its order, that give values for ``key`` at ``epsilon`` and that this
     dpopt can run."""
     return [_method(name, spec, tuned[name]) for name, spec in DATA["methods"].items()
@@ -154,7 +157,7 @@ def methods(key: str, epochs: int, tuned: dict[str, dict[float | None, Params]],
 # ----------------------------------------------------------------------------------- reports
 
 
-def analyses(payload: dict[str, Any]) -> list[str]:
+def analyses(payload: Payload) -> list[str]:
     """The acceptance lines (at full size): DP-SGD's CNN mean, the best mean at ε = 3 and the
     published 98.7 %, the ε = 1 row; and every declared method left out, with the reason."""
     lines = [f"* **Not run: {name}** — {reason}" for name, spec in DATA["methods"].items()

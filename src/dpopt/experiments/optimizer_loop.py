@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -81,6 +82,13 @@ class OptimizerLoop:
         if self.ema is not None and not 0 < self.ema < 1:
             raise _validate.DpoptError(f"ema={self.ema!r} must be in (0, 1) (or None: the last iterate)")
 
+    def optimizer_for(self, module: torch.nn.Module, private: Private) -> torch.optim.Optimizer:
+        """The optimizer over ``module``'s parameters; one whose constructor takes ``private``
+        (:class:`dpopt.optim.AdamBC`: it reads the noise variance of each release) is given it."""
+        cls: Callable[..., torch.optim.Optimizer] = optimizer_class(self.optimizer)
+        given = {"private": private} if "private" in inspect.signature(cls).parameters else {}
+        return cls(module.parameters(), lr=self.lr, **given, **dict(self.options))
+
     def run(self, problem: Problem, plan: Plan[Any], seed: int, log_every: int) -> History:
         """One run of ``plan`` on ``problem`` (its oracle's module from θ0, its data, engine and
         chunks) with ``seed``, logged every ``log_every`` steps; the output's final metrics and the
@@ -97,7 +105,7 @@ class OptimizerLoop:
         if private.plan.run_event != plan.run_event:  # the run spends what the plan calibrated, no more
             raise _validate.DpoptError(f"the run's planned event differs from the plan's ({private.plan.run_event} vs "
                                        f"{plan.run_event})")
-        optimizer = optimizer_class(self.optimizer)(module.parameters(), lr=self.lr, **dict(self.options))
+        optimizer = self.optimizer_for(module, private)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: SCHEDULES[self.schedule](t / plan.steps))
         average = private.oracle.flat_params().double() if self.ema is not None else None
         per_step = plan.algorithm.sampler(0, plan.n).expected_size / plan.n
@@ -110,14 +118,15 @@ class OptimizerLoop:
 
         def measure(t: int) -> dict[str, float]:
             theta = output()
-            return {"epsilon": private.epsilon(), "test_error": problem.test_error(theta), "expected_passes": t * per_step}
+            return {"epsilon": private.epsilon(), "test_error": problem.test_error(theta),
+                    "expected_passes": t * per_step}
 
         clock = StepClock()
         for t in private:
             private.backward()
             optimizer.step()
             schedule.step()
-            if average is not None:
+            if average is not None and self.ema is not None:
                 decay = min(self.ema, (1 + t) / (10 + t))
                 average.mul_(decay).add_(private.oracle.flat_params().double(), alpha=1 - decay)
             if (t + 1) % log_every == 0 or t + 1 == plan.steps:

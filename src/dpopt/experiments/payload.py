@@ -72,6 +72,7 @@ class Payload(TypedDict):
     seeds: int
     quick: bool
     log_points: int
+    only: list[str]
     facts: JsonObject
     t_tests: list[TTest]
     grids: dict[str, dict[str, Sequence[JsonValue]]]
@@ -113,6 +114,7 @@ class Results(TypedDict):
     seeds: int
     quick: bool
     log_points: int
+    only: list[str]
     grids: dict[str, dict[str, Sequence[JsonValue]]]
     rows: list[ClassifiedRow]
     facts: list[JsonObject]

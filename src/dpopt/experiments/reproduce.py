@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 from tqdm import tqdm
@@ -61,7 +62,7 @@ PUBLISHED = ("published seeds: the runs of every row use seeds 0 to {last}, and 
 
 def reproduce(name: str, *, seeds: int | None = None, quick: bool = False, out: str | Path | None = None,
               data_dir: str | None = None, retune: bool = False, progress: bool = False,
-              workers: int | None = None) -> Results:
+              workers: int | None = None, only: Sequence[str] = ()) -> Results:
     """Run experiment ``name`` and write its report under ``out`` (default ``results/<name>``).
 
     Seeds run in ``workers`` processes (default: one per core); their number defaults to the
@@ -69,7 +70,9 @@ def reproduce(name: str, *, seeds: int | None = None, quick: bool = False, out: 
     folder) before any work; every finished run is saved in ``out/runs`` as it completes, and runs
     saved there are loaded, not run again. ``progress``: a bar over the runs, with an ETA.
     Interrupted (KeyboardInterrupt), it stops its workers and raises KeyboardInterrupt saying how
-    many runs are saved and how to resume."""
+    many runs are saved and how to resume. ``only``: run just the rows whose ``problem/method/ε``
+    matches one of these shell patterns (e.g. ``scatternet:mnist/DP-SGD/3.0``; :func:`selected`),
+    all rows if empty; results.json and results.md state the patterns."""
     exp = _preset(name)
     n_seeds = _validate.positive_int("seeds", seeds if seeds is not None else
                                      (2 if quick else exp.SEEDS))
@@ -78,7 +81,7 @@ def reproduce(name: str, *, seeds: int | None = None, quick: bool = False, out: 
     pool = Pool(workers, _problem_of, name, data_dir, saved=Saved(out_dir / "runs", f"{name} {source_digest()}"),
                 progress=progress)
     with running(pool):
-        payload = _run_all(exp, data_dir, n_seeds, quick, retune, progress, pool)
+        payload = _run_all(exp, data_dir, n_seeds, quick, retune, progress, pool, tuple(only))
     _write(out_dir, payload, exp)
     return _classified(payload)
 
@@ -103,8 +106,21 @@ def _jobs(exp: Experiment, keys: tuple[ProblemKey, ...],
     return jobs
 
 
+def selected(jobs: list[tuple[ProblemKey, Method, float]],
+             only: tuple[str, ...]) -> list[tuple[ProblemKey, Method, float]]:
+    """The jobs whose ``problem/method/ε`` (``method/ε`` in a preset of one problem; ε
+    ``non-private`` for a non-private method) matches one of the shell patterns ``only`` (``*``,
+    ``?``, ``[…]``; all jobs if empty); a DpoptError listing the rows if none does."""
+    names = [f"{'' if key is None else f'{key}/'}{method.name}/{epsilon if method.private else 'non-private'}"
+             for key, method, epsilon in jobs]
+    chosen = [job for job, name in zip(jobs, names) if not only or any(fnmatchcase(name, p) for p in only)]
+    if not chosen:
+        raise _validate.DpoptError(f"only={list(only)!r} matches no row; the rows are: {', '.join(names)}")
+    return chosen
+
+
 def _run_all(exp: Experiment, data_dir: str | None, n_seeds: int, quick: bool, retune: bool,
-             progress: bool, pool: Pool) -> Payload:
+             progress: bool, pool: Pool, only: tuple[str, ...] = ()) -> Payload:
     started = time.perf_counter()
     rows: list[Row] = []
     tuning: dict[str, Tuned] = {}
@@ -117,7 +133,7 @@ def _run_all(exp: Experiment, data_dir: str | None, n_seeds: int, quick: bool, r
     keys = exp.problems(quick)
     built = {key: exp.problem(data_dir, key) for key in keys}
     stated = {key: given | {"preparation": described(exp.preparation(key))} for key, (_, given) in built.items()}
-    jobs = _jobs(exp, keys, built)
+    jobs = selected(_jobs(exp, keys, built), only)
     pool.expect(sum(1 if method.deterministic else n_seeds for _, method, _ in jobs))
     for key, method, epsilon in jobs:
         problem = built[key][0]
@@ -154,6 +170,7 @@ def _run_all(exp: Experiment, data_dir: str | None, n_seeds: int, quick: bool, r
         "randomness": PUBLISHED.format(last=n_seeds - 1, tuning=", ".join(map(str, exp.TUNING_SEEDS))),
         "paper": [_paper_row(row, exp.delta) for row in exp.PAPER],
         "seeds": n_seeds, "quick": quick, "log_points": log_points, "facts": facts, "t_tests": tests,
+        "only": list(only),
         "grids": {m.name: m.grid for m in exp.methods(exp.EPSILONS[0], exp.problems(quick)[0])},
         "tuning": tuning or exp.TUNING_COST, "wall_time_s": time.perf_counter() - started, "_curves": curves,
     }
@@ -254,7 +271,7 @@ def _classified(payload: Payload) -> Results:
     return {
         "experiment": payload["experiment"], "randomness": payload["randomness"], "paper": payload["paper"],
         "seeds": payload["seeds"], "quick": payload["quick"], "log_points": payload["log_points"],
-        "grids": payload["grids"], "rows": rows, "facts": public_facts,
+        "grids": payload["grids"], "only": payload["only"], "rows": rows, "facts": public_facts,
         "t_tests": [private for private, _ in tests if _tested(private)],
         "diagnostics": {"label": outputs.NOT_PRIVATE, "facts": [f for f in training_facts if len(f) > 1],
                         "t_tests": [diagnostic for _, diagnostic in tests if _tested(diagnostic)],
@@ -307,7 +324,9 @@ def _markdown(payload: Payload, exp: Experiment) -> str:
         f"{payload['seeds']} seeds (mean (std)); δ = {_deltas(payload['rows'])}; accountant: {first['accountant']}; "
         f"adjacency: {first['neighboring_relation']} (private rows). Wall time {payload['wall_time_s']:.0f} s."
         + (f" **Quick mode: {QUICK_STEPS:.0%} of every method's steps; not comparable with the paper.**"
-           if payload["quick"] else ""), "",
+           if payload["quick"] else "")
+        + (f" **Only the rows matching {', '.join(f'`{p}`' for p in payload['only'])}.**" if payload["only"] else ""),
+        "",
         f"Randomness: {payload['randomness']}.", "",
         *_preparation_lines(exp, payload["quick"]),
         report.markdown_table(table_rows,
