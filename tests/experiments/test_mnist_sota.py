@@ -5,6 +5,7 @@ loop, and ``--quick`` end to end."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -46,8 +47,8 @@ def test_methods_run_where_the_file_gives_values_and_this_dpopt_has_them():
     for key in ("tanh-cnn:mnist", "scatternet:mnist"):
         tuned = mnist_sota.PRESET.TUNED[key]
         assert [m.name for m in methods(3.0, key)] == [
-            name for name, spec in DATA["methods"].items() if 3.0 in tuned.get(name, {})
-            and mnist_sota.unavailable(spec) is None]
+            name for name, settings in mnist_sota.DECLARED.items() if 3.0 in tuned.get(name, {})
+            and mnist_sota.unavailable(settings) is None]
     cnn, = (m for m in methods(3.0, "tanh-cnn:mnist") if m.name == "DP-SGD")
     algorithm, steps = cnn.build(60_000, cnn.tuned[3.0])
     assert isinstance(algorithm, DPSGD) and (algorithm.batch_size, algorithm.clip) == (512, 0.1)
@@ -58,14 +59,14 @@ def test_methods_run_where_the_file_gives_values_and_this_dpopt_has_them():
 def test_a_method_this_dpopt_cannot_run_is_left_out_with_the_reason():
     """The slots for methods still being written: an algorithm option no algorithm has, an optimizer
     that does not exist yet; the report names each one left out and why."""
-    base = {"algorithm": "dp-sgd", "optimizer": "torch.optim.SGD", "options": {}}
-    assert mnist_sota.unavailable({"settings": base}) is None
-    missing = mnist_sota.unavailable({"settings": base | {"algorithm_options": {"no_such_knob": 4}}})
+    base = mnist_sota.Declared("dp-sgd", "torch.optim.SGD")
+    assert mnist_sota.unavailable(base) is None
+    missing = mnist_sota.unavailable(dataclasses.replace(base, algorithm_options={"no_such_knob": 4}))
     assert missing.startswith("options ['no_such_knob'] are not hyper-parameters of any algorithm")
-    assert mnist_sota.unavailable({"settings": base | {"optimizer": "dpopt.optim.NoSuch"}}) == (
+    assert mnist_sota.unavailable(dataclasses.replace(base, optimizer="dpopt.optim.NoSuch")) == (
         "optimizer='dpopt.optim.NoSuch' does not exist in this installation")
     assert "must be a class of torch.optim or dpopt.optim" in mnist_sota.unavailable(
-        {"settings": base | {"optimizer": "os.system"}})
+        dataclasses.replace(base, optimizer="os.system"))
     assert mnist_sota.analyses({"rows": [], "quick": True}) == []  # this dpopt runs every declared method
 
 
@@ -185,7 +186,7 @@ def test_quick_reproduction(shared_data_dir, tmp_path, monkeypatch):
     payload = reproduce("mnist-sota", quick=True, seeds=1, out=tmp_path, data_dir=str(shared_data_dir), workers=1)
     expected = {(key, name, eps) for key, by_method in mnist_sota.PRESET.TUNED.items() if key.endswith("-smoke")
                 for name, by_eps in by_method.items() for eps in by_eps
-                if mnist_sota.unavailable(DATA["methods"][name]) is None}
+                if mnist_sota.unavailable(mnist_sota.DECLARED[name]) is None}
     assert {(r["problem"], r["algorithm"], r["epsilon"]) for r in payload["rows"]} == expected
     assert {(key, name, 3.0) for key in ("tanh-cnn:mnist-smoke", "scatternet:mnist-smoke")
             for name in BEYOND} <= expected

@@ -28,7 +28,7 @@ option or optimizer does not exist yet is left out, and the report says why (:fu
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -117,31 +117,43 @@ def build_problem(key: ProblemKey, data_dir: str | None) -> tuple[Problem, JsonO
 # ------------------------------------------------------------------------------- the methods
 
 
-def unavailable(spec: dict[str, Any]) -> str | None:
-    """Why this dpopt cannot run the method declared as ``spec`` (its algorithm does not take one of
-    its options, its optimizer does not exist), or None."""
-    settings = spec["settings"]
+@dataclass(frozen=True)
+class Declared:
+    """A method as the preset file declares it (``[methods.<name>] settings``): a registry
+    ``algorithm`` with its ``algorithm_options``, a torch ``optimizer`` by name with its ``options``."""
+
+    algorithm: str
+    optimizer: str
+    options: dict[str, float] = field(default_factory=dict)
+    algorithm_options: dict[str, float] = field(default_factory=dict)
+
+
+DECLARED = {name: Declared(**spec["settings"]) for name, spec in DATA["methods"].items()}
+
+
+def unavailable(settings: Declared) -> str | None:
+    """Why this dpopt cannot run the method declared as ``settings`` (its algorithm does not take
+    one of its options, its optimizer does not exist), or None."""
     try:
-        registry.entry(settings["algorithm"])
-        registry.Knobs.of(1, **settings.get("algorithm_options", {}))
-        optimizer_class(settings["optimizer"])
+        registry.entry(settings.algorithm)
+        registry.Knobs.of(1, **settings.algorithm_options)
+        optimizer_class(settings.optimizer)
     except _validate.DpoptError as err:
         return str(err)
     return None
 
 
-def _method(name: str, spec: dict[str, Any], tuned: dict[float | None, Params]) -> Method:
+def _method(name: str, settings: Declared, tuned: dict[float | None, Params]) -> Method:
     """The declared method: its algorithm by name with the run's batch size and clip, for the run's
     epochs; its loop the declared optimizer at the run's learning rate, schedule and average."""
-    settings = spec["settings"]
 
     def build(n: int, p: Params) -> tuple[Any, int]:
-        algorithm = registry.build(settings["algorithm"], n=n, batch_size=p["batch_size"], clip=p["clip"],
-                                   **settings.get("algorithm_options", {}))
+        algorithm = registry.build(settings.algorithm, n=n, batch_size=p["batch_size"], clip=p["clip"],
+                                   **settings.algorithm_options)
         return algorithm, steps_for_epochs(algorithm, n, p["epochs"])
 
     def loop(p: Params) -> OptimizerLoop:
-        return OptimizerLoop(settings["optimizer"], lr=p["lr"], options=tuple(sorted(settings["options"].items())),
+        return OptimizerLoop(settings.optimizer, lr=p["lr"], options=tuple(sorted(settings.options.items())),
                              schedule=p.get("schedule", "constant"), ema=p.get("ema"))
 
     return Method(name, build, {}, tuned, loop=loop)
@@ -150,8 +162,8 @@ def _method(name: str, spec: dict[str, Any], tuned: dict[float | None, Params]) 
 def methods(key: ProblemKey, epochs: int, tuned: Tuning, epsilon: float) -> list[Method]:
     """The file's methods, in its order, that give values for ``key`` at ``epsilon`` and that this
     dpopt can run."""
-    return [_method(name, spec, tuned[name]) for name, spec in DATA["methods"].items()
-            if epsilon in tuned.get(name, {}) and unavailable(spec) is None]
+    return [_method(name, settings, tuned[name]) for name, settings in DECLARED.items()
+            if epsilon in tuned.get(name, {}) and unavailable(settings) is None]
 
 
 # ----------------------------------------------------------------------------------- reports
@@ -160,8 +172,8 @@ def methods(key: ProblemKey, epochs: int, tuned: Tuning, epsilon: float) -> list
 def analyses(payload: Payload) -> list[str]:
     """The acceptance lines (at full size): DP-SGD's CNN mean, the best mean at ε = 3 and the
     published 98.7 %, the ε = 1 row; and every declared method left out, with the reason."""
-    lines = [f"* **Not run: {name}** — {reason}" for name, spec in DATA["methods"].items()
-             if (reason := unavailable(spec)) is not None]
+    lines = [f"* **Not run: {name}** — {reason}" for name, settings in DECLARED.items()
+             if (reason := unavailable(settings)) is not None]
     rows = payload["rows"]
     if payload["quick"] or not rows:
         return lines

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -59,17 +59,26 @@ class Tensors:
         return sha256_of(self.X, self.y)
 
 
+@runtime_checkable
+class MapStyle(Protocol):
+    """A map-style dataset: ``len(dataset)`` records, ``dataset[i]`` the i-th."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> tuple[object, object]: ...
+
+
 class Lazy:
     """The records ``dataset[i] = (x_i, y_i)`` of a map-style dataset, read when asked for."""
 
-    def __init__(self, dataset: Any, name: str = "train_data") -> None:
+    def __init__(self, dataset: object, name: str = "train_data") -> None:
         if isinstance(dataset, DataLoader):
             raise _validate.DpoptError(
                 f"{name} is a DataLoader: pass its dataset ({name}.dataset) instead, or pass the DataLoader to "
                 "dpopt.Private or dpopt.fit as their training data (they load dpopt's batches through it). dpopt draws "
                 "the batches itself, by index, from a secret generator (Poisson sampling, which the privacy accounting "
                 "assumes); a loader's own batches would not match the accounting")
-        if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+        if not isinstance(dataset, MapStyle):
             raise _validate.DpoptError(f"{name} must be a map-style torch Dataset of (x, y) pairs (with __getitem__ "
                                        f"and __len__) or a tuple (X, y), not {type(dataset).__name__}")
         if len(dataset) == 0:
@@ -108,14 +117,14 @@ def chunked_digest(records: Records) -> str:
     return digest.hexdigest()
 
 
-def of(data: Any, y: Tensor | None = None, name: str = "train_data") -> Records:
+def of(data: object, y: Tensor | None = None, name: str = "train_data") -> Records:
     """Records from tensors ``(data, y)``, a pair ``data = (X, y)``, a ``TensorDataset(X, y)``
     (sliced, not read record by record) or any map-style dataset of ``(x, y)`` pairs (lazy);
     ``Records`` already (e.g. :class:`~dpopt.oracles.loaded.Loaded`) as they are."""
     if isinstance(data, Records):
         return data
     if y is not None:
-        return Tensors(data, y)
+        return Tensors(torch.as_tensor(data), y)
     if isinstance(data, tuple) and len(data) == 2 and all(isinstance(part, Tensor) for part in data):
         return Tensors(*data)
     if isinstance(data, TensorDataset) and len(data.tensors) == 2:
