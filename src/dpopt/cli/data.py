@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,17 +49,22 @@ def handle(request: ListRequest | NamedRequest) -> Output:
 
     if isinstance(request, ListRequest):
         folder = str(Path(request.data_dir) if request.data_dir else data.default_data_dir())
-        table = [{fact: data.info(name)[fact] for fact in FACTS} for name in data.names()]
+        table = [_facts(data.info(name)) for name in data.names()]
         return Output({"datasets": data.names(), "data_dir": folder}, table=table, lines=[f"data folder: {folder}"])
     if request.action == "info":
         info = data.info(request.name)
-        lines = [f"{key}: {info[key]}" for key in ("description", "licence", "source", "preparation")]
+        lines = [f"description: {info['description']}", f"licence: {info['licence']}", f"source: {info['source']}",
+                 f"preparation: {info['preparation']}"]
         lines += [f"file {file['name']}: {file['size']:,} bytes, sha256 {file['sha256']}, "
                   f"{file['url'] or 'no download URL'}" for file in info["files"]]
-        return Output(info, table=[{fact: info[fact] for fact in FACTS}], lines=lines)
+        return Output(info, table=[_facts(info)], lines=lines)
     fetched = [str(path) for path in data.fetch(request.name, request.data_dir)]
     return Output({"fetched": fetched}, lines=[f"{request.name}: {len(fetched)} files in place, each checked against "
                                                "its sha256"], written=fetched)
+
+
+def _facts(info: Mapping[str, object]) -> dict[str, object]:
+    return {fact: info[fact] for fact in FACTS}
 
 
 def add_parser(commands: Subcommands) -> None:

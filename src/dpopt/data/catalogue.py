@@ -21,7 +21,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import TypeGuard, TypedDict
 
 from dpopt._validate import DpoptError
 from dpopt.data.bounds import AsGiven, Preparation, PublicBounds, Range
@@ -38,6 +38,32 @@ _ENTRY_KEYS = ("task", "description", "licence", "source", "bundled", "n_train",
 _FILE_KEYS = ("name", "sha256", "size")
 _OPTIONAL_FILE_KEYS = ("url", "content_sha256", "content_size")
 _BOUNDS_KEYS = ("features", "target", "row_norm", "source")
+
+
+class FileInfo(TypedDict):
+    """A file of a data set: its name, size in bytes, sha256 (of the file and of its content) and URL."""
+
+    name: str
+    size: int
+    sha256: str
+    content_sha256: str | None
+    url: str | None
+
+
+class DatasetInfo(TypedDict):
+    """A data set's metadata as ``dpopt data info`` shows it."""
+
+    name: str
+    task: str
+    description: str
+    licence: str
+    source: str
+    bundled: bool
+    n_train: int
+    n_test: int
+    dim: int
+    files: list[FileInfo]
+    preparation: str | None
 
 
 @dataclass(frozen=True)
@@ -93,10 +119,10 @@ class Entry:
         """The arrays of its (verified) files ``paths``, in catalogue order."""
         return PARSERS[self.parser](paths, self.dim)
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> DatasetInfo:
         """Its metadata: task, files (size, sha256, content_sha256, url), licence, sizes, preparation."""
-        files = [{"name": f.name, "size": f.size, "sha256": f.sha256, "content_sha256": f.content_sha256,
-                  "url": f.url} for f in self.files]
+        files = [FileInfo(name=f.name, size=f.size, sha256=f.sha256, content_sha256=f.content_sha256, url=f.url)
+                 for f in self.files]
         return {"name": self.name, "task": self.task, "description": self.description,
                 "licence": self.licence, "source": self.source, "bundled": self.bundled,
                 "n_train": self.n_train, "n_test": self.n_test, "dim": self.dim, "files": files,
@@ -142,7 +168,7 @@ def names() -> tuple[str, ...]:
     return shipped().names()
 
 
-def info(name: str) -> dict[str, Any]:
+def info(name: str) -> DatasetInfo:
     """Metadata of data set ``name``: task, files (size, sha256, content_sha256, url), licence, sizes."""
     return shipped().entry(name).info()
 
