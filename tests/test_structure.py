@@ -1,5 +1,6 @@
-"""The shape of the house, measured from the source: no import circles among dpopt's modules and
-no source file over :data:`MAX_LINES` lines.
+"""The shape of the house, measured from the source: no import circles among dpopt's modules, no
+source file over :data:`MAX_LINES` lines, and at most :data:`MAX_ANY_SIGNATURES` function
+signatures that mention ``typing.Any``.
 
 An import is an edge from the importing module to the module it names (``from .x import y``: to
 ``x``, or to ``x.y`` where that is a module itself). Imports at module level count, including
@@ -22,6 +23,12 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 #: Lines a source file may have.
 MAX_LINES = 600
+
+#: Function signatures (parameters and return) in ``src/`` that may mention ``Any``: where the type
+#: is truly open (what a checkpoint decodes to, a module's lazy ``__getattr__``, an algorithm whose
+#: state type depends on its name in the registry). An alias of ``Any`` counts as ``Any`` only where
+#: it is spelt so; write the precise type instead.
+MAX_ANY_SIGNATURES = 30
 
 #: Import circles not yet broken (each as the set of modules of one strongly connected component).
 ALLOWED_CYCLES: dict[frozenset[str], str] = {}
@@ -159,3 +166,43 @@ def test_only_the_command_line_parses_command_lines():
                and ("argparse" in path.read_text() or "Namespace" in path.read_text())]
     assert outside == []
     assert "argparse" in (SRC / "dpopt" / "cli" / "common.py").read_text()  # the check looks where it should
+
+
+def signatures_mentioning_any(tree: ast.AST) -> list[str]:
+    """The functions of ``tree`` whose annotated parameters or return type mention ``Any``."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            arguments = node.args
+            annotations = [a.annotation for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs,
+                                                  arguments.vararg, arguments.kwarg] if a is not None]
+            if any(_mentions_any(annotation) for annotation in [*annotations, node.returns] if annotation is not None):
+                found.append(node.name)
+    return found
+
+
+def _mentions_any(annotation: ast.expr) -> bool:
+    for name in ast.walk(annotation):
+        if isinstance(name, ast.Constant) and isinstance(name.value, str):  # a quoted annotation (or a Literal's text)
+            try:
+                if _mentions_any(ast.parse(name.value, mode="eval").body):
+                    return True
+            except SyntaxError:
+                continue
+        if isinstance(name, ast.Name) and name.id == "Any" or isinstance(name, ast.Attribute) and name.attr == "Any":
+            return True
+    return False
+
+
+def test_few_signatures_mention_any():
+    counted = {str(path.relative_to(SRC)): signatures_mentioning_any(ast.parse(path.read_text()))
+               for path in SRC.rglob("*.py")}
+    total = sum(len(names) for names in counted.values())
+    assert total <= MAX_ANY_SIGNATURES, {path: names for path, names in counted.items() if names}
+
+
+def test_the_any_counter_sees_any_in_parameters_returns_and_nested_types():
+    tree = ast.parse("def a(x: Any) -> int: ...\ndef b(*, y: dict[str, typing.Any]) -> None: ...\n"
+                     "def c(**k: object) -> list[Any]: ...\ndef d(x: int) -> str: ...\n"
+                     "def e(x: 'Any') -> None: ...\n")
+    assert signatures_mentioning_any(tree) == ["a", "b", "c", "e"]
