@@ -115,18 +115,21 @@ def randomness(seed: int | None, noise_source: NoiseSource | None = None) -> tup
 
 
 def step(algorithm: Algorithm[S], oracle: Oracle, state: S, t: int, ledger: Ledger,
-         sample_gen: torch.Generator, source: NoiseSource, *, inference: bool = False,
+         sample_gen: torch.Generator, source: NoiseSource, *, inference: bool | None = None,
          keyed: bool = False) -> tuple[S, int]:
     """Step t of a run: draw the batch, let the algorithm step, record its event in ``ledger``.
 
     Returns the new state and the batch size. This is everything :func:`train` does per step
     besides timing, logging and checkpointing. ``inference``: step in inference mode, for an
     oracle whose gradients are closed-form (:class:`~dpopt.base.ClosedForm`): its many small
-    tensor operations then skip autograd's dispatch (about a fifth of a GLM step). ``keyed``:
+    tensor operations then skip autograd's dispatch (about a fifth of a GLM step); None: read from
+    the oracle's ``closed_form`` (a caller stepping many times may pass it, asked once). ``keyed``:
     the algorithm's batches depend on its state (:func:`keyed`, asked once per run); the batch
     is then drawn from ``algorithm.batch_sampler(state, t, n)``, else from ``algorithm.sampler(t,
     n)`` (which refuses to draw for a keyed algorithm's secret groups: forgetting the flag fails).
     """
+    if inference is None:  # an attribute read, not a protocol check: a GLM step is tens of microseconds
+        inference = bool(getattr(oracle, "closed_form", False))
     with torch.inference_mode(inference):
         # keyed: isinstance(algorithm, KeyedSampling), asked once per run by the caller
         sampler = (cast("KeyedSampling[S]", algorithm).batch_sampler(state, t, oracle.n) if keyed
