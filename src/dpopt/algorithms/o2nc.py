@@ -44,8 +44,10 @@ the theorems, with every hidden constant explicit: :mod:`dpopt.algorithms.o2nc_p
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple, TypedDict, cast
+from typing import TYPE_CHECKING, NamedTuple, TypeVar, cast
 
 import dp_accounting as dpa
 import torch
@@ -311,36 +313,29 @@ class O2NCMulti(_Conversion):
         return (increment if start else state.released + increment), None, event
 
 
-class _Settings(TypedDict):
-    lr: float
-    radius: float
-    window: int
-    alpha: float
-    period: int
-    clip0: float
-    clip: float
-    noise_multiplier: float
-    directions: int
+V = TypeVar("V")
 
 
-def _o2nc_settings(knobs: Knobs) -> _Settings:
-    """The settings every O2NC variant reads: period Σ = ``batch_size``, clips C1 = ``clip`` and
-    C2 = ``clip_diff``, smoothing ``alpha``, m = ``directions``, M = ``window``, D = ``o2nc_radius``."""
+def _o2nc_settings(variant: Callable[..., V], knobs: Knobs) -> Callable[..., V]:
+    """``variant`` with the settings every O2NC variant reads already given: period Σ =
+    ``batch_size``, clips C1 = ``clip`` and C2 = ``clip_diff``, smoothing ``alpha``, m =
+    ``directions``, M = ``window``, D = ``o2nc_radius``."""
     _validate.positive_int("batch_size", knobs.batch_size, maximum=knobs.n, maximum_name="n (training records)")
-    return dict(lr=knobs.lr, radius=knobs.o2nc_radius, window=knobs.window, alpha=knobs.alpha, period=knobs.batch_size,
-                clip0=knobs.clip, clip=knobs.clip_diff, noise_multiplier=1.0, directions=knobs.directions)
+    return functools.partial(variant, lr=knobs.lr, radius=knobs.o2nc_radius, window=knobs.window, alpha=knobs.alpha,
+                             period=knobs.batch_size, clip0=knobs.clip, clip=knobs.clip_diff, noise_multiplier=1.0,
+                             directions=knobs.directions)
 
 
 def zeroth_from_knobs(knobs: Knobs) -> O2NC:
     """``o2nc-zeroth`` by name: the single pass with the zeroth-order oracle (B1 = Σ, B2 = 1)."""
-    return O2NC(**_o2nc_settings(knobs), estimator="zeroth", batch_size0=knobs.batch_size, batch_size=1)
+    return _o2nc_settings(O2NC, knobs)(estimator="zeroth", batch_size0=knobs.batch_size, batch_size=1)
 
 
 def first_from_knobs(knobs: Knobs) -> O2NC:
     """``o2nc-first`` by name: the single pass with the first-order oracle (B1 = Σ, B2 = 1)."""
-    return O2NC(**_o2nc_settings(knobs), estimator="first", batch_size0=knobs.batch_size, batch_size=1)
+    return _o2nc_settings(O2NC, knobs)(estimator="first", batch_size0=knobs.batch_size, batch_size=1)
 
 
 def multi_from_knobs(knobs: Knobs) -> O2NCMulti:
     """``o2nc-multi`` by name: every record every step."""
-    return O2NCMulti(**_o2nc_settings(knobs))
+    return _o2nc_settings(O2NCMulti, knobs)()

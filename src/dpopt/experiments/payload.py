@@ -59,23 +59,28 @@ class Tuned(TypedDict):
     cost: dict[str, float]
 
 
-class Payload(TypedDict):
-    """A reproduction's results: its rows, the paper's, the t-tests, the problems' ``facts`` (one
-    object per problem, keyed by the problem, or the one problem's object), the tuning, and
-    ``_curves``: (problem, method, ε) → the runs' histories (for the figures; not in results.json;
-    absent from a payload built without runs)."""
+class _Described(TypedDict):
+    """What a reproduction's payload and its results.json both state about the run."""
 
     experiment: str
-    rows: list[Row]
     randomness: str
     paper: list[PaperRow]
     seeds: int
     quick: bool
     log_points: int
     only: list[str]
+    grids: dict[str, dict[str, Sequence[JsonValue]]]
+
+
+class Payload(_Described):
+    """A reproduction's results: its rows, the paper's, the t-tests, the problems' ``facts`` (one
+    object per problem, keyed by the problem, or the one problem's object), the tuning, and
+    ``_curves``: (problem, method, ε) → the runs' histories (for the figures; not in results.json;
+    absent from a payload built without runs)."""
+
+    rows: list[Row]
     facts: JsonObject
     t_tests: list[TTest]
-    grids: dict[str, dict[str, Sequence[JsonValue]]]
     tuning: Mapping[str, Tuned] | JsonObject
     wall_time_s: float
     _curves: NotRequired[dict[tuple[ProblemKey, str, float | None], list[History]]]
@@ -105,17 +110,9 @@ class ResultsDiagnostics(TypedDict):
     wall_time_s: float
 
 
-class Results(TypedDict):
+class Results(_Described):
     """results.json (:func:`dpopt.experiments.reproduce`): every field classified."""
 
-    experiment: str
-    randomness: str
-    paper: list[PaperRow]
-    seeds: int
-    quick: bool
-    log_points: int
-    only: list[str]
-    grids: dict[str, dict[str, Sequence[JsonValue]]]
     rows: list[ClassifiedRow]
     facts: list[JsonObject]
     t_tests: list[TTest]
