@@ -2,7 +2,8 @@
 
 Every case runs in two ranks (``dpopt.distributed.launch``) on :class:`Sharded` oracles and in
 this process on the plain oracle, with the same seed: the θ trajectories agree to 1e−6
-(relative), the ledgers are the same events with the same ε, and the two ranks agree bit for bit.
+(relative; bit for bit where the gradient sums are exact, so that only the noise and the sampling
+move θ), the ledgers are the same events with the same ε, and the two ranks agree bit for bit.
 All cases share one launch (starting processes costs seconds).
 """
 
@@ -48,6 +49,24 @@ def mlp(engine: str) -> dpopt.oracles.TorchModel:
     return dpopt.oracles.TorchModel(net, _bce, data.X, (data.y > 0).double(), engine=engine)
 
 
+def _linear(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return out.squeeze(-1) * y
+
+
+def integer_linear() -> dpopt.oracles.TorchModel:
+    """f_i(θ) = y_i⟨x_i, θ⟩ with small integer x_i and y_i = ±1: every per-record gradient y_i·x_i is
+    an integer vector whatever θ is, with norm below the clip 10 (weight exactly 1), so a batch's
+    clipped sum is exact in float64 in any summation order and the trajectory depends on the noise
+    and the sampling alone: two ranks must give one process's θ bit for bit."""
+    gen = torch.Generator().manual_seed(1)
+    X = torch.randint(-3, 4, (N, DIM), generator=gen).double()
+    y = torch.randint(0, 2, (N,), generator=gen).double() * 2 - 1
+    net = nn.Linear(DIM, 1, bias=False).double()
+    with torch.no_grad():
+        net.weight.zero_()
+    return dpopt.oracles.TorchModel(net, _linear, X, y, engine="vmap")
+
+
 def _srm(batch_size: int) -> dpopt.DPSRM:
     return dpopt.DPSRM(lr=0.5, clip=1.0, clip_diff=0.1, gamma=0.3, noise_multiplier0=1.0, noise_multiplier=1.0,
                        batch_size0=2 * batch_size, batch_size=batch_size)
@@ -68,6 +87,9 @@ CASES = {
     "mlp-vmap-dpsgd": lambda: (dpopt.DPSGD(lr=0.5, clip=1.0, noise_multiplier=1.0, batch_size=40), mlp("vmap")),
     # banded noise: every rank draws the same key and the same correlated noise from the shared seed
     "dpsgd-banded": lambda: (dpopt.DPSGD(lr=0.5, clip=1.0, noise_multiplier=1.0, batch_size=40, bands=4), glm()),
+    # ... to the bit: sums of integer gradients do not depend on the summation order (EXACT)
+    "dpsgd-banded-exact": lambda: (dpopt.DPSGD(lr=0.5, clip=10.0, noise_multiplier=1.0, batch_size=40, bands=4),
+                                   integer_linear()),
     # adaptive clipping: each rank counts its share, the counts are all-reduced with the sums
     "dpsgd-quantile": lambda: (dpopt.DPSGD(lr=0.5, clip=0.3, noise_multiplier=1.0, batch_size=40, clip_quantile=0.5,
                                            count_noise=5.0), glm()),
@@ -75,6 +97,9 @@ CASES = {
                                                clip_quantile=0.5, count_noise=5.0), mlp("ghost")),
 }
 
+
+# the cases whose gradient sums are exact: θ equals one process's bit for bit
+EXACT = {"dpsgd-banded-exact"}
 
 # ε(δ) at every step costs ~0.1 s a step: the other cases log at the end only
 LOG_EVERY_STEP = {"dpsgd-poisson", "dpsrm-poisson"}
@@ -168,6 +193,9 @@ def test_two_ranks_give_one_process_run(ranks: list[dict[str, Any]], name: str) 
     assert _relative(first["thetas"], single["thetas"]) <= 1e-6
     assert _relative(first["history"].theta, single["history"].theta) <= 1e-6
     assert not torch.equal(single["thetas"][0], single["thetas"][-1])  # it moved
+    if name in EXACT:  # the same noise and the same batches on every rank as in one process, to the bit
+        assert torch.equal(first["thetas"], single["thetas"])
+        assert torch.equal(first["history"].theta, single["history"].theta)
     for logged, reference in zip(first["history"].records, single["history"].records, strict=True):
         assert logged["step"] == reference["step"]
         assert logged["epsilon"] == reference["epsilon"]
@@ -256,7 +284,8 @@ def test_cli_nproc_2_gives_the_nproc_1_run(tmp_path: Path, capfd: pytest.Capture
 def test_cli_nproc_2_with_bands_gives_the_nproc_1_run(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """``dpopt run --algorithm dp-bandmf --bands 4 --nproc 2``: every rank draws the same correlated noise
     and the same cyclic Poisson groups, so θ is the one-process run's (to the summation order of
-    the gradient sum across ranks), and the ledger is the same."""
+    the gradient sum across ranks; to the bit where that sum is exact: the dpsgd-banded-exact case
+    above), and the ledger is the same."""
     from dpopt.cli import main
 
     banded = [*RUN, "--algorithm", "dp-bandmf", "--bands", "4"]
