@@ -39,6 +39,8 @@ def test_the_published_recipes_are_the_dp_sgd_rows():
     assert DATA["methods"]["DP-SGD"]["settings"] == {"algorithm": "dp-sgd", "optimizer": "torch.optim.SGD",
                                                      "options": {"momentum": 0.9}}
     assert mnist_sota.SETTINGS["scatternet:mnist"].model_options == {"groups": 27}
+    # the CNN's runs cost more than ScatterNet's (measured): they are queued first
+    assert mnist_sota.SETTINGS["tanh-cnn:mnist"].run_cost > mnist_sota.SETTINGS["scatternet:mnist"].run_cost
 
 
 def test_methods_run_where_the_file_gives_values_and_this_dpopt_has_them():
@@ -75,8 +77,10 @@ BEYOND = ("DP-SGD + banded noise", "DP-SGD + quantile clipping", "DP-AdamBC")
 
 def test_the_methods_beyond_dp_sgd_are_the_recipe_with_the_librarys_options():
     """Banded noise (4 bands), quantile clipping (the 90th percentile, from C = 0.1) and DP-AdamBC run with
-    the DP-SGD recipe's batch, clip and epochs, on every problem at ε = 3."""
-    for key in ("tanh-cnn:mnist", "scatternet:mnist", "tanh-cnn:mnist-smoke", "scatternet:mnist-smoke"):
+    the DP-SGD recipe's batch, clip and epochs, at ε = 3 on ScatterNet and in the smoke runs; the full CNN
+    keeps DP-SGD alone (three seeds of four more 40-epoch CNN runs would pass the 40-minute budget)."""
+    assert [m.name for m in mnist_sota.PRESET.methods(3.0, "tanh-cnn:mnist")] == ["DP-SGD"]
+    for key in ("scatternet:mnist", "tanh-cnn:mnist-smoke", "scatternet:mnist-smoke"):
         by_name = {m.name: m for m in mnist_sota.PRESET.methods(3.0, key)}
         assert set(BEYOND) <= set(by_name)
         recipe = by_name["DP-SGD"].tuned[3.0]

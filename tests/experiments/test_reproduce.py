@@ -143,10 +143,13 @@ def test_unknown_experiment_names_the_allowed_ones() -> None:
         reproduce("nope")
 
 
-def test_the_largest_problem_is_queued_first_and_reported_in_the_preset_order(
-        toy: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Runs are queued largest problem first (n·d), so a pool's last runs are short; the report
-    keeps the preset's order."""
+@pytest.mark.parametrize("run_cost, first", [(None, "large"), ({"small": 420.0, "large": 160.0}, "small")])
+def test_the_costliest_problem_is_queued_first_and_reported_in_the_preset_order(
+        toy: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_cost: dict[str, float] | None,
+        first: str) -> None:
+    """Runs are queued costliest problem first: by the problems' declared run_cost, else the largest
+    (n·d), so a pool's last runs are short (mnist-sota's CNN has fewer parameters than ScatterNet's
+    linear layer but a run costs 2.6 times as much); the report keeps the preset's order."""
     driver = sys.modules["dpopt.experiments.reproduce"]
 
     def problem(data_dir: str | None, key: str) -> tuple[Problem, dict[str, Any]]:
@@ -154,7 +157,8 @@ def test_the_largest_problem_is_queued_first_and_reported_in_the_preset_order(
         size = {"small": 100, "large": 400}[key]
         gen = torch.Generator().manual_seed(0)
         X = torch.randn(size, 4, generator=gen, dtype=torch.float64)
-        return Problem(Logistic(X, torch.where(X[:, 0] > 0, 1.0, -1.0)), made.test_error), {"n": size}
+        cost = None if run_cost is None else run_cost[key]
+        return Problem(Logistic(X, torch.where(X[:, 0] > 0, 1.0, -1.0)), made.test_error, run_cost=cost), {"n": size}
 
     _with(monkeypatch, PROBLEMS=("small", "large"), make_problem=lambda key, data_dir: problem(data_dir, key),
           make_methods=lambda key, epochs, tuned, eps: _methods(eps)[:1], EPSILONS=(1.0,), PAPER=[])
@@ -163,7 +167,7 @@ def test_the_largest_problem_is_queued_first_and_reported_in_the_preset_order(
     monkeypatch.setattr(driver, "start_seeds",
                         lambda *args, key, **kw: queued.append(key) or start(*args, key=key, **kw))
     payload = reproduce(toy, seeds=1, out=tmp_path, workers=1)
-    assert queued == ["large", "small"]
+    assert queued == [first, *({"large", "small"} - {first})]
     assert [row["problem"] for row in payload["rows"]] == ["small", "large"]
     assert [facts["problem"] for facts in payload["facts"]] == ["small", "large"]
 

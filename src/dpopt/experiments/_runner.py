@@ -90,7 +90,10 @@ class Problem:
     (``history_metrics(history) -> {name: value}``), both added to ``History.final``.
     ``theta0``: the starting point (default 0; a network's initial weights); ``train_metrics``:
     whether the run logs F and ‖∇F‖; ``log_metrics(θ) -> {name: value}``: more measurements at
-    every log point and at the output (see :func:`dpopt.train.run`)."""
+    every log point and at the output (see :func:`dpopt.train.run`). ``run_cost``: what one run
+    costs, relative to the other problems of its experiment (e.g. measured CPU seconds), which
+    orders the queue (costliest first); None: the oracle's records × dimensions. The problems
+    run together give it all or none."""
 
     oracle: Any
     test_error: Callable[[Tensor], float]
@@ -99,6 +102,12 @@ class Problem:
     theta0: torch.Tensor | None = None
     train_metrics: bool = True
     log_metrics: Callable[[Tensor], dict[str, float]] | None = None
+    run_cost: float | None = None
+
+    @property
+    def queue_weight(self) -> float:
+        """How early this problem's runs are queued: :attr:`run_cost`, else records × dimensions."""
+        return self.run_cost if self.run_cost is not None else float(self.oracle.n * self.oracle.dim)
 
     def run(self, plan: Plan[S], seed: int, log_every: int) -> History:
         """One run of ``plan`` on ``seed``, logged every ``log_every`` steps, with the papers'

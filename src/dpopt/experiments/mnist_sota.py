@@ -27,6 +27,7 @@ option or optimizer does not exist yet is left out, and the report says why (:fu
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,7 +61,8 @@ class Setting:
     """One problem as the preset file declares it: ``model`` (a name of :data:`dpopt.models.MODELS`,
     with ``model_options``) on MNIST's pixels or, with ``scattering``, on their scattering features;
     the first ``records`` training and test records (None: all); the error the time to target is
-    measured at; the engine's chunk size."""
+    measured at; the engine's chunk size; ``run_cost``: a run's CPU seconds as measured, which
+    orders the queue (:attr:`Problem.run_cost`)."""
 
     model: str
     target_error: float
@@ -68,6 +70,7 @@ class Setting:
     scattering: bool = False
     model_options: dict[str, Any] | None = None
     records: int | None = None
+    run_cost: float | None = None
 
 
 SETTINGS = {key: Setting(**spec) for key, spec in DATA.parameter("problems").items()}
@@ -104,6 +107,7 @@ def build_problem(key: ProblemKey, data_dir: str | None) -> tuple[Problem, JsonO
     problem = classifier_problem(setting.model, X, y, X_test, y_test, microbatch_size=setting.microbatch_size,
                                  train_metrics=False, model_options=setting.model_options or {},
                                  history_metrics=lambda h: final_metrics(h, target_error=setting.target_error))
+    problem = dataclasses.replace(problem, run_cost=setting.run_cost)
     features_of = (f"scattering features ({SCATTERING.channels} × {SCATTERING.output_shape[0]} × "
                    f"{SCATTERING.output_shape[1]}, J = {SCATTERING.J}, L = {SCATTERING.L}; a fixed public filter "
                    "bank, cached)" if setting.scattering else "pixels")

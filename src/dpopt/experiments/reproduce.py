@@ -93,11 +93,11 @@ def _problem_of(name: str, data_dir: str | None, key: ProblemKey) -> Problem:
 
 def _jobs(exp: Experiment, keys: tuple[ProblemKey, ...],
           built: Mapping[ProblemKey, tuple[Problem, JsonObject]]) -> list[tuple[ProblemKey, Method, float]]:
-    """(problem key, method, ε) of every row, in the order they are queued: the largest problems
-    first, so the workers' last runs are short ones; a non-private method once per problem (it
-    does not depend on ε)."""
+    """(problem key, method, ε) of every row, in the order they are queued: the costliest problems
+    first (:attr:`Problem.queue_weight`), so the workers' last runs are short ones; a non-private
+    method once per problem (it does not depend on ε)."""
     jobs, seen = [], set()
-    for key in sorted(keys, key=lambda key: -built[key][0].oracle.n * built[key][0].oracle.dim):
+    for key in sorted(keys, key=lambda key: -built[key][0].queue_weight):
         for epsilon in exp.EPSILONS:
             for method in exp.methods(epsilon, key):
                 if method.private or (key, method.name) not in seen:
