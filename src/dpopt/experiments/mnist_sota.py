@@ -27,9 +27,8 @@ option or optimizer does not exist yet is left out, and the report says why (:fu
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -107,7 +106,7 @@ def build_problem(key: ProblemKey, data_dir: str | None) -> tuple[Problem, JsonO
     problem = classifier_problem(setting.model, X, y, X_test, y_test, microbatch_size=setting.microbatch_size,
                                  train_metrics=False, model_options=setting.model_options or {},
                                  history_metrics=lambda h: final_metrics(h, target_error=setting.target_error))
-    problem = dataclasses.replace(problem, run_cost=setting.run_cost)
+    problem = replace(problem, run_cost=setting.run_cost)
     features_of = (f"scattering features ({SCATTERING.channels} × {SCATTERING.output_shape[0]} × "
                    f"{SCATTERING.output_shape[1]}, J = {SCATTERING.J}, L = {SCATTERING.L}; a fixed public filter "
                    "bank, cached)" if setting.scattering else "pixels")
