@@ -66,7 +66,7 @@ def test_seed_is_reproducible_and_leaves_the_global_generator_alone():
 
 def test_unknown_names_are_refused():
     with pytest.raises(DpoptError, match=r"^model='resnet' must be one of: mnist-cnn, cnn5, cnn6, resnet18, "
-                                         r"scatternet-linear$"):
+                                         r"scatternet-linear, linear$"):
         make_model("resnet")
     with pytest.raises(DpoptError, match=r"^activation='gelu' must be one of: tanh, relu, softplus$"):
         make_model("cnn5", activation="gelu")
@@ -112,7 +112,7 @@ def resnet18() -> nn.Module:
 
 
 def test_resnet18_layers_and_parameter_count(resnet18):
-    assert sorted(MODELS) == ["cnn5", "cnn6", "mnist-cnn", "resnet18", "scatternet-linear"]
+    assert sorted(MODELS) == ["cnn5", "cnn6", "linear", "mnist-cnn", "resnet18", "scatternet-linear"]
     assert sum(p.numel() for p in resnet18.parameters()) == RESNET18_PARAMS
     assert list(resnet18.buffers()) == []
     assert isinstance(resnet18, nn.Sequential) and isinstance(resnet18[0], nn.Unflatten)
@@ -186,6 +186,20 @@ def test_scatternet_linear_layers_options_and_fast_path():
         make_model("scatternet-linear", activation="tanh")
     with pytest.raises(DpoptError, match=r"^options \['groups'\] are not options of model='mnist-cnn'"):
         make_model("mnist-cnn", groups=3)
+
+
+def test_linear_is_scatternets_last_layer_alone():
+    """``"linear"`` (for features normalised beforehand): one layer on the ghost fast path, with the
+    weights of ``"scatternet-linear"``'s layer for the same seed."""
+    model = make_model("linear", inputs=3969, seed=0)
+    assert [type(layer) for layer in model] == [nn.Linear] and model[0].out_features == 10
+    reference = make_model("scatternet-linear", seed=0)[3]
+    assert torch.equal(model[0].weight, reference.weight) and torch.equal(model[0].bias, reference.bias)
+    oracle = TorchModel(model, cross_entropy, torch.rand(2, 3969), torch.arange(2))
+    assert oracle.rules() == [("0", "ghost")] and oracle._plan_runs_whole_batch
+    assert make_model("linear", inputs=5, outputs=3)[0].weight.shape == (3, 5)
+    with pytest.raises(DpoptError, match=r"^inputs=0 must be"):
+        make_model("linear", inputs=0)
 
 
 def test_scatternet_group_norm_is_per_record():

@@ -134,3 +134,31 @@ def test_features_are_recomputed_for_other_data_another_transform_or_a_damaged_f
     assert torch.equal(scattering.features(counting, data, name="a", folder=tmp_path), first)
     assert counting.images == 24
     assert torch.equal(checkpoint.load(path), first)   # rewritten whole
+
+
+def test_group_normalised_features_are_per_image_and_feed_the_linear_model():
+    """GroupNorm folded into the features: each image's groups have mean 0 and variance 1 whatever
+    the other images, and ``"linear"`` on them is ``"scatternet-linear"`` (GroupNorm inside) on the
+    raw transform, with the same weights for the same seed."""
+    from dpopt.models import make_model
+
+    normalised = scattering.GroupNormalised(MNIST, 27)
+    batch = images(6)
+    batch[1:] *= 100.0
+    out = normalised(batch)
+    assert out.shape == (6, 81, 7, 7)
+    groups = out.reshape(6, 27, -1)
+    assert groups.mean(-1).abs().max() < 1e-12
+    raw = MNIST(batch).reshape(6, 27, -1).var(-1, unbiased=False)
+    assert torch.allclose(groups.var(-1, unbiased=False), raw / (raw + 1e-5), rtol=1e-10, atol=0)
+    assert torch.allclose(normalised(batch[:1]), out[:1], rtol=1e-12, atol=1e-12)
+    linear = make_model("linear", inputs=3969, seed=0).double()
+    reference = make_model("scatternet-linear", groups=27, seed=0).double()
+    with torch.no_grad():
+        expected = reference(MNIST(batch).reshape(6, -1))
+        assert torch.allclose(linear(out.reshape(6, -1)), expected, rtol=1e-10, atol=1e-10)
+    assert repr(normalised) != repr(scattering.GroupNormalised(MNIST, 9)) != repr(MNIST)  # their cache names differ
+    with pytest.raises(DpoptError, match=r"^groups=4 must divide the transform's 81 channels$"):
+        scattering.GroupNormalised(MNIST, 4)
+    with pytest.raises(DpoptError, match=r"^groups=0 must be"):
+        scattering.GroupNormalised(MNIST, 0)

@@ -43,7 +43,8 @@ inside the model: the data sets give pixels in [0, 1].
 MNIST baseline of their Table 1; the ``mnist-sota`` reproduction): input the scattering features
 of a 28 × 28 image (:class:`dpopt.scattering.Scattering2D`, J = 2, L = 8: 81 × 7 × 7 = 3,969
 numbers), GroupNorm without affine parameters (``groups`` of the 81 channels; each record's
-features normalised on their own), a linear layer to 10 outputs. ``"mnist-cnn"`` with its default
+features normalised on their own), a linear layer to 10 outputs; ``"linear"`` is its last layer
+alone, for features normalised when they are computed. ``"mnist-cnn"`` with its default
 tanh is the end-to-end CNN of the same table.
 
 ``"resnet18"`` is the standard CIFAR-10 ResNet-18 (He et al. 2016, "Deep Residual Learning for
@@ -86,7 +87,7 @@ from .oracles import TorchModel
 from .oracles.per_record import SqueezeLast
 
 __all__ = ["ACTIVATIONS", "MODELS", "BasicBlock", "cnn5", "cnn6", "cross_entropy", "logistic_loss", "make_model", "mlp",
-           "mlp_oracle", "mnist_cnn", "resnet18", "scatternet_linear", "squared_loss"]
+           "linear", "mlp_oracle", "mnist_cnn", "resnet18", "scatternet_linear", "squared_loss"]
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "softplus": nn.Softplus}
 
@@ -151,6 +152,16 @@ def scatternet_linear(*, groups: int = 27) -> nn.Sequential:
     )
 
 
+def linear(*, inputs: int, outputs: int = 10) -> nn.Sequential:
+    """Softmax regression: one linear layer from ``inputs`` features to ``outputs`` logits, for
+    features prepared beforehand (e.g. the mnist-sota preset's scattering features, GroupNorm-
+    normalised with them: :class:`dpopt.scattering.GroupNormalised`). With the same seed its
+    weights are those of ``"scatternet-linear"`` on 3,969 inputs (whose other layers have none)."""
+    _validate.positive_int("inputs", inputs)
+    _validate.positive_int("outputs", outputs)
+    return nn.Sequential(nn.Linear(inputs, outputs))
+
+
 def _group_norm(channels: int) -> nn.GroupNorm:
     """GroupNorm as Opacus substitutes it for BatchNorm: ``min(32, C)`` groups, affine."""
     return nn.GroupNorm(min(32, channels), channels)
@@ -202,6 +213,7 @@ MODELS: dict[str, Callable[..., nn.Sequential]] = {
     "cnn6": cnn6,
     "resnet18": resnet18,
     "scatternet-linear": scatternet_linear,
+    "linear": linear,
 }
 
 
@@ -269,11 +281,11 @@ def make_model(name: str, *, activation: str | None = None, seed: int | None = N
     """A fresh float32 model ``name`` (one of :data:`MODELS`) on the CPU.
 
     ``activation``: "tanh" or "relu"; ``None`` is the model's own default (tanh for the DP-SRM
-    networks, relu for "resnet18"; "scatternet-linear" has none). ``options``: the model's own
-    keywords (``groups`` of "scatternet-linear"). ``seed``: if given, the initial weights are drawn
-    from a generator seeded with it (torch's global generator is left as it was), so the same seed
-    gives the same model; otherwise from torch's global generator, like any ``nn`` layer. Use
-    ``.double()`` / ``.to(device)`` after.
+    networks, relu for "resnet18"; "scatternet-linear" and "linear" have none). ``options``: the
+    model's own keywords (``groups`` of "scatternet-linear", ``inputs`` and ``outputs`` of
+    "linear"). ``seed``: if given, the initial weights are drawn from a generator seeded with it
+    (torch's global generator is left as it was), so the same seed gives the same model; otherwise
+    from torch's global generator, like any ``nn`` layer. Use ``.double()`` / ``.to(device)`` after.
     """
     _validate.one_of("model", name, MODELS)
     accepted = set(inspect.signature(MODELS[name]).parameters)

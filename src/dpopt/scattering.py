@@ -181,6 +181,28 @@ def _low_pass(spectrum: Tensor, phi: Tensor, k: int) -> Tensor:
     return torch.fft.ifft2(_subsample(_filtered(spectrum, phi), k)).real[..., 1:-1, 1:-1]
 
 
+@dataclasses.dataclass(frozen=True)
+class GroupNormalised:
+    """``transform`` followed by GroupNorm without affine parameters: each image's output channels,
+    in ``groups`` consecutive groups, shifted and scaled to mean 0 and variance 1 within each group
+    (1e−5 added to the variance, as ``torch.nn.GroupNorm``). Like the transform, a fixed map of each
+    image alone: computed with the features, once (:func:`features`), it costs no privacy and
+    spares a model the normalisation at every step (``make_model("linear")`` on its output is
+    ``make_model("scatternet-linear", groups=groups)`` on the transform's)."""
+
+    transform: Scattering2D
+    groups: int
+
+    def __post_init__(self) -> None:
+        _validate.positive_int("groups", self.groups)
+        channels = self.transform.channels
+        if channels % self.groups:
+            raise _validate.DpoptError(f"groups={self.groups!r} must divide the transform's {channels} channels")
+
+    def __call__(self, images: Tensor) -> Tensor:
+        return torch.nn.functional.group_norm(self.transform(images), self.groups)
+
+
 # ------------------------------------------------------------------------------ the cache
 
 

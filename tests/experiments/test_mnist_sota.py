@@ -38,7 +38,9 @@ def test_the_published_recipes_are_the_dp_sgd_rows():
         assert spec["settings"]["algorithm"] == "dp-sgd" and spec["grid"] == {}
     assert DATA["methods"]["DP-SGD"]["settings"] == {"algorithm": "dp-sgd", "optimizer": "torch.optim.SGD",
                                                      "options": {"momentum": 0.9}}
-    assert mnist_sota.SETTINGS["scatternet:mnist"].model_options == {"groups": 27}
+    scatternet = mnist_sota.SETTINGS["scatternet:mnist"]
+    assert (scatternet.model, scatternet.model_options, scatternet.feature_groups) == ("linear", {"inputs": 3969}, 27)
+    assert repr(mnist_sota.feature_map(scatternet)) == repr(mnist_sota.GroupNormalised(mnist_sota.SCATTERING, 27))
     # the CNN's runs cost more than ScatterNet's (measured): they are queued first
     assert mnist_sota.SETTINGS["tanh-cnn:mnist"].run_cost > mnist_sota.SETTINGS["scatternet:mnist"].run_cost
 

@@ -15,9 +15,12 @@ Every run is a practitioner's loop (:mod:`dpopt.experiments.optimizer_loop`): :c
 releases DP-SGD's noised gradient, ``torch.optim.SGD`` with momentum steps from it, and the
 output is the last iterate or a moving average of the iterates (post-processing, free). The
 problems are the CNN on the pixels (:func:`dpopt.models.mnist_cnn`, Papernot et al.'s network)
-and the linear model on scattering features (:func:`dpopt.models.scatternet_linear` on
-:class:`dpopt.scattering.Scattering2D`, J = 2, L = 8: a fixed public filter bank applied to each
-image alone, computed once and cached, :func:`dpopt.scattering.features`).
+and the linear model on scattering features (:class:`dpopt.scattering.Scattering2D`, J = 2, L = 8:
+a fixed public filter bank applied to each image alone) normalised by GroupNorm (27 groups, no
+affine parameters: each image's on its own), both computed once and cached
+(:class:`dpopt.scattering.GroupNormalised`, :func:`dpopt.scattering.features`), so that the model
+is its linear layer alone (``"linear"``; the same network as ``"scatternet-linear"`` on the raw
+features, without the normalisation at every step).
 
 Methods are declared in ``presets/mnist-sota.toml``: an algorithm of the registry with its options,
 an optimizer with its options. A method runs on a problem at an ε where the file gives its
@@ -39,7 +42,7 @@ from ..data import load
 from ..data.bounds import Preparation
 from ..json_types import JsonObject
 from ..plan import steps_for_epochs
-from ..scattering import Scattering2D, features
+from ..scattering import GroupNormalised, Scattering2D, features
 from ..train import History
 from . import declared
 from ._runner import Method, Params, Problem, time_to_target
@@ -58,15 +61,16 @@ SCATTERING = Scattering2D((28, 28), J=2, L=8)
 @dataclass(frozen=True)
 class Setting:
     """One problem as the preset file declares it: ``model`` (a name of :data:`dpopt.models.MODELS`,
-    with ``model_options``) on MNIST's pixels or, with ``scattering``, on their scattering features;
-    the first ``records`` training and test records (None: all); the error the time to target is
-    measured at; the engine's chunk size; ``run_cost``: a run's CPU seconds as measured, which
-    orders the queue (:attr:`Problem.run_cost`)."""
+    with ``model_options``) on MNIST's pixels or, with ``scattering``, on their scattering features,
+    GroupNorm-normalised in ``feature_groups`` groups if given; the first ``records`` training and
+    test records (None: all); the error the time to target is measured at; the engine's chunk size;
+    ``run_cost``: a run's CPU seconds as measured, which orders the queue (:attr:`Problem.run_cost`)."""
 
     model: str
     target_error: float
     microbatch_size: int
     scattering: bool = False
+    feature_groups: int | None = None
     model_options: dict[str, Any] | None = None
     records: int | None = None
     run_cost: float | None = None
@@ -76,20 +80,30 @@ SETTINGS = {key: Setting(**spec) for key, spec in DATA.parameter("problems").ite
 
 
 def preparation(key: ProblemKey) -> Preparation:
-    """MNIST's registered preparation (pixels / 255) for every problem; the scattering transform
-    is part of the model (a fixed layer), not of the data's preparation."""
+    """MNIST's registered preparation (pixels / 255) for every problem; the scattering features
+    (and their GroupNorm) are a fixed public map of each prepared image (:func:`arrays`), not part
+    of the data's preparation."""
     return registered("mnist")
 
 
 def arrays(setting: Setting, data_dir: str | None) -> tuple[np.ndarray, ...]:
-    """Train and test rows of ``setting`` (pixels / 255, or their scattering features) and labels."""
+    """Train and test rows of ``setting`` (pixels / 255, or their scattering features, normalised
+    if the setting says so) and labels."""
     data = registered("mnist").prepare(load("mnist", data_dir))
     cut = slice(setting.records)
     X, X_test = data.X_train[cut], data.X_test[cut]
     if setting.scattering:
-        X, X_test = (features(SCATTERING, images.reshape(-1, 28, 28), name=repr(SCATTERING)).numpy()
+        transform = feature_map(setting)
+        X, X_test = (features(transform, images.reshape(-1, 28, 28), name=repr(transform)).numpy()
                      for images in (X, X_test))
     return X, data.y_train[cut], X_test, data.y_test[cut]
+
+
+def feature_map(setting: Setting) -> Scattering2D | GroupNormalised:
+    """The scattering transform, followed by the setting's GroupNorm if it has one."""
+    if setting.feature_groups is None:
+        return SCATTERING
+    return GroupNormalised(SCATTERING, setting.feature_groups)
 
 
 def final_metrics(history: History, *, target_error: float) -> dict[str, float]:
@@ -107,9 +121,10 @@ def build_problem(key: ProblemKey, data_dir: str | None) -> tuple[Problem, JsonO
                                  train_metrics=False, model_options=setting.model_options or {},
                                  history_metrics=lambda h: final_metrics(h, target_error=setting.target_error))
     problem = replace(problem, run_cost=setting.run_cost)
+    normalised = "" if setting.feature_groups is None else f", GroupNorm in {setting.feature_groups} groups"
     features_of = (f"scattering features ({SCATTERING.channels} × {SCATTERING.output_shape[0]} × "
-                   f"{SCATTERING.output_shape[1]}, J = {SCATTERING.J}, L = {SCATTERING.L}; a fixed public filter "
-                   "bank, cached)" if setting.scattering else "pixels")
+                   f"{SCATTERING.output_shape[1]}, J = {SCATTERING.J}, L = {SCATTERING.L}{normalised}; a fixed public "
+                   "map of each image, cached)" if setting.scattering else "pixels")
     facts: JsonObject = {
         "n": len(X), "n_test": len(X_test), "dim": problem.oracle.dim, "data": "mnist", "features": features_of,
         "model": f"{setting.model} {setting.model_options or ''}".strip(), "target_error": setting.target_error,
