@@ -4,7 +4,7 @@ Rules (each broken one is reported as one line naming the axes):
 - every axes draws something (lines, collections, images or patches) and has an x and a y label
   (a colour bar's axes: a label on its long axis);
 - the suptitle, or else every axes' title, names ε and δ;
-- the tick labels of each axis (major and minor, inside the view) are distinct;
+- the tick labels of each axis (major and minor, inside the view) are distinct and do not overlap;
 - no legend's box covers a data point of a line or scatter (in display coordinates), or a title;
 - nothing is cut off: every axes with its title, labels and tick labels, the suptitle and every
   legend lie inside the figure.
@@ -39,6 +39,9 @@ def problems(fig: Any) -> list[str]:
             repeated = sorted({label for label in labels if labels.count(label) > 1})
             if repeated:
                 found.append(f"{name}: {which} tick labels repeated: {repeated}")
+            overlapping = _overlapping_tick_labels(axis, renderer)
+            if overlapping:
+                found.append(f"{name}: {which} tick labels overlap: {overlapping}")
     suptitle = fig.get_suptitle()
     titles = [suptitle] if _names_privacy(suptitle) else [ax.get_title() for ax in plots]
     if not titles or not all(_names_privacy(title) for title in titles):
@@ -77,6 +80,13 @@ def _tick_labels(axis: Any) -> list[str]:
     minor = [v for v in inside(axis.get_minor_locator()()) if not np.isclose(major, v, rtol=1e-10, atol=0).any()]
     return [text for formatter, locs in ((axis.get_major_formatter(), major), (axis.get_minor_formatter(), minor))
             for text in formatter.format_ticks(locs) if text.strip()]
+
+
+def _overlapping_tick_labels(axis: Any, renderer: Any) -> list[tuple[str, str]]:
+    """Pairs of tick labels drawn on ``axis`` (major and minor) whose boxes overlap."""
+    drawn = [tick.label1 for tick in axis._update_ticks() if tick.label1.get_visible() and tick.label1.get_text()]
+    boxes = [(label.get_text(), label.get_window_extent(renderer)) for label in drawn]
+    return [(a, b) for i, (a, box) in enumerate(boxes) for b, other in boxes[i + 1:] if box.overlaps(other)]
 
 
 def _points(ax: Any) -> np.ndarray:

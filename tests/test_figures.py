@@ -61,6 +61,12 @@ WRITERS = [
     (lambda out: run_figure(out / "curves.png", _history([0.31, 0.2, 0.16, 0.155, 0.155]), algorithm="dp-sgd",
                             dataset="adult", epsilon=1.0), ("curves.png",)),
     (lambda out: o2nc.figures(out, _o2nc_payload()), ("goldstein_vs_d.png", "goldstein_vs_calls.png")),
+    # a reproduction's curves against data passes on a log axis spanning less than two decades
+    (lambda out: report.curves_figure(
+        out / "passes.png", {"test accuracy": {"dp-sgd": report.Curve(np.geomspace(2.5, 50, 20),
+                                                                      np.linspace(0.96, 0.987, 20))}},
+        title="test accuracy at ε = 3, δ = 1e-05", xlabel="expected data passes", log_x=True, log_y=False),
+     ("passes.png",)),
 ]
 FIGURES = [name for _, names in WRITERS for name in names]
 

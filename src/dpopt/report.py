@@ -141,6 +141,8 @@ def curves_figure(path: Path, panels: Mapping[str, Mapping[str, Curve | tuple[Ar
     for ax, (name, drawn) in zip(axes[0], kept.items()):
         ax.set_xscale(scale(log_x, [curve.x for curve, _ in drawn.values()]))
         ax.set_yscale(scale(log_y, [curve.y for curve, _ in drawn.values()]))
+        readable_log_ticks(ax.xaxis, [curve.x for curve, _ in drawn.values()])
+        readable_log_ticks(ax.yaxis, [curve.y for curve, _ in drawn.values()])
         for label, (curve, _) in drawn.items():
             (line,) = ax.plot(curve.x, curve.y, label=label)
             if curve.spread is not None:  # on a log axis, a band reaching ≤ 0 is drawn from the mean up
@@ -192,6 +194,22 @@ def lower_ends(ax: Axes, mean: Sequence[float], spread: Sequence[float]) -> np.n
     centre = np.asarray(mean, dtype=float)
     low = centre - np.asarray(spread, dtype=float)
     return np.where((low > 0) | (ax.get_yscale() == "linear"), low, centre)
+
+
+def readable_log_ticks(axis: Any, values: Sequence[ArrayLike]) -> None:
+    """On a log ``axis`` whose drawn ``values`` span less than two decades: ticks at 1, 2 and 5 ×
+    10^k labelled as plain numbers (``%g``), minor ticks unlabelled. There matplotlib labels every
+    minor tick in "a×10^b" form and neighbours (3×10⁰, 4×10⁰) overlap; over more decades its
+    labels are the powers of ten, left as they are."""
+    import numpy as np
+    from matplotlib import ticker
+
+    drawn = np.concatenate(values) if values else np.empty(0)
+    if axis.get_scale() != "log" or not drawn.size or drawn.max() >= 100 * drawn.min():
+        return
+    axis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+    axis.set_minor_formatter(ticker.NullFormatter())
 
 
 def scale(log: bool, values: Sequence[ArrayLike]) -> str:

@@ -208,6 +208,10 @@ def test_quick_reproduction(shared_data_dir, tmp_path, monkeypatch):
     markdown = (tmp_path / "results.md").read_text()
     assert "**Hyper-parameters: NOT PRIVATE tuning.**" in markdown
     assert all(f"| {name} |" in markdown for name in BEYOND) and "Not run" not in markdown
+    # the tuning section: the hyper-parameters as a table, the cost as bullets, no Python dict printed
+    assert "| scatternet:mnist-smoke DP-SGD ε=3.0 | lr = 8.0, batch_size = 128, epochs = 4, clip = 0.1 |" in markdown
+    assert "\n* label: NOT PRIVATE tuning: hyper-parameters chosen on test accuracy" in markdown
+    assert "{'" not in markdown
     assert "NOT PRIVATE tuning" in mnist_sota.PRESET.FIGURE_NOTE
     assert {p.name for p in tmp_path.glob("*.png")} == {
         "curves_tanh-cnn-mnist-smoke_eps3.0.png", "curves_scatternet-mnist-smoke_eps3.0.png",
@@ -215,3 +219,6 @@ def test_quick_reproduction(shared_data_dir, tmp_path, monkeypatch):
     facts = {f["problem"]: f for f in written["facts"]}
     assert facts["scatternet:mnist-smoke"]["dim"] == 39_700 and facts["tanh-cnn:mnist-smoke"]["dim"] == 26_010
     assert facts["scatternet:mnist-smoke"]["n"] == 1000
+    assert (facts["scatternet:mnist-smoke"]["model"], facts["tanh-cnn:mnist-smoke"]["model"]) == (
+        "linear (inputs = 3969)", "mnist-cnn")
+    assert "GroupNorm in 27 groups" in facts["scatternet:mnist-smoke"]["features"]

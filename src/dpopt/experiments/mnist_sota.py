@@ -127,7 +127,9 @@ def build_problem(key: ProblemKey, data_dir: str | None) -> tuple[Problem, JsonO
                    "map of each image, cached)" if setting.scattering else "pixels")
     facts: JsonObject = {
         "n": len(X), "n_test": len(X_test), "dim": problem.oracle.dim, "data": "mnist", "features": features_of,
-        "model": f"{setting.model} {setting.model_options or ''}".strip(), "target_error": setting.target_error,
+        "model": setting.model + (f" ({options})" if (options := ", ".join(
+            f"{name} = {value}" for name, value in (setting.model_options or {}).items())) else ""),
+        "target_error": setting.target_error,
         "delta": DATA["delta"]}
     return problem, facts
 

@@ -20,6 +20,7 @@ A preset is an :class:`~dpopt.experiments.preset.Experiment` (its fields are doc
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -317,8 +318,8 @@ def _markdown(payload: Payload, exp: Experiment) -> str:
                            "seeds": row["seeds"], **{shown[c]: row["metrics"][c] for c in table_metrics},
                            **{f"paper {c}": _paper_cell(paper.get(c)) for c in paper_metrics}})
     first = payload["rows"][0]
-    chosen = {(str(r.get('problem')) + ' ' if keyed else '') + r['algorithm'] + ' ε=' + str(r['epsilon']): r['params']
-              for r in payload['rows']}
+    chosen = [{"row": (f"{r.get('problem')} " if keyed else "") + f"{r['algorithm']} ε={r['epsilon']}",
+               "hyper-parameters": _assignments(r["params"])} for r in payload["rows"]]
     lines = [
         f"# {payload['experiment']}", "",
         f"{payload['seeds']} seeds (mean (std)); δ = {_deltas(payload['rows'])}; accountant: {first['accountant']}; "
@@ -339,11 +340,12 @@ def _markdown(payload: Payload, exp: Experiment) -> str:
                               + [f"p_{outputs.shown(m)}" for m in test_metrics]), "",
         f"Columns marked (NOT PRIVATE): {outputs.NOT_PRIVATE}; the papers report them.", "",
         "## Notes", "", exp.notes(payload), "",
-        "## Tuning", "", f"Grids: `{payload['grids']}`.", "",
-        f"Chosen (NOT PRIVATE where tuned here: selected on training-data objectives): `{chosen}`.", "",
+        "## Tuning", "", "Grids:", "", *_bullets(payload["grids"]), "",
+        "Chosen (NOT PRIVATE where tuned here: selected on training-data objectives):", "",
+        report.markdown_table(chosen, ["row", "hyper-parameters"]), "",
         *([f"The preset's values were chosen by {exp.TUNED_BY}.", ""] if exp.TUNED_BY else []),
-        f"Tuning cost (NOT PRIVATE tuning: chosen by the training objective without noise; its privacy cost is "
-        f"not in the ε above): `{_tuning_cost(payload['tuning'])}`.", "",
+        "Tuning cost (NOT PRIVATE tuning: its privacy cost is not in the ε above):", "",
+        *_bullets(_tuning_cost(payload["tuning"])), "",
     ]
     return "\n".join(lines)
 
@@ -370,6 +372,18 @@ def _paper_cell(value: Mapping[str, JsonValue] | None) -> JsonValue | Mapping[st
     if value is None:
         return ""
     return value if value["std"] is not None else value["mean"]
+
+
+def _assignments(params: Mapping[str, object]) -> str:
+    """``name = value, …`` of a row's hyper-parameters."""
+    return ", ".join(f"{name} = {value}" for name, value in params.items()) or "none"
+
+
+def _bullets(mapping: Mapping[str, object]) -> list[str]:
+    """One markdown bullet per entry, ``key: value`` (a value that is not text as JSON); "none"
+    for an empty mapping."""
+    return [f"* {key}: {value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)}"
+            for key, value in mapping.items()] or ["* none"]
 
 
 def _tuning_cost(tuning: Mapping[str, object]) -> dict[str, object]:
