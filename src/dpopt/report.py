@@ -52,6 +52,11 @@ def markdown_table(rows: Sequence[Mapping[str, object]], columns: Sequence[str])
     return "\n".join(lines)
 
 
+def assignments(values: Mapping[str, object]) -> str:
+    """``name = value, …`` of ``values`` (hyper-parameters, a model's options); "" if empty."""
+    return ", ".join(f"{name} = {value}" for name, value in values.items())
+
+
 def finite(value: object) -> object:
     """``value`` with every non-finite float replaced (NaN by None, ±∞ by "inf"/"-inf"), in nested
     dicts, lists and tuples, numpy values and tensors (as lists) included."""
@@ -139,10 +144,11 @@ def curves_figure(path: Path, panels: Mapping[str, Mapping[str, Curve | tuple[Ar
     fig, axes = plt.subplots(1, max(1, len(kept)), figsize=(4.5 * max(1, len(kept)) + 1.5, 3.8), squeeze=False,
                              layout="constrained")
     for ax, (name, drawn) in zip(axes[0], kept.items()):
-        ax.set_xscale(scale(log_x, [curve.x for curve, _ in drawn.values()]))
-        ax.set_yscale(scale(log_y, [curve.y for curve, _ in drawn.values()]))
-        readable_log_ticks(ax.xaxis, [curve.x for curve, _ in drawn.values()])
-        readable_log_ticks(ax.yaxis, [curve.y for curve, _ in drawn.values()])
+        xs, ys = [curve.x for curve, _ in drawn.values()], [curve.y for curve, _ in drawn.values()]
+        ax.set_xscale(scale(log_x, xs))
+        ax.set_yscale(scale(log_y, ys))
+        readable_log_ticks(ax.xaxis, xs)
+        readable_log_ticks(ax.yaxis, ys)
         for label, (curve, _) in drawn.items():
             (line,) = ax.plot(curve.x, curve.y, label=label)
             if curve.spread is not None:  # on a log axis, a band reaching ≤ 0 is drawn from the mean up

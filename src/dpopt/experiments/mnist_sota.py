@@ -42,6 +42,7 @@ from ..data import load
 from ..data.bounds import Preparation
 from ..json_types import JsonObject
 from ..plan import steps_for_epochs
+from ..report import assignments
 from ..scattering import GroupNormalised, Scattering2D, features
 from ..train import History
 from . import declared
@@ -127,10 +128,8 @@ def build_problem(key: ProblemKey, data_dir: str | None) -> tuple[Problem, JsonO
                    "map of each image, cached)" if setting.scattering else "pixels")
     facts: JsonObject = {
         "n": len(X), "n_test": len(X_test), "dim": problem.oracle.dim, "data": "mnist", "features": features_of,
-        "model": setting.model + (f" ({options})" if (options := ", ".join(
-            f"{name} = {value}" for name, value in (setting.model_options or {}).items())) else ""),
-        "target_error": setting.target_error,
-        "delta": DATA["delta"]}
+        "model": setting.model + (f" ({options})" if (options := assignments(setting.model_options or {})) else ""),
+        "target_error": setting.target_error, "delta": DATA["delta"]}
     return problem, facts
 
 

@@ -319,7 +319,7 @@ def _markdown(payload: Payload, exp: Experiment) -> str:
                            **{f"paper {c}": _paper_cell(paper.get(c)) for c in paper_metrics}})
     first = payload["rows"][0]
     chosen = [{"row": (f"{r.get('problem')} " if keyed else "") + f"{r['algorithm']} ε={r['epsilon']}",
-               "hyper-parameters": _assignments(r["params"])} for r in payload["rows"]]
+               "hyper-parameters": report.assignments(r["params"]) or "none"} for r in payload["rows"]]
     lines = [
         f"# {payload['experiment']}", "",
         f"{payload['seeds']} seeds (mean (std)); δ = {_deltas(payload['rows'])}; accountant: {first['accountant']}; "
@@ -372,11 +372,6 @@ def _paper_cell(value: Mapping[str, JsonValue] | None) -> JsonValue | Mapping[st
     if value is None:
         return ""
     return value if value["std"] is not None else value["mean"]
-
-
-def _assignments(params: Mapping[str, object]) -> str:
-    """``name = value, …`` of a row's hyper-parameters."""
-    return ", ".join(f"{name} = {value}" for name, value in params.items()) or "none"
 
 
 def _bullets(mapping: Mapping[str, object]) -> list[str]:
