@@ -9,11 +9,13 @@ import dataclasses
 import json
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from dpopt import Private, outputs
 from dpopt.algorithms import DPSGD
+from dpopt.augmentation import ONE_PIXEL_SHIFTS, shift
 from dpopt.experiments import mnist_sota
 from dpopt.experiments._runner import Problem, Saved, Training
 from dpopt.experiments.optimizer_loop import OptimizerLoop
@@ -182,6 +184,32 @@ def test_saved_runs_of_two_loops_on_one_plan_are_kept_apart(tmp_path):
     assert len(paths) == len(loops)
 
 
+def test_the_views_problem_sees_each_training_image_shifted_and_scores_the_test_images_once(shared_data_dir, tmp_path,
+                                                                                             monkeypatch):
+    """Augmentation multiplicity on ScatterNet: each training record is the features of its image
+    and of its four one-pixel shifts (the first view is the plain problem's row, each view the
+    transform of the shifted image alone), the test rows are the plain problem's, and the loss is
+    the mean over the views."""
+    monkeypatch.setenv("DPOPT_CACHE", str(tmp_path / "cache"))
+    views, plain = (mnist_sota.SETTINGS[f"{key}:mnist-smoke"] for key in ("scatternet-views", "scatternet"))
+    assert views.shifts == ONE_PIXEL_SHIFTS
+    assert dataclasses.replace(views, shifts=None, microbatch_size=plain.microbatch_size) == plain
+    X, y, X_test, y_test = mnist_sota.arrays(views, str(shared_data_dir))
+    X_plain, y_plain, X_test_plain, y_test_plain = mnist_sota.arrays(plain, str(shared_data_dir))
+    assert X.shape == (1000, 5, 3969) and np.array_equal(X[:, 0], X_plain) and np.array_equal(X_test, X_test_plain)
+    assert np.array_equal(y, y_plain) and np.array_equal(y_test, y_test_plain)
+    images = torch.as_tensor(mnist_sota.registered("mnist").prepare(
+        mnist_sota.load("mnist", str(shared_data_dir))).X_train[:3], dtype=torch.float32).view(3, 28, 28)
+    transform = mnist_sota.feature_map(views)
+    for k, (rows, columns) in enumerate(ONE_PIXEL_SHIFTS):
+        alone = transform(shift(images, rows, columns)).reshape(3, -1).numpy()
+        assert np.array_equal(X[:3, k], alone)
+    assert not np.array_equal(X[:, 1], X[:, 0])
+    problem, facts = mnist_sota.build_problem("scatternet-views:mnist-smoke", str(shared_data_dir))
+    assert problem.oracle.loss_fn.__name__ == "mean_over_views(cross_entropy)"
+    assert "each training record seen as 5 views" in facts["features"]
+
+
 # ------------------------------------------------------------------------------ end to end
 
 
@@ -215,7 +243,7 @@ def test_quick_reproduction(shared_data_dir, tmp_path, monkeypatch):
     assert "NOT PRIVATE tuning" in mnist_sota.PRESET.FIGURE_NOTE
     assert {p.name for p in tmp_path.glob("*.png")} == {
         "curves_tanh-cnn-mnist-smoke_eps3.0.png", "curves_scatternet-mnist-smoke_eps3.0.png",
-        "curves_scatternet-mnist-smoke_eps1.0.png"}
+        "curves_scatternet-mnist-smoke_eps1.0.png", "curves_scatternet-views-mnist-smoke_eps3.0.png"}
     facts = {f["problem"]: f for f in written["facts"]}
     assert facts["scatternet:mnist-smoke"]["dim"] == 39_700 and facts["tanh-cnn:mnist-smoke"]["dim"] == 26_010
     assert facts["scatternet:mnist-smoke"]["n"] == 1000

@@ -22,27 +22,29 @@ def cross_entropy(out: Tensor, target: Tensor) -> Tensor:
 
 
 def classifier_oracle(model: str, X: np.ndarray | Tensor, y: np.ndarray | Tensor, *, microbatch_size: int,
-                      **options: JsonValue) -> TorchModel:
-    """The per-record cross-entropy of ``make_model(model, seed=0, **options)`` on float32 rows
-    ``X``, labels ``y``."""
+                      loss: Callable[[Tensor, Tensor], Tensor] = cross_entropy, **options: JsonValue) -> TorchModel:
+    """The per-record ``loss`` (default cross-entropy) of ``make_model(model, seed=0, **options)``
+    on float32 rows ``X``, labels ``y``."""
     from ..models import make_model
 
     activation = options.pop("activation", None)  # the one option make_model names (a string)
     if activation is not None and not isinstance(activation, str):
         raise DpoptError(f"activation={activation!r} must be the name of an activation")
-    return TorchModel(make_model(model, seed=0, activation=activation, **options), cross_entropy,
+    return TorchModel(make_model(model, seed=0, activation=activation, **options), loss,
                       torch.as_tensor(X, dtype=torch.float32), torch.as_tensor(y), microbatch_size=microbatch_size)
 
 
 def classifier_problem(model: str, X: np.ndarray, y: np.ndarray, X_test: np.ndarray, y_test: np.ndarray, *,
                        microbatch_size: int, train_metrics: bool = True,
                        history_metrics: Callable[[History], dict[str, float]] | None = None,
-                       model_options: Mapping[str, JsonValue] | None = None) -> Problem:
-    """``make_model(model, seed=0, **model_options)`` on float32 rows ``X``; θ0 = its initial
+                       model_options: Mapping[str, JsonValue] | None = None,
+                       loss: Callable[[Tensor, Tensor], Tensor] = cross_entropy) -> Problem:
+    """``make_model(model, seed=0, **model_options)`` on float32 rows ``X`` with the per-record
+    ``loss`` (default cross-entropy; its test error on ``X_test``); θ0 = its initial
     weights (the same for every run: seeds vary batches and noise). With ``train_metrics=False``
     the logged points skip F and ‖∇F‖ (each a full pass over X) and F is measured once, at the
     output."""
-    oracle = classifier_oracle(model, X, y, microbatch_size=microbatch_size, **(model_options or {}))
+    oracle = classifier_oracle(model, X, y, microbatch_size=microbatch_size, loss=loss, **(model_options or {}))
     X_test_t, y_test_t = torch.as_tensor(X_test, dtype=torch.float32), torch.as_tensor(y_test)
 
     def final_objective(theta: Tensor) -> dict[str, float]:

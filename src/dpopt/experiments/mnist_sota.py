@@ -20,7 +20,10 @@ a fixed public filter bank applied to each image alone) normalised by GroupNorm 
 affine parameters: each image's on its own), both computed once and cached
 (:class:`dpopt.scattering.GroupNormalised`, :func:`dpopt.scattering.features`), so that the model
 is its linear layer alone (``"linear"``; the same network as ``"scatternet-linear"`` on the raw
-features, without the normalisation at every step).
+features, without the normalisation at every step). A third problem adds augmentation multiplicity (De et al. 2022,
+:mod:`dpopt.augmentation`): each training record is seen through five views, the features of its
+image and of the image shifted by one pixel in each direction, its loss the mean over them; one
+clipped gradient per record, so the release and its privacy event are DP-SGD's.
 
 Methods are declared in ``presets/mnist-sota.toml``: an algorithm of the registry with its options,
 an optimizer with its options. A method runs on a problem at an ε where the file gives its
@@ -35,9 +38,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import torch
 
 from .. import _validate
 from ..algorithms import registry
+from ..augmentation import mean_over_views, shift
 from ..data import load
 from ..data.bounds import Preparation
 from ..json_types import JsonObject
@@ -47,7 +52,7 @@ from ..scattering import GroupNormalised, Scattering2D, features
 from ..train import History
 from . import declared
 from ._runner import Method, Params, Problem, time_to_target
-from ._torch import classifier_problem
+from ._torch import classifier_problem, cross_entropy
 from .optimizer_loop import OptimizerLoop, optimizer_class
 from .preparation import registered
 from .payload import Payload, ProblemKey, named
@@ -65,7 +70,10 @@ class Setting:
     with ``model_options``) on MNIST's pixels or, with ``scattering``, on their scattering features,
     GroupNorm-normalised in ``feature_groups`` groups if given; the first ``records`` training and
     test records (None: all); the error the time to target is measured at; the engine's chunk size;
-    ``run_cost``: a run's CPU seconds as measured, which orders the queue (:attr:`Problem.run_cost`)."""
+    ``run_cost``: a run's CPU seconds as measured, which orders the queue (:attr:`Problem.run_cost`);
+    ``shifts``: with it, augmentation multiplicity (:mod:`dpopt.augmentation`): each training record
+    is the features of its image shifted by each (rows, columns) pair, and its loss the mean over
+    those views (the test images are seen once, unshifted)."""
 
     model: str
     target_error: float
@@ -75,6 +83,11 @@ class Setting:
     model_options: dict[str, Any] | None = None
     records: int | None = None
     run_cost: float | None = None
+    shifts: tuple[tuple[int, int], ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.shifts is not None:  # the file's lists, as the tuples Shifted is named by
+            object.__setattr__(self, "shifts", tuple((int(r), int(c)) for r, c in self.shifts))
 
 
 SETTINGS = {key: Setting(**spec) for key, spec in DATA.parameter("problems").items()}
@@ -89,14 +102,17 @@ def preparation(key: ProblemKey) -> Preparation:
 
 def arrays(setting: Setting, data_dir: str | None) -> tuple[np.ndarray, ...]:
     """Train and test rows of ``setting`` (pixels / 255, or their scattering features, normalised
-    if the setting says so) and labels."""
+    if the setting says so; with ``shifts``, each training row ``[K, d]``: its K views) and labels."""
     data = registered("mnist").prepare(load("mnist", data_dir))
     cut = slice(setting.records)
     X, X_test = data.X_train[cut], data.X_test[cut]
     if setting.scattering:
         transform = feature_map(setting)
-        X, X_test = (features(transform, images.reshape(-1, 28, 28), name=repr(transform)).numpy()
-                     for images in (X, X_test))
+        images = torch.from_numpy(X.reshape(-1, 28, 28))
+        X = (features(transform, images.numpy(), name=repr(transform)).numpy() if setting.shifts is None else
+             np.stack([features(transform, shift(images, *s).numpy(), name=repr(transform)).numpy()
+                       for s in setting.shifts], axis=1))  # each view's features cached on their own
+        X_test = features(transform, X_test.reshape(-1, 28, 28), name=repr(transform)).numpy()
     return X, data.y_train[cut], X_test, data.y_test[cut]
 
 
@@ -118,14 +134,18 @@ def build_problem(key: ProblemKey, data_dir: str | None) -> tuple[Problem, JsonO
     """The classifier of problem ``key`` and facts for the report."""
     setting = SETTINGS[named(key)]
     X, y, X_test, y_test = arrays(setting, data_dir)
+    loss = cross_entropy if setting.shifts is None else mean_over_views(cross_entropy)
     problem = classifier_problem(setting.model, X, y, X_test, y_test, microbatch_size=setting.microbatch_size,
-                                 train_metrics=False, model_options=setting.model_options or {},
+                                 train_metrics=False, model_options=setting.model_options or {}, loss=loss,
                                  history_metrics=lambda h: final_metrics(h, target_error=setting.target_error))
     problem = replace(problem, run_cost=setting.run_cost)
     normalised = "" if setting.feature_groups is None else f", GroupNorm in {setting.feature_groups} groups"
     features_of = (f"scattering features ({SCATTERING.channels} × {SCATTERING.output_shape[0]} × "
                    f"{SCATTERING.output_shape[1]}, J = {SCATTERING.J}, L = {SCATTERING.L}{normalised}; a fixed public "
                    "map of each image, cached)" if setting.scattering else "pixels")
+    if setting.shifts is not None:
+        features_of += (f"; each training record seen as {len(setting.shifts)} views, its image shifted by (rows, "
+                        f"columns) in {', '.join(map(str, setting.shifts))}, its loss their mean")
     facts: JsonObject = {
         "n": len(X), "n_test": len(X_test), "dim": problem.oracle.dim, "data": "mnist", "features": features_of,
         "model": setting.model + (f" ({options})" if (options := assignments(setting.model_options or {})) else ""),
