@@ -137,15 +137,15 @@ def _run_all(exp: Experiment, data_dir: str | None, n_seeds: int, quick: bool, r
     jobs = selected(_jobs(exp, keys, built), only)
     pool.expect(sum(1 if method.deterministic else n_seeds for _, method, _ in jobs))
     for key, method, epsilon in jobs:
-        problem = built[key][0]
         delta = exp.delta(key)
-        params, tuned = _params(method, epsilon if method.private else None, retune, problem, exp, progress,
+        params, tuned = _params(method, epsilon if method.private else None, retune, built[key][0], exp, progress,
                                 pool, key, delta, chosen)
         if tuned:
             tuning[f"{'' if key is None else f'{key} '}{method.name} ε={epsilon if method.private else None}"] = tuned
-        wait = start_seeds(method, params, problem, epsilon=epsilon, delta=delta, seeds=range(n_seeds),
+        wait = start_seeds(method, params, built[key][0], epsilon=epsilon, delta=delta, seeds=range(n_seeds),
                            log_points=log_points, step_fraction=QUICK_STEPS if quick else 1.0, pool=pool, key=key)
         started_runs.append((key, method.name, epsilon if method.private else None, delta, params, wait))
+    built.clear()  # every run is queued: workers build their own problems (mnist-sota's views: 4.8 GB a process)
     started_runs.sort(key=lambda run: keys.index(run[0]))  # reported in the preset's order (a stable sort)
     for key, name, row_epsilon, delta, params, wait in started_runs:  # row_epsilon: None for a non-private method
         histories = wait()
