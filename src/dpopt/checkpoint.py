@@ -43,7 +43,7 @@ class Key:
     secret: bytes = dataclasses.field(repr=False)
     path: Path
 
-    def tag(self, payload: bytes) -> bytes:
+    def tag(self, payload: bytes | memoryview) -> bytes:
         """HMAC-SHA256 of ``payload`` under the key, 64 hex digits."""
         return hmac.new(self.secret, payload, hashlib.sha256).hexdigest().encode()
 
@@ -116,11 +116,13 @@ def load(path: Path, key: Key | None = None) -> Any:
     if magic not in (MAGIC, TAGGED):
         raise _validate.DpoptError(f"{name} is not a dpopt checkpoint of format 1 or 2 (checkpoints of earlier "
                                    "versions were pickles, which are not loaded: loading one can run code)")
-    digest, body = data[len(MAGIC):len(MAGIC) + 64], data[len(MAGIC) + 65:]
+    # slices of a memoryview share the file's bytes: a large checkpoint (cached features) is held
+    # once, plus its tensors, instead of once per slice
+    digest, body = data[len(MAGIC):len(MAGIC) + 64], memoryview(data)[len(MAGIC) + 65:]
     if data[len(MAGIC) + 64:len(MAGIC) + 65] != b"\n" or hashlib.sha256(body).hexdigest().encode() != digest:
         raise _validate.DpoptError(f"{name} is corrupt or truncated (its sha256 does not match its contents); "
                                    "it was not used")
-    tag, payload = (None, body) if magic == MAGIC else (body[:64], body[65:])
+    tag, payload = (None, body) if magic == MAGIC else (bytes(body[:64]), body[65:])
     if key is not None and tag is None:
         raise _validate.DpoptError(f"{name} is not authenticated: it carries no tag (format 1: saved results, or a "
                                    "file rewritten without the checkpoint key), and a run resumes only a checkpoint "
@@ -131,8 +133,8 @@ def load(path: Path, key: Key | None = None) -> Any:
                                    "another key (another user, machine or DPOPT_STATE); it was not used")
     size = int.from_bytes(payload[:8], "little")
     try:
-        tensors = safetensors.torch.load(payload[8 + size:])
-        return codec.decode(json.loads(payload[8:8 + size]), tensors)
+        tensors = safetensors.torch.load(bytes(payload[8 + size:]))
+        return codec.decode(json.loads(bytes(payload[8:8 + size])), tensors)
     except (ValueError, TypeError, RecursionError, safetensors.SafetensorError) as err:
         reason = str(err).partition("\n")[0][:200]
         raise _validate.DpoptError(f"{name} is malformed ({reason}); it was not used") from None

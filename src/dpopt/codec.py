@@ -74,35 +74,38 @@ def encode(value: object) -> tuple[JsonValue, dict[str, Tensor]]:
 def decode(data: JsonValue, tensors: dict[str, Tensor]) -> Any:
     """The value :func:`encode` encoded as ``data`` with ``tensors``; :class:`CodecError` on
     anything it would not have written."""
-
-    def node(d: JsonValue) -> Any:
-        if d is None or isinstance(d, (bool, int, float, str)):
-            return d
-        if isinstance(d, list):
-            return [node(item) for item in d]
-        if not (isinstance(d, dict) and len(d) == 1):
-            raise CodecError(f"unexpected node {str(d)[:80]}")
-        (tag, body), = d.items()
-        if tag == "float" and isinstance(body, str) and body in _NON_FINITE:
-            return _NON_FINITE[body]
-        if tag == "tuple" and isinstance(body, list):
-            return tuple(node(item) for item in body)
-        if tag == "dict" and isinstance(body, dict):
-            return {k: node(item) for k, item in body.items()}
-        if tag == "tensor" and isinstance(body, str) and body in tensors:
-            return tensors[body]
-        if tag == "event" and (parts := _shaped(body, 2)) is not None:
-            (name,), fields = parts
-            return _event_class(name)(**{k: node(item) for k, item in fields.items()})
-        if tag == "object" and (parts := _shaped(body, 3)) is not None:
-            (module, name), fields = parts
-            return _dpopt_class(module, name)(**{k: node(item) for k, item in fields.items()})
-        raise CodecError(f"unexpected node {str(d)[:80]}")
-
     try:
-        return node(data)
+        return _node(data, tensors)
     except TypeError as err:  # a constructor given fields it does not have
         raise CodecError(str(err)) from None
+
+
+def _node(d: JsonValue, tensors: dict[str, Tensor]) -> Any:
+    """One node of :func:`decode` (a function of the module, not a recursive closure: a closure that
+    calls itself is a reference cycle, which would keep ``tensors`` alive until the garbage collector
+    runs: gigabytes for cached features read one after another)."""
+    if d is None or isinstance(d, (bool, int, float, str)):
+        return d
+    if isinstance(d, list):
+        return [_node(item, tensors) for item in d]
+    if not (isinstance(d, dict) and len(d) == 1):
+        raise CodecError(f"unexpected node {str(d)[:80]}")
+    (tag, body), = d.items()
+    if tag == "float" and isinstance(body, str) and body in _NON_FINITE:
+        return _NON_FINITE[body]
+    if tag == "tuple" and isinstance(body, list):
+        return tuple(_node(item, tensors) for item in body)
+    if tag == "dict" and isinstance(body, dict):
+        return {k: _node(item, tensors) for k, item in body.items()}
+    if tag == "tensor" and isinstance(body, str) and body in tensors:
+        return tensors[body]
+    if tag == "event" and (parts := _shaped(body, 2)) is not None:
+        (name,), fields = parts
+        return _event_class(name)(**{k: _node(item, tensors) for k, item in fields.items()})
+    if tag == "object" and (parts := _shaped(body, 3)) is not None:
+        (module, name), fields = parts
+        return _dpopt_class(module, name)(**{k: _node(item, tensors) for k, item in fields.items()})
+    raise CodecError(f"unexpected node {str(d)[:80]}")
 
 
 def _shaped(body: JsonValue, length: int) -> tuple[list[str], dict[str, JsonValue]] | None:
