@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from dpopt import Private, outputs
+from dpopt._validate import DpoptError
 from dpopt.algorithms import DPSGD
 from dpopt.augmentation import ONE_PIXEL_SHIFTS, shift
 from dpopt.experiments import mnist_sota
@@ -205,6 +206,9 @@ def test_the_views_problem_sees_each_training_image_shifted_and_scores_the_test_
         alone = transform(shift(images, rows, columns)).reshape(3, -1).numpy()
         assert np.array_equal(X[:3, k], alone)
     assert not np.array_equal(X[:, 1], X[:, 0])
+    for bad in ({"shifts": []}, {"shifts": [[0, 0]], "scattering": False}):  # no views, or views of pixels
+        with pytest.raises(DpoptError, match=r"shifts=.* must give at least one view \[rows, columns\] of scattering"):
+            dataclasses.replace(views, **bad)
     problem, facts = mnist_sota.build_problem("scatternet-views:mnist-smoke", str(shared_data_dir))
     assert problem.oracle.loss_fn.__name__ == "mean_over_views(cross_entropy)"
     assert "each training record seen as 5 views" in facts["features"]

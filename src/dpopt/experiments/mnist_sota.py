@@ -87,8 +87,9 @@ class Setting:
 
     def __post_init__(self) -> None:
         if self.shifts is not None:  # the file's lists of [rows, columns], as tuples
-            if not self.shifts:
-                raise _validate.DpoptError("shifts must give at least one view [rows, columns], or be left out")
+            if not self.shifts or not self.scattering:
+                raise _validate.DpoptError(f"shifts={self.shifts!r} must give at least one view [rows, columns] of "
+                                           "scattering features (scattering = true), or be left out")
             object.__setattr__(self, "shifts", tuple((int(r), int(c)) for r, c in self.shifts))
 
 
