@@ -11,22 +11,16 @@ from torch import Tensor
 
 from .._validate import DpoptError
 from ..json_types import JsonValue
+from ..models import cross_entropy, make_model
 from ..oracles import TorchModel
 from ..train import History
 from ._runner import Problem
-
-
-def cross_entropy(out: Tensor, target: Tensor) -> Tensor:
-    """ℓ_i = −log softmax(out_i)[y_i], one value per record (integer labels stored as floats)."""
-    return torch.nn.functional.cross_entropy(out, target.long(), reduction="none")
 
 
 def classifier_oracle(model: str, X: np.ndarray | Tensor, y: np.ndarray | Tensor, *, microbatch_size: int,
                       loss: Callable[[Tensor, Tensor], Tensor] = cross_entropy, **options: JsonValue) -> TorchModel:
     """The per-record ``loss`` (default cross-entropy) of ``make_model(model, seed=0, **options)``
     on float32 rows ``X``, labels ``y``."""
-    from ..models import make_model
-
     activation = options.pop("activation", None)  # the one option make_model names (a string)
     if activation is not None and not isinstance(activation, str):
         raise DpoptError(f"activation={activation!r} must be the name of an activation")

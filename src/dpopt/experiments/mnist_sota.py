@@ -46,13 +46,14 @@ from ..augmentation import mean_over_views, shift
 from ..data import load
 from ..data.bounds import Preparation
 from ..json_types import JsonObject
+from ..models import cross_entropy
 from ..plan import steps_for_epochs
 from ..report import assignments
 from ..scattering import GroupNormalised, Scattering2D, features
 from ..train import History
 from . import declared
 from ._runner import Method, Params, Problem, time_to_target
-from ._torch import classifier_problem, cross_entropy
+from ._torch import classifier_problem
 from .optimizer_loop import OptimizerLoop, optimizer_class
 from .preparation import registered
 from .payload import Payload, ProblemKey, named
