@@ -70,12 +70,13 @@ def own_cpu_seconds() -> float:
 
 
 def interleaved(contenders: dict[str, Callable[[], dict[str, float]]], repeats: tuple[int, int],
-                 budget: float) -> dict[str, list[dict[str, float]]]:
-    """One warm-up each, then rounds: at least ``repeats[0]`` rounds, and more up to ``repeats[1]``
-    while the rounds so far took less than ``budget`` seconds. Round r runs the contenders in a
-    rotated order (A B C, then B C A, …), so none is always the one that runs right after the
-    contender that leaves the caches and the heap in a particular state."""
-    for fn in contenders.values():
+                 budget: float, warm: bool = True) -> dict[str, list[dict[str, float]]]:
+    """One warm-up each (unless ``warm`` is False: the caller warmed them), then rounds: at least
+    ``repeats[0]`` rounds, and more up to ``repeats[1]`` while the rounds so far took less than
+    ``budget`` seconds. Round r runs the contenders in a rotated order (A B C, then B C A, …), so
+    none is always the one that runs right after the contender that leaves the caches and the heap
+    in a particular state."""
+    for fn in contenders.values() if warm else ():
         fn()
     names = list(contenders)
     results: dict[str, list[dict[str, float]]] = {name: [] for name in names}

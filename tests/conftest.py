@@ -1,5 +1,6 @@
 """Shared pytest fixtures."""
 
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,6 +78,17 @@ def cache_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         folder = tmp_path_factory.mktemp("cache")
         patch.setenv("DPOPT_CACHE", str(folder))
         yield folder
+
+
+@pytest.fixture(autouse=True)
+def no_progress_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No progress line off a terminal unless a test asks (``dpopt.progress.EVERY_S``): they are printed
+    by the wall clock, and a test's output must not depend on how fast the machine is. Child
+    processes read ``DPOPT_PROGRESS_SECONDS``."""
+    from dpopt import progress
+
+    monkeypatch.setattr(progress, "EVERY_S", math.inf)
+    monkeypatch.setenv("DPOPT_PROGRESS_SECONDS", "inf")
 
 
 @pytest.fixture(scope="session", autouse=True)

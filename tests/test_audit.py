@@ -27,9 +27,9 @@ from scipy import stats
 from torch import Tensor, nn
 
 import dpopt
-from dpopt import accounting, audit, clipping, mechanisms
+from dpopt import accounting, audit, clipping, mechanisms, outputs
 from dpopt._validate import DpoptError
-from dpopt.algorithms import DIFF2, DPSGD
+from dpopt.algorithms import DIFF2, DPSGD, DPSUR
 from dpopt.algorithms.registry import NAMES, PRIVATE, build
 from dpopt.plan import Plan
 from dpopt.audit import bounds, worlds
@@ -304,6 +304,17 @@ class ClipAfterNoise(DPSGD):
         return state._replace(theta=theta), batch.sampler.wrap(event)
 
 
+@dataclass(frozen=True)
+class UnnoisedTest(DPSUR):
+    """DPSUR whose validation test is released without its noise while its event claims σ_v: the
+    accept bit then says whether the canary's loss went down, and θ moves only when it did."""
+
+    def test(self, theta, candidate, indices, checks, oracle, source):
+        change, _ = DPSUR.test(dataclasses.replace(self, val_noise_multiplier=0.0), theta, candidate, indices, checks,
+                               oracle, source)
+        return change, dpa.GaussianDpEvent(self.val_noise_multiplier)
+
+
 def swapped_in(kind: type) -> Callable[[Any], Any]:
     def mutate(algo: Any) -> Any:
         return kind(**{f.name: getattr(algo, f.name) for f in dataclasses.fields(algo)})
@@ -418,6 +429,8 @@ MUTANTS: dict[str, Case] = {
     "aclip sensitivity λ": Case("aclip", noise_divided_by(2), steps=1, n=10, batch=10, **SMALL),
     "diff2 noise on every client": Case("diff2-gd", noise_on_every_client, steps=1, n=49, batch=10,
                                         twin=last_iterate, **SMALL),
+    "dp-sur test without noise": Case("dp-sur", swapped_in(UnnoisedTest), steps=5, n=49, batch=10, runs=600,
+                                      delta=0.05, bound=bounds.ClopperPearson()),
     "o2nc single pass noise/10": Case("o2nc-first", noise_divided_by(10), steps=10, n=99, batch=10,
                                       **SMALL | {"runs": 300}),
     "ghost batch-mixing layer": Case("dp-sgd", honest, steps=1, n=10, batch=10, runs=1_000, delta=0.05,
@@ -499,9 +512,10 @@ def test_what_a_run_writes_besides_theta_does_not_depend_on_the_canary(name):
     """Finding: only the final iterate was scored; the side outputs a run writes were never
     examined. With the same seed, the default history of a run on D and on D′ (the canary world)
     differs in θ alone: every other written field (ε, the planned passes, the step records, the
-    randomness) is a public function of the settings. With diagnostics asked for, the labelled
-    diagnostics are what differs. n is one of the settings: D holds a neutral record in the
-    canary's slot where the add/remove world drops it."""
+    randomness) is a public function of the settings, but for the counts an algorithm releases about
+    its run from noised values (DPSUR's accepted steps, private like θ). With diagnostics asked for,
+    the labelled diagnostics are what differs. n is one of the settings: D holds a neutral record in
+    the canary's slot where the add/remove world drops it."""
     case = HONEST[name]
     algo = calibrated(case, honest)
     place = worlds.world(algo, name, case.n + 1, case.steps)
@@ -512,6 +526,7 @@ def test_what_a_run_writes_besides_theta_does_not_depend_on_the_canary(name):
         history = dpopt.run(algo, oracle, steps=case.steps, seed=3, log_every=1, delta=case.delta,
                             allow_large_delta=True)
         written[present] = {k: v for k, v in history.to_dict().items() if k != "theta"}
+        written[present]["final"] = {k: v for k, v in history.final.items() if k not in outputs.RELEASED_COUNTS}
     assert written[False] == written[True]
     if name == "dp-sgd":
         oracle = worlds.ClosedForm().oracle(*place.records(present=True))

@@ -9,6 +9,12 @@ above the claimed ε = 2 at 95 % confidence) and its honest twin is not.
   every other record's clipped gradient, about 32 times the accounted sensitivity on 32 records.
   The honest twin is the same loss evaluated per record (the vmap engine; the ghost engine once
   fixed, or a refusal of that loss).
+* **Padding that leaks across records.** Token records of their own lengths, padded to the
+  longest record of the data set (a tokenizer's ``padding="longest"`` over all of it), read by a
+  bidirectional ``dpopt.nn.LSTM`` given no ``lengths=``: it runs over the padding, whose length
+  the canary (a longer record) sets for every record, so every record's clipped gradient moves
+  with it (7 times the accounted 2C on 32 records). Honest twin: the same model given each
+  record's length, whose outputs and final states ignore the padding.
 * **A replayed-noise fork.** Two resumes of one checkpoint release at different θ with the same
   noise draws (the checkpoint's generator): the difference of the two releases is un-noised.
   Each run is accounted as one release. Honest twin: the second run draws fresh noise.
@@ -39,6 +45,7 @@ import dp_accounting as dpa
 import pytest
 import torch
 from torch import Tensor, nn
+from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import TensorDataset
 
 from dpopt import audit
@@ -50,6 +57,7 @@ from dpopt.oracles import TorchModel, ghost
 from dpopt.tuning.private import tune, tuning_plan
 from dpopt.tuning.space import Space
 from dpopt.tuning.trials import TruncatedNegativeBinomial
+from tests.test_recurrent_lengths import LONG, Reader, Sequences, cross_entropy
 
 TARGET = 2.0
 N, D = 32, 4
@@ -287,6 +295,25 @@ def tuning_audit(public_seed: int | None) -> audit.AuditResult:
                               threat_model=audit.Final(), bound=bounds.ClopperPearson())
 
 
+def padded_to_the_longest(X: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """Every record padded (with token 0) to the longest record of the data set: the columns of
+    padding that every record has are cut."""
+    return X[:, : int((X != 0).sum(1).max())], y
+
+
+def padding_audit(lengths: bool) -> audit.AuditResult:
+    """DP-GD at ε = 2 with C = 0.01, one step, 400 runs per side, of the length-reading model of
+    ``tests/test_recurrent_lengths.py`` (a bidirectional LSTM; given lengths or not) on its 32
+    records of 2 to 5 tokens, labelled 0, padded to the longest; the canary is a record of 12
+    tokens, labelled 1."""
+    sequences = Sequences()
+    X = pad_sequence(sequences.tokens, batch_first=True)
+    X = torch.cat([X, X.new_zeros(len(X), len(LONG) - X.shape[1])], 1)  # (room for the canary)
+    return audit.audit_module(Reader("LSTM", given=lengths, bidirectional=True), cross_entropy,
+                              (X, sequences.labels), algorithm="dp-gd", epsilon=TARGET, steps=1, runs=400, lr=1.0,
+                              clip=0.01, prepare=padded_to_the_longest, canary=(LONG, torch.tensor(1)))
+
+
 def whole_batch_coupling(monkeypatch: pytest.MonkeyPatch) -> audit.AuditResult:
     monkeypatch.setattr(TorchModel, "_per_record", whole_batch_per_record)
     return coupling_audit("ghost")
@@ -294,6 +321,7 @@ def whole_batch_coupling(monkeypatch: pytest.MonkeyPatch) -> audit.AuditResult:
 
 MUTANTS: dict[str, Callable[[pytest.MonkeyPatch], audit.AuditResult]] = {
     "coupling loss, whole-batch ghost engine": whole_batch_coupling,
+    "padding that leaks across records": lambda monkeypatch: padding_audit(lengths=False),
     "replayed-noise fork": lambda monkeypatch: fork_audit(replay=True),
     "targets divided by max |y|": lambda monkeypatch: preparation_audit(by_largest_target),
     "tuning with a public seed": lambda monkeypatch: tuning_audit(public_seed=0),
@@ -302,6 +330,7 @@ MUTANTS: dict[str, Callable[[pytest.MonkeyPatch], audit.AuditResult]] = {
 TWINS = [
     pytest.param(lambda: coupling_audit("vmap"), id="coupling loss, vmap engine"),
     pytest.param(lambda: coupling_audit("ghost"), id="coupling loss, ghost engine"),
+    pytest.param(lambda: padding_audit(lengths=True), id="padding ignored: lengths given"),
     pytest.param(lambda: fork_audit(replay=False), id="fork with fresh noise"),
     pytest.param(lambda: preparation_audit(by_public_bound), id="targets clipped to a public bound"),
     pytest.param(lambda: tuning_audit(public_seed=None), id="tuning with a secret seed"),

@@ -11,7 +11,7 @@ import pytest
 import torch
 from matplotlib.collections import PathCollection
 
-from dpopt import bench, outputs
+from dpopt import bench, checkpoint, journal, outputs
 from dpopt._validate import DpoptError
 from dpopt.algorithms.diff2 import paper_ratios
 from dpopt.bench import TIE, problems
@@ -132,6 +132,10 @@ def test_bandmf_adaptive_clipping_and_adambc_are_bench_methods(capsys, tmp_path)
 
 
 def test_bench_json_gives_each_cell_its_methods_errors_epsilons_and_winner(capsys, tmp_path):
+    """Each cell's methods, errors, ε and winner. Finding: bench.md and bench.json printed every
+    tuning's number of trials K (and the wall times that reveal it) by default, though the
+    guarantee of repeat-and-select rests on K staying secret: they are written only with
+    --diagnostics now, labelled NOT PRIVATE."""
     file = tmp_path / "problems.toml"
     file.write_text(TINY)
     assert main(["bench", "--file", str(file), "--json", "--out", str(tmp_path / "out")]) == 0
@@ -149,19 +153,26 @@ def test_bench_json_gives_each_cell_its_methods_errors_epsilons_and_winner(capsy
             assert 0 <= cell["p_value"] <= 1 and cell["significant"] == (cell["p_value"] < 0.05)
         else:
             assert sorted(cell["tied"]) == sorted(means) and cell["p_value"] is None and not cell["significant"]
-    assert result["diagnostics"]["label"].startswith("NOT PRIVATE")
-    runs = result["diagnostics"]["runs"]
-    assert len(runs) == 4 and all(len(r["trials_run"]) == 2 for r in runs)
     written = {p.name for p in (tmp_path / "out").iterdir()}
     assert written == {"bench.json", "bench.md", "tiny.png", "summary.png", "runs"}
-    text = (tmp_path / "out" / "bench.md").read_text()
-    assert "| dp-sgd |" in text and "| wall time (NOT PRIVATE) | ε = 0.5 | ε = 2 |" in text
-    # the same command without --json: the saved jobs, shown for a person (the tables and the paths written)
-    assert main(["bench", "--file", str(file), "--out", str(tmp_path / "out")]) == 0
+    text, stored = (tmp_path / "out" / "bench.md").read_text(), (tmp_path / "out" / "bench.json").read_text()
+    assert "diagnostics" not in result and "diagnostics" not in json.loads(stored)  # no K, no wall time
+    assert "trials_run" not in stored and "wall_time" not in stored
+    assert "| dp-sgd |" in text and "wall time (NOT PRIVATE)" not in text and "trials)" not in text
+    assert "Trial counts and wall times are not shown" in text and "`--diagnostics` adds them" in text
+    # with --diagnostics (one ε, one seed), without --json: shown for a person (the tables and the paths
+    # written), the trials run and wall times labelled NOT PRIVATE
+    argv = ["bench", "--file", str(file), "--diagnostics", "--epsilon", "2", "--seeds", "1", "--workers", "1"]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 0
     shown = capsys.readouterr().out
     with pytest.raises(json.JSONDecodeError):
         json.loads(shown)
     assert "| dp-sgd |" in shown and f"written:\n  {tmp_path / 'out' / 'bench.json'}\n" in shown
+    assert "| wall time (NOT PRIVATE) | ε = 2 |" in shown and "Diagnostics (NOT PRIVATE: " in shown
+    shown_json = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert shown_json["diagnostics"]["label"].startswith("NOT PRIVATE")
+    runs = shown_json["diagnostics"]["runs"]
+    assert len(runs) == 2 and all(len(r["trials_run"]) == 1 and r["trials_run"][0] >= 0 for r in runs)
 
 
 def private_part(result: dict) -> list:
@@ -185,15 +196,23 @@ def test_bench_saves_every_finished_job_and_resumes_from_them(capsys, tmp_path, 
     process or in the workers; the same command run again loads them all (2 ε × 2 methods × 2
     seeds = 8 files) and reports the same private results, and a job whose file is gone is run
     again to the same result: the secret its randomness derives from was drawn from the operating
-    system by the first run and kept in runs/ (owner-only, never in the outputs), and the second
-    run says it resumed with it."""
+    system by the first run, and the second run says it resumed with it.
+
+    Finding: that secret was kept in --out/runs, so publishing the output folder published every K,
+    candidate and noise draw. It is kept in the state folder now (owner-only, with the --out it
+    belongs to); --out holds only the bench's id, and no file under --out holds the secret."""
     first = bench_json(capsys, tmp_path, "out", workers=workers)
-    saved = sorted((tmp_path / "out" / "runs").glob("*.pt"))
+    runs = tmp_path / "out" / "runs"
+    saved = sorted(runs.glob("*.pt"))
     assert len(saved) == 8
-    secret = tmp_path / "out" / "runs" / bench.SECRET
-    assert secret.stat().st_mode & 0o777 == 0o600 and "operating system" in first["randomness"]
-    hidden = secret.read_text().strip()
-    assert all(hidden not in (tmp_path / "out" / name).read_text() for name in ("bench.json", "bench.md"))
+    assert sorted(path.name for path in runs.iterdir() if path.suffix != ".pt") == [bench.BENCH_ID]
+    kept = journal.folder() / "bench" / f"{(runs / bench.BENCH_ID).read_text().strip()}.json"
+    record = json.loads(kept.read_text())
+    assert kept.stat().st_mode & 0o777 == 0o600 and record["out"] == str((tmp_path / "out").resolve())
+    hidden = record["secret"]
+    assert len(hidden) == 32 and "operating system" in first["randomness"]
+    assert not [path for path in (tmp_path / "out").rglob("*") if path.is_file() and (
+        hidden.encode() in path.read_bytes() or str(int(hidden, 16)).encode() in path.read_bytes())]
     stamps = {path: path.stat().st_mtime_ns for path in saved}
     saved[0].unlink()
     again = bench_json(capsys, tmp_path, "out", workers=workers)
@@ -203,27 +222,105 @@ def test_bench_saves_every_finished_job_and_resumes_from_them(capsys, tmp_path, 
     assert "resumed with the secret" in again["randomness"] and "resumed" not in first["randomness"]
 
 
+def forged(value: object, error: float = 0.0123, epsilon: float = 0.05) -> object:
+    """``value`` (a saved job) with every result in it rewritten, as a writer of --out did: the test
+    error to ``error``, the ε to ``epsilon`` and the planned passes to 0.001."""
+    if isinstance(value, dict):
+        value = {key: forged(item, error, epsilon) for key, item in value.items()}
+        if "test_error" in value:
+            value |= {"test_error": error, "epsilon": epsilon, "expected_passes": 0.001}
+    return value
+
+
+def cells_of(result: dict) -> list[dict]:
+    return [cell for problem in result["problems"] for cell in problem["cells"]]
+
+
+def test_a_forged_saved_job_is_refused_and_the_rerun_reports_the_true_result(capsys, tmp_path):
+    """Finding: a saved job of --out/runs carried a sha256 but no key, and its ε was trusted as
+    written: a writer of --out rewrote a job's ε and test error (digest recomputed) and the rerun of
+    the same command reported them. Each saved job is tagged under the user's checkpoint key now:
+    the rerun refuses the forged file in one line naming it and how to go on, writes nothing, and
+    once it is removed reruns its job to the true result."""
+    first = bench_json(capsys, tmp_path, "out")
+    path = sorted((tmp_path / "out" / "runs").glob("*.pt"))[0]
+    checkpoint.save(path, forged(checkpoint.load(path)))  # the digest recomputed; no key
+    written = (tmp_path / "out" / "bench.json").read_bytes()
+    argv = ["bench", "--file", str(tmp_path / "problems.toml"), "--json", "--workers", "1", "--out",
+            str(tmp_path / "out")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"dpopt: error: saved job: checkpoint={str(path)!r} is not authenticated: it carries no "
+                          "tag") and err.endswith(f"; remove {str(path)!r} to run its job again\n")
+    assert err.count("\n") == 1 and (tmp_path / "out" / "bench.json").read_bytes() == written
+    path.unlink()
+    assert private_part(bench_json(capsys, tmp_path, "out")) == private_part(first)
+
+
+def test_a_jobs_epsilon_is_computed_from_its_plan_never_read_from_its_file(capsys, tmp_path):
+    """The ε and the passes a table reports are the plan's (:meth:`bench.Tuning.planned`: the job's
+    public settings and the calibration), for a job run or loaded: even a file tagged under the
+    user's key, the one writer who can make a job's result, cannot lower a row's ε."""
+    first = bench_json(capsys, tmp_path, "out")
+    key = journal.key()
+    for path in (tmp_path / "out" / "runs").glob("*.pt"):
+        checkpoint.save(path, forged(checkpoint.load(path, key)), key)
+    again = bench_json(capsys, tmp_path, "out")
+    claimed = [{name: (entry["epsilon_tuning_and_training"], entry["expected_passes"])
+                for name, entry in cell["methods"].items()} for cell in cells_of(again)]
+    assert claimed == [{name: (entry["epsilon_tuning_and_training"], entry["expected_passes"])
+                        for name, entry in cell["methods"].items()} for cell in cells_of(first)]
+    assert all(0.99 * cell["epsilon"] <= entry["epsilon_tuning_and_training"] <= cell["epsilon"]
+               for cell in cells_of(again) for entry in cell["methods"].values())
+    assert {entry["test_error"]["mean"] for cell in cells_of(again) for entry in cell["methods"].values()} == {0.0123}
+
+
+def test_a_bench_resumes_only_its_own_secret(tmp_path):
+    """The secret of a bench seeded from the operating system is found again through the id in
+    --out/runs, which is not secret: an id copied from another bench's --out (by whoever can write
+    this one) is refused, as is an id whose secret is not in this state folder, and a secret an
+    earlier dpopt kept in --out; the bench's own id resumes its secret."""
+    one, other = tmp_path / "one", tmp_path / "other"
+    first = bench.randomness(None, one)
+    assert bench.randomness(None, one).secret == first.secret and "resumed" in bench.randomness(None, one).origin
+    (other / "runs").mkdir(parents=True)
+    (other / "runs" / bench.BENCH_ID).write_bytes((one / "runs" / bench.BENCH_ID).read_bytes())
+    with pytest.raises(DpoptError, match=rf"^'.*other/runs/bench.id' names the bench of out='{one}', not of this "
+                                         rf"--out \('{other}'\): resuming would draw that bench's randomness again "
+                                         r"here; move the folder back, or remove '.*other/runs' \(or use another "
+                                         r"--out\) to start the bench over$"):
+        bench.randomness(None, other)
+    (other / "runs" / bench.BENCH_ID).write_text("0" * 32)
+    with pytest.raises(DpoptError, match=r"bench.id' names no bench whose secret is in the state folder"):
+        bench.randomness(None, other)
+    (other / "runs" / bench.BENCH_ID).unlink()
+    (other / "runs" / "secret").write_text("0" * 32)
+    with pytest.raises(DpoptError, match=r"^'.*other/runs/secret' is a bench secret an earlier dpopt kept in --out"):
+        bench.randomness(None, other)
+    assert bench.randomness(7, other).secret == 7  # a seed is the user's: nothing is read or kept
+
+
 def test_default_benches_draw_secret_randomness_and_a_seed_makes_them_reproducible(capsys, tmp_path):
     """Finding: bench seeded its tunings with the public seeds 0, 1, …, so the number of trials, the
     candidates and every trial's noise could be recomputed, and two default runs gave identical
     tables. Two default runs now differ; two with the same --seed are identical, every output says
-    the ε rests on the seed staying secret, and no output shows the seed. The methods of a seed
-    share the number of trials (common random numbers)."""
-    a, b = bench_json(capsys, tmp_path, "a"), bench_json(capsys, tmp_path, "b")
+    the ε rests on the seed staying secret, and no output shows the seed."""
+    a, b = bench_json(capsys, tmp_path, "a", "--diagnostics"), bench_json(capsys, tmp_path, "b")
     assert private_part(a) != private_part(b)
     assert "from the operating system" in a["randomness"]
-    c, d = (bench_json(capsys, tmp_path, out, "--seed", "4187209563") for out in ("c", "d"))
-    assert private_part(c) == private_part(d) != private_part(a)
+    c, d = bench_json(capsys, tmp_path, "c", "--seed", "4187209563", "--diagnostics"), bench_json(
+        capsys, tmp_path, "d", "--seed", "4187209563")
+    assert private_part(c) == private_part(d) != private_part(a)  # (diagnostics change no result)
     assert c["randomness"] == bench.SEEDED and "seed staying secret" in c["randomness"]
     for out in ("c", "d"):
         written = {name: (tmp_path / out / name).read_text() for name in ("bench.json", "bench.md")}
         assert all("4187209563" not in text and "--seed <secret>" in text for text in written.values())
         assert f"Randomness of the tunings: {bench.SEEDED}." in written["bench.md"]
-        assert not (tmp_path / out / "runs" / bench.SECRET).exists()  # the user keeps the seed
+        assert not (tmp_path / out / "runs" / bench.BENCH_ID).exists()  # the user keeps the seed
     for result in (a, c):
         for epsilon in (0.5, 2.0):
             trials = [run["trials_run"] for run in result["diagnostics"]["runs"] if run["epsilon"] == epsilon]
-            assert len(trials) == 2 and trials[0] == trials[1]  # dp-sgd and dp-gd drew the same K per seed
+            assert len(trials) == 2  # dp-sgd's and dp-gd's trials (K per seed), drawn apart
     assert outputs.unclassified(json.loads((tmp_path / "c" / "bench.json").read_text())) == []
 
 
@@ -232,17 +329,26 @@ def test_the_command_the_outputs_show_hides_the_seed():
     assert bench.shown_command(["bench", "--seed=7"]) == "dpopt bench --seed=<secret>"
 
 
-def test_a_jobs_seed_is_derived_from_the_secret_per_seed_slot():
-    """Slots of one secret differ, the same slot of another secret differs, and each is 128 bits."""
+def test_a_jobs_seed_is_derived_from_the_secret_per_seed_slot_and_job():
+    """Finding: every method and ε of a seed slot shared one seed, so the rows of a published table
+    shared their noise draws (the difference of two rows' releases would be noise-free), while the
+    README said publishing the table composes them. Each job now has its own seed: slots, jobs and
+    secrets all differ, each 128 bits, and the seed depends on nothing else."""
     one, other = bench.Randomness(1, "x"), bench.Randomness(2, "x")
-    seeds = {one.seed(0), one.seed(1), other.seed(0), other.seed(1)}
-    assert len(seeds) == 4 and all(0 <= seed < 2**128 for seed in seeds)
-    assert one.seed(0) == bench.Randomness(1, "y").seed(0)
+    jobs = ("adult-logistic/1.0/dp-sgd", "adult-logistic/1.0/dp-gd", "adult-logistic/3.0/dp-sgd")
+    seeds = {r.seed(slot, job) for r in (one, other) for slot in (0, 1) for job in jobs}
+    assert len(seeds) == 12 and all(0 <= seed < 2**128 for seed in seeds)
+    assert one.seed(0, jobs[0]) == bench.Randomness(1, "y").seed(0, jobs[0])
 
 
 def run_of(error: float) -> dict:
     """A tuning job's result with test metric ``error``."""
-    return {"test_error": error, "epsilon": 0.99, "expected_passes": 1.0, "trials_run": 1, "wall_time_s": 0.1}
+    return {"test_error": error}
+
+
+def cell_of(runs: dict) -> dict:
+    """:func:`bench.cell` at ε = 1 of ``runs``, every method planned at ε 0.99 and 1 pass."""
+    return bench.cell(1.0, runs, {name: {"epsilon": 0.99, "expected_passes": 1.0} for name in runs})
 
 
 def test_methods_that_tie_have_no_winner():
@@ -251,17 +357,17 @@ def test_methods_that_tie_have_no_winner():
     wins (no runner-up, no p-value), the methods at the lowest mean are listed, and the tables bold
     nothing and circle nothing."""
     majority = 8712 / 91701  # ijcnn1's majority-class test error
-    tied = bench.cell(1.0, {"dp-sgd": [run_of(0.09499), run_of(0.09501)], "dp-srm": [run_of(majority)] * 2,
-                            "aclip": [run_of(0.1), run_of(0.3)]})
+    tied = cell_of({"dp-sgd": [run_of(0.09499), run_of(0.09501)], "dp-srm": [run_of(majority)] * 2,
+                    "aclip": [run_of(0.1), run_of(0.3)]})
     assert (tied["winner"], tied["runner_up"], tied["p_value"], tied["significant"]) == (None, None, None, False)
     assert tied["tied"] == ["dp-sgd", "dp-srm"]
-    apart = bench.cell(1.0, {"a": [run_of(0.1), run_of(0.11)], "b": [run_of(0.105 * (1 + 2 * TIE))] * 2})
+    apart = cell_of({"a": [run_of(0.1), run_of(0.11)], "b": [run_of(0.105 * (1 + 2 * TIE))] * 2})
     assert (apart["winner"], apart["runner_up"], apart["tied"]) == ("a", "b", []) and 0 < apart["p_value"] < 1
-    within = bench.cell(1.0, {"a": [run_of(0.1)] * 2, "b": [run_of(0.1 * (1 + TIE / 2))] * 2})
+    within = cell_of({"a": [run_of(0.1)] * 2, "b": [run_of(0.1 * (1 + TIE / 2))] * 2})
     assert within["winner"] is None and within["tied"] == ["a", "b"]
     problem = {"problem": "p", "dataset": "ijcnn1", "model": "logistic", "delta": 1e-5, "seeds": 2, "trials": "T",
                "steps": {}, "grids": {}, "cells": [tied]}
-    text = markdown({"problems": [problem], "diagnostics": {"wall_time_s": 1.0, "runs": []}}, "cmd")
+    text = markdown({"problems": [problem]}, "cmd")
     assert "| winner (p vs runner-up) | none: dp-sgd, dp-srm tie (within 0.1%) |" in text and "**" not in text
     figure = problem_figure(problem)
     assert not [c for c in figure.axes[0].collections if isinstance(c, PathCollection)]  # no circled winner
@@ -351,7 +457,8 @@ def test_a_task_refuses_unknown_kinds_and_settings(settings, message):
 
 def test_the_tables_name_the_metric_and_give_each_methods_cost_the_wall_time_labelled_not_private():
     """From bench.json alone: a problem's own metric, the planned expected passes (public) when the
-    result has them, and the wall time per seed with the trials run, labelled NOT PRIVATE."""
+    result has them, and, when it has diagnostics, the wall time per seed with the trials run,
+    labelled NOT PRIVATE; without them, neither."""
     def entry(mean: float, passes: float) -> dict:
         return {"test_mse": {"mean": mean, "std": 0.1}, "epsilon_tuning_and_training": 0.99, "expected_passes": passes}
 
@@ -359,14 +466,17 @@ def test_the_tables_name_the_metric_and_give_each_methods_cost_the_wall_time_lab
             "methods": {"a": entry(2.5, 12.0), "b": entry(3.0, 40.0)}}
     result = {"problems": [{"problem": "p", "dataset": "housing", "model": "ridge", "delta": 1e-5, "seeds": 2,
                             "trials": "T", "steps": {}, "grids": {}, "metric": "test_mse", "cells": [cell]}],
-              "diagnostics": {"wall_time_s": 9.0, "runs": [{"problem": "p", "epsilon": 1.0, "algorithm": "a",
-                                                             "wall_time_s": 6.0, "trials_run": [1, 3]}]}}
+              "diagnostics": {"label": outputs.NOT_PRIVATE, "wall_time_s": 9.0,
+                              "runs": [{"problem": "p", "epsilon": 1.0, "algorithm": "a", "wall_time_s": 6.0,
+                                        "trials_run": [1, 3]}]}}
     text = markdown(result, "cmd")
     assert "test_mse of the privately selected θ" in text and "| a | **2.5000 (0.1000)** |" in text
     cell["methods"]["b"]["test_mse"] = {"mean": 7.9e26, "std": 1.8e27}  # a diverged method: not 27 digits
     assert "| b | 7.9e+26 (1.8e+27) |" in markdown(result, "cmd")
     assert "| expected passes (planned) | ε = 1 |\n|---|---|\n| a | 12 |\n| b | 40 |" in text
     assert "| wall time (NOT PRIVATE) | ε = 1 |\n|---|---|\n| a | 3.0 s (4 trials) |\n| b | – |" in text
+    without = markdown({"problems": result["problems"]}, "cmd")
+    assert "wall time (NOT PRIVATE)" not in without and "trials)" not in without
     for method in cell["methods"].values():  # a result without planned passes: no table of them
         del method["expected_passes"]
     assert "expected passes" not in markdown(result, "cmd")

@@ -346,6 +346,99 @@ def test_the_key_is_made_once_private_and_outside_out(tmp_path, monkeypatch):
     assert sorted(p.name for p in key.path.parent.iterdir()) == ["checkpoint.key"]  # no temporary file left
 
 
+RUN = ["run", "--algorithm", "dp-sgd", "--dataset", "adult", "--epsilon", "1", "--steps", "3"]
+
+
+def refused(capsys, argv: list[str]) -> str:
+    """The one line ``dpopt argv`` exits 2 with."""
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    return err.removeprefix("dpopt: error: ").rstrip("\n")
+
+
+@pytest.mark.parametrize("command", ["run", "bench", "reproduce"])
+def test_a_state_folder_inside_out_is_refused_by_every_command_that_writes_out(tmp_path, capsys, monkeypatch,
+                                                                                command):
+    """Finding: DPOPT_STATE inside --out was used, so the checkpoint key and the journal travelled
+    (and were published) with the outputs, and whoever could write --out could replace them.
+    run, bench and reproduce (the commands that write --out and use the state; tune writes no
+    checkpoint) refuse it before any work, in one line saying how to fix it; a state folder beside
+    --out is used."""
+    from dpopt import experiments
+    from tests.experiments.test_reproduce import _toy
+    from tests.test_bench import TINY
+
+    (tmp_path / "problems.toml").write_text(TINY.replace("seeds = 2", "seeds = 1").replace("[0.5, 2.0]", "[2.0]"))
+    monkeypatch.setitem(experiments.EXPERIMENTS, "toy", _toy())
+    argv = {"run": RUN, "bench": ["bench", "--file", str(tmp_path / "problems.toml"), "--workers", "1"],
+            "reproduce": ["reproduce", "toy", "--seeds", "1", "--workers", "1"]}[command]
+    out = tmp_path / "out"
+    monkeypatch.setenv("DPOPT_STATE", str(out / "state"))
+    assert refused(capsys, [*argv, "--out", str(out)]) == (
+        f"the state folder {str(out / 'state')!r} (DPOPT_STATE) is inside out={str(out)!r}: the checkpoint key and "
+        "the journal would travel with the outputs; set DPOPT_STATE to a folder outside --out")
+    assert not (out / "state").exists() and not (out / "runs").exists() and not (out / "checkpoint.pt").exists()
+    monkeypatch.setenv("DPOPT_STATE", str(tmp_path / "state"))
+    assert main([*argv, "--out", str(out)]) == 0
+
+
+def test_a_state_folder_open_to_others_is_refused_with_the_command_that_fixes_it(tmp_path, capsys, monkeypatch):
+    """Finding: a state folder of mode 0777 (anyone may plant a key in it or rewind the journal) was
+    used silently. It is refused, not repaired, in one line naming its mode and the fix; fixed, it
+    is used."""
+    state = tmp_path / "state"
+    state.mkdir()
+    state.chmod(0o777)
+    monkeypatch.setenv("DPOPT_STATE", str(state))
+    line = (f"the state folder {str(state)!r} is open to other users (mode 0777): anyone who can read it knows the "
+            "checkpoint key, anyone who can write it can plant one or rewind the journal; it was not used. Fix: chmod "
+            f"700 {str(state)!r}, or set DPOPT_STATE to a new folder of your own")
+    assert refused(capsys, [*RUN, "--out", str(tmp_path / "out")]) == line
+    with pytest.raises(DpoptError, match=r"\(mode 0750\)"):
+        state.chmod(0o750)  # readable by the group: it would know the key
+        journal.key()
+    state.chmod(0o700)
+    assert main([*RUN, "--out", str(tmp_path / "out")]) == 0
+
+
+def test_a_planted_key_open_to_others_is_refused(tmp_path, capsys, monkeypatch):
+    """Finding: a checkpoint.key of mode 0644 holding chosen bytes was used, so a checkpoint verified
+    under a key someone else knows. A key file group or others may read or write is refused, naming
+    the fix; the key dpopt makes (0600) is used."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    planted = state / "checkpoint.key"
+    planted.write_bytes(b"k" * 32)
+    planted.chmod(0o644)
+    monkeypatch.setenv("DPOPT_STATE", str(state))
+    assert refused(capsys, [*RUN, "--out", str(tmp_path / "out")]) == (
+        f"the checkpoint key {str(planted)!r} is open to other users (mode 0644): anyone who can read it knows the "
+        "checkpoint key, anyone who can write it can plant one or rewind the journal; it was not used. Fix: delete it "
+        "(dpopt makes a new key; checkpoints tagged under this one are then refused), or, if no one else ever had "
+        f"access, chmod 600 {str(planted)!r}")
+    assert not (tmp_path / "out" / "checkpoint.pt").exists()
+    planted.unlink()
+    assert main([*RUN, "--out", str(tmp_path / "out")]) == 0
+    assert journal.key().secret != b"k" * 32
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="giving a file to another user needs root (CI runs as root)")
+def test_a_key_or_state_folder_of_another_user_is_refused(tmp_path, monkeypatch):
+    state = tmp_path / "state"
+    monkeypatch.setenv("DPOPT_STATE", str(state))
+    key = journal.key()
+    os.chown(key.path, 65534, -1)
+    with pytest.raises(DpoptError, match=rf"^the checkpoint key '{key.path}' belongs to another user \(uid 65534, not "
+                                         r"0\): what is in it may have been planted; it was not used. Fix: delete it"):
+        journal.key()
+    key.path.unlink()
+    os.chown(state, 65534, -1)
+    with pytest.raises(DpoptError, match=rf"^the state folder '{state}' belongs to another user \(uid 65534, not 0\)"):
+        journal.key()
+
+
 def test_a_journal_entry_not_written_by_dpopt_refuses_its_run(tmp_path):
     path = partial_checkpoint(tmp_path)
     run = checkpoint.load(path)["run"]

@@ -7,6 +7,7 @@ there, a finished one is not run again, an interrupted one says what it kept.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import re
 from pathlib import Path
@@ -117,6 +118,19 @@ def test_a_finished_run_says_so_and_how_to_start_over(tmp_path, capsys):
     assert first["steps_done"] == 5
 
 
+def test_a_finished_run_hides_no_input_error_and_names_the_settings_that_differ(tmp_path, capsys):
+    """Finding: after one run, ``dpopt run --epsilon -1`` into the same --out answered "holds a finished
+    run" instead of the ε error, and a run with other settings was refused without saying which."""
+    assert main([*RUN, "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    negative = [*RUN[:RUN.index("--epsilon")], "--epsilon", "-1", *RUN[RUN.index("--epsilon") + 2:]]
+    assert main([*negative, "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == "dpopt: error: epsilon=-1.0 must be > 0 and finite\n"
+    assert main([*RUN, "--epsilon", "2", "--algorithm", "dp-srm", "--out", str(tmp_path)]) == 2
+    assert (f"dpopt: error: out={str(tmp_path)!r} holds a finished run with other settings (algorithm 'dp-sgd' "
+            "there, 'dp-srm' here; epsilon_target 1.0 there, 2.0 here) (history.json)") in capsys.readouterr().err
+
+
 def test_a_finished_tuning_says_so_before_any_work(tmp_path, capsys):
     """A second tuning into the same --out would spend ε again and overwrite the record of the first."""
     assert main([*TUNE, "--out", str(tmp_path)]) == 0
@@ -146,5 +160,22 @@ def test_dp_srms_noise_ratio_reaches_its_builder(tmp_path, capsys):
     assert main(argv) == 0
     capsys.readouterr()
     shown = json.loads((tmp_path / "history.json").read_text())["hyperparameters"]
-    z0, z = (float(re.search(rf"{name}=([0-9.e+-]+)", shown)[1]) for name in ("noise_multiplier0", "noise_multiplier"))
+    z0, z = (float(re.search(rf"{name} = ([0-9.e+-]+)", shown)[1])
+             for name in ("noise_multiplier0", "noise_multiplier"))
     assert z0 / z == pytest.approx(2.5, rel=1e-12)
+
+
+def test_version_and_a_missing_data_directory(tmp_path, capsys):
+    """Finding: no ``--version``; ``--data-dir /nonexistent`` was accepted, to fail only when a data set
+    was read."""
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out == f"dpopt {importlib.metadata.version('dpopt')}\n"
+    missing = str(tmp_path / "nonexistent")
+    for argv in ([*RUN, "--out", str(tmp_path / "out")], ["reproduce", "aclip-synthetic"], ["bench"]):
+        with pytest.raises(SystemExit) as done:
+            main([*argv, "--data-dir", missing])
+        assert done.value.code == 2
+        assert capsys.readouterr().err == (f"dpopt: error: argument --data-dir: data_dir={missing!r} must be an "
+                                           "existing directory\n")
+    assert not (tmp_path / "out").exists()

@@ -53,6 +53,13 @@ class Table:
     def gradients_at(self, points: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         return self.rows[indices][:, None, :].expand(-1, points.shape[1], -1)
 
+    def per_record_loss(self, thetas: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        """0 at every point (DPSUR's test then sees no loss change: with β > 0 it keeps the candidate)."""
+        return torch.zeros(len(indices), len(thetas), dtype=thetas.dtype)
+
+    def regulariser(self, theta: torch.Tensor) -> torch.Tensor:
+        return theta.new_zeros(())
+
 
 @dataclass(frozen=True)
 class Released:
@@ -81,6 +88,9 @@ CASES: dict[str, Released] = {
     "dp-srm": Released(lambda z: dpopt.DPSRM(lr=0.5, clip=C, clip_diff=0.2, gamma=0.3, noise_multiplier0=z,
                                              noise_multiplier=z, batch_size0=4, batch_size=4),
                        lambda algo, state, new, b: new.momentum * b, C),
+    # DPSUR: the candidate's release, kept by a test that accepts a zero loss change (β = 1)
+    "dp-sur": Released(lambda z: dpopt.DPSUR(lr=0.5, clip=C, noise_multiplier=z, val_noise_multiplier=z, batch_size=4,
+                                             val_rate=0.5, threshold=1.0), sum_of_step, C),
     "aclip": Released(lambda z: dpopt.AClip(lr=0.5, clip=C, noise_multiplier=z, batch_size=4),
                       lambda algo, state, new, b: (state.theta - new.theta) / algo.lr, C, aggregate=True),
     # DIFF2: the server's estimate in a restart round (BVR's local steps release through the same

@@ -130,6 +130,72 @@ def test_noise_variance_is_refused_for_an_algorithm_that_does_not_state_it():
         private.noise_variance()
 
 
+class AcceptingClosure(dpopt.optim.AdamBC):
+    """The mutant: ``dpopt.optim.AdamBC`` before its fix, which ran torch's closure and then stepped
+    on whatever the closure left in ``.grad``."""
+
+    def step(self, closure=None):  # type: ignore[no-untyped-def]
+        if closure is not None:
+            with torch.enable_grad():
+                closure()
+        return super().step()
+
+
+def after_a_closure_step(optimizer: type[dpopt.optim.AdamBC]) -> tuple[str, bool, bool]:
+    """After one ``private.backward()``, ``optimizer.step(closure)`` with torch's usual closure (zero
+    the gradients, the loss over the whole training set, ``loss.backward()``): the error it raised
+    ("" if none), whether θ stayed where it was, and whether θ is exactly where one AdamBC step on
+    the exact, un-noised gradient takes it (measured on a copy of the module)."""
+    X, y = data()
+    X = X.double()
+    net = model(torch.float64)
+    private = dpopt.Private(net, loss, (X, y), algorithm="dp-sgd", epsilon=2.0, delta=DELTA, steps=3, batch_size=40,
+                            seed=5)
+    adam = optimizer(net.parameters(), private, lr=0.05)
+
+    def closure() -> float:
+        adam.zero_grad()
+        exact = loss(net(X), y).mean()
+        exact.backward()
+        return float(exact.detach())
+
+    private.backward()
+    exact_net = model(torch.float64)
+    exact_net.load_state_dict(net.state_dict())
+    loss(exact_net(X), y).mean().backward()
+    dpopt.optim.AdamBC(exact_net.parameters(), private, lr=0.05).step()
+    before = [p.detach().clone() for p in net.parameters()]
+    try:
+        adam.step(closure)
+        error = ""
+    except DpoptError as refused:
+        error = str(refused)
+    after = list(net.parameters())
+    return (error, all(torch.equal(a, b) for a, b in zip(after, before)),
+            all(torch.equal(a, b) for a, b in zip(after, exact_net.parameters())))
+
+
+def test_adambc_refuses_a_closure_catches_a_step_on_the_exact_gradient():
+    """torch's closure recomputes the loss and writes its exact gradient into ``.grad``: AdamBC
+    refuses it (one line naming the argument) and θ does not move; the mutant that runs the closure
+    moves θ by exactly an AdamBC step on the un-noised gradient, with ε reporting the calibrated
+    value. Without a closure the step is the private one (it moves θ)."""
+    error, unmoved, exact = after_a_closure_step(dpopt.optim.AdamBC)
+    assert error == ("closure=closure: dpopt.optim.AdamBC.step takes no closure (it would write the exact, un-noised "
+                     "gradient into .grad, which no epsilon covers): call private.backward(), then optimizer.step()")
+    assert unmoved and not exact
+    assert after_a_closure_step(AcceptingClosure) == ("", False, True)
+    X, y = data()
+    X = X.double()
+    net = model(torch.float64)
+    private = dpopt.Private(net, loss, (X, y), algorithm="dp-sgd", epsilon=2.0, delta=DELTA, steps=1, batch_size=40,
+                            seed=5)
+    start = [p.detach().clone() for p in net.parameters()]
+    private.backward()
+    dpopt.optim.AdamBC(net.parameters(), private, lr=0.05).step()
+    assert not any(torch.equal(a, b) for a, b in zip(net.parameters(), start))
+
+
 def test_adam_trains_the_mnist_cnn_to_the_planned_epsilon(shared_data_dir):
     """Contract: the ledger after an Adam-driven run equals the planned event, the guarantee is the
     target ε, and the CNN learns (a 1,000-record MNIST subset, 2 epochs)."""

@@ -237,3 +237,36 @@ def test_padding_that_depends_on_the_chunk_does_not_change_a_masked_models_run(e
         runs.append(private.output())
     assert torch.allclose(runs[0], runs[1], rtol=0, atol=1e-12)
     assert not torch.allclose(runs[0], private.theta0, rtol=0, atol=1e-3)  # it trained
+
+
+@pytest.mark.parametrize("algorithm", ["dp-bandmf", "dp-adambc-bandmf"])
+def test_a_banded_run_loads_its_keyed_batches_through_the_workers(algorithm):
+    """dp-bandmf draws each step's batch from the groups of a secret key kept in its state (cyclic
+    Poisson sampling); the workers load the batches of that keyed sampler (the draws ahead are the
+    run's own), so a run with num_workers=1 is the run without workers, bit for bit, θ and ε."""
+    X, y = data()
+    pids = []
+
+    def split(batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        pids.extend(batch["pid"].tolist())
+        return batch["features"], batch["label"]
+
+    banded = build("dp-bandmf", n=N, batch_size=10, bands=4)
+    if algorithm == "dp-adambc-bandmf":  # DP-AdamBC around it hands its inner algorithm's keyed sampler on
+        banded = build("dp-bandmf", n=N, batch_size=10, bands=4, optimizer="adambc", lr=0.01)
+    runs = []
+    for workers in (0, 1):
+        net = model()
+        private = dpopt.Private(net, loss, DataLoader(Dicts(X, y), collate_fn=collate, num_workers=workers),
+                                split=split, algorithm=banded, epsilon=None, delta=DELTA, steps=6,
+                                microbatch_size=8, seed=3)
+        pids.clear()  # (construction reads a record to check split: no step's)
+        sgd = torch.optim.SGD(net.parameters(), lr=0.5)
+        for _ in private:
+            private.backward()
+            sgd.step()
+        runs.append((private.output(), private.epsilon(), set(pids)))
+    (plain, plain_epsilon, plain_pids), (loaded, loaded_epsilon, loaded_pids) = runs
+    assert torch.equal(loaded, plain) and not torch.equal(plain, private.theta0)
+    assert loaded_epsilon == plain_epsilon
+    assert plain_pids == {os.getpid()} and os.getpid() not in loaded_pids  # the worker loaded the batches

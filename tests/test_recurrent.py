@@ -101,8 +101,8 @@ def test_from_torch_keeps_settings_dtype_mode_and_frozen_parameters():
 def test_refusals_name_the_argument():
     lstm = dnn.LSTM(3, 4, batch_first=True)
     packed = pack_padded_sequence(torch.randn(2, 5, 3), torch.tensor([5, 3]), batch_first=True)
-    with pytest.raises(DpoptError, match="input is a PackedSequence.*pad the sequences to one length"):
-        lstm(packed)
+    with pytest.raises(DpoptError, match="input is a PackedSequence, which dpopt.nn.GRUCell .* does not take"):
+        dnn.GRUCell(3, 4)(packed)
     with pytest.raises(DpoptError, match=r"input of shape \(2, 5, 4\) must have 2 or 3 dims, the last of size "
                                          r"input_size=3"):
         lstm(torch.randn(2, 5, 4))

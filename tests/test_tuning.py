@@ -241,7 +241,7 @@ def test_dpopt_tune_prints_and_writes_the_guarantee_of_tuning_and_training(capsy
     trials = TruncatedNegativeBinomial(2.0, 1.0)
     n = round(0.8 * 32561)
     step = dpa.PoissonSampledDpEvent(256 / n, dpa.GaussianDpEvent(float(written["algorithm"].split(
-        "noise_multiplier=")[1].split(",")[0])))
+        "noise_multiplier = ")[1].split(",")[0])))
     accountant = rdp_privacy_accountant.RdpAccountant()
     accountant.compose(dp_event.RepeatAndSelectDpEvent(dpa.SelfComposedDpEvent(step, 10), 2.0, 1.0))
     assert printed["final"]["epsilon"] == written["final"]["epsilon"] == pytest.approx(

@@ -16,8 +16,8 @@ from typing import Any
 #: Public name -> the submodule that defines it.
 _EXPORTS = {
     **dict.fromkeys(("Ledger", "calibrate", "epsilon_of"), "accounting"),
-    **dict.fromkeys(("AClip", "DIFF2", "DPAGD", "DPSGD", "DPSRM", "O2NC", "O2NCMulti", "LocalSteps", "RestartedAClip",
-                     "Stage", "Storm", "dp_gd", "rrpsgd"), "algorithms"),
+    **dict.fromkeys(("AClip", "DIFF2", "DPAGD", "DPSGD", "DPSRM", "DPSUR", "O2NC", "O2NCMulti", "LocalSteps",
+                     "RestartedAClip", "Stage", "Storm", "dp_gd", "rrpsgd"), "algorithms"),
     "fit": "fit",
     "fix": "fixing",
     "Private": "private",

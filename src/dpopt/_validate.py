@@ -9,9 +9,10 @@ little is warned about with :class:`DpoptWarning` (the CLI prints ``dpopt: warni
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 from collections.abc import Iterable
-from typing import TypeVar
+from typing import TextIO, TypeVar
 
 T = TypeVar("T")
 
@@ -26,6 +27,24 @@ class DpoptError(ValueError):
 
 class DpoptWarning(UserWarning):
     """A setting dpopt runs, but whose guarantee may not mean what one expects."""
+
+
+def warnings_in_one_line() -> None:
+    """From now on, show dpopt's warnings (:class:`DpoptWarning`) as one line ``dpopt: warning: …``
+    on standard error, every time; other warnings as Python shows them. Installed by the command
+    line (within ``warnings.catch_warnings()``) and by the worker processes of a reproduction or a
+    bench, so that every process of a command shows them alike."""
+    warnings.simplefilter("always", DpoptWarning)
+    shown = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: TextIO | None = None, line: str | None = None) -> None:
+        if issubclass(category, DpoptWarning):
+            sys.stderr.write(f"dpopt: warning: {message}\n")
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
 
 
 def meaningful_delta(delta: float, n: int, *, allow_large_delta: bool, override: str) -> float:

@@ -21,7 +21,7 @@ checked against the algorithm's independently written ``planned_event`` (double 
 description that calibrated its noise (:class:`dpopt.plan.Plan`).
 
 Optional capabilities are protocols too (:class:`Directed`, :class:`KeyedSampling`,
-:class:`NoiseVariance`, :class:`Wrapper`, :class:`Averaged`, :class:`SelfDiagnosing`,
+:class:`NoiseVariance`, :class:`Wrapper`, :class:`Averaged`, :class:`SelfDiagnosing`, :class:`Reporting`,
 :class:`ClosedForm`, :class:`SharedNoise`, :class:`Digested`, :class:`ShareOfBatch`): code asks
 ``isinstance(x, Capability)`` instead of probing attributes (once per run where the answer is
 needed every step: the check costs tens of microseconds).
@@ -237,6 +237,15 @@ class SelfDiagnosing(Protocol[S_in]):
     PRIVATE diagnostics, written only when asked for."""
 
     def diagnostics(self, state: S_in) -> Mapping[str, float]: ...
+
+
+@runtime_checkable
+class Reporting(Protocol[S_in]):
+    """An algorithm that counts something about its own run from its noised releases alone (e.g. how
+    many candidate steps a noised test accepted): private outputs, written with the run's final
+    metrics (their names are listed in :data:`dpopt.outputs.RELEASED_COUNTS`)."""
+
+    def released_counts(self, state: S_in) -> Mapping[str, float]: ...
 
 
 @runtime_checkable

@@ -15,7 +15,7 @@ Nothing is measured on the training data unless ``diagnostics=True`` (then on
 ``diagnostic_sample`` records, and each log point's ``train_loss``, labelled NOT PRIVATE). The
 private log points (ε and, with
 ``test_data``, the test error, measured with the module in eval mode) come once per epoch
-unless ``log_every`` says otherwise. A progress bar is shown when standard error is a terminal.
+unless ``log_every`` says otherwise. Progress is shown on standard error: a bar on a terminal, else a line every 10 s.
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ def fit(model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor],
     ``train_metrics=False``, and ``train_loss``, the mean training loss of the batch of the step
     just taken (:meth:`dpopt.Private.diagnostics`). ``known_layers``: the ghost engine's layer registry
     (:data:`dpopt.oracles.KNOWN_LAYERS` extended with ``.with_per_record(MyLayer)``). ``progress``:
-    None shows a bar on a terminal. ``allow_large_delta``: accept δ ≥ 1/n, ``split``: (x, y) of a
+    None or True shows it (a bar on a terminal, else a line every 10 s), False hides it.
+    ``allow_large_delta``: accept δ ≥ 1/n, ``split``: (x, y) of a
     DataLoader's batch (see :class:`dpopt.Private`).
     Returns the run's History (its ``final`` holds the guarantee ε and, with ``test_data``, the
     test error); the module holds the output θ.

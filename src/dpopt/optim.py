@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.optim.optimizer import ParamsT
 
+from . import _validate
 from .algorithms.adam import bias_corrected_step, check
 
 if TYPE_CHECKING:
@@ -29,7 +30,11 @@ class AdamBC(torch.optim.Optimizer):
     the noise in the private gradient that ``private.backward()`` wrote into ``.grad``
     (:meth:`dpopt.Private.noise_variance`: no arithmetic of the user's). Call ``step()`` once after
     each ``private.backward()``. ``lr``, ``betas``, ``eps`` (0: the paper's update) and ``gamma``
-    (the floor of the corrected second moment) as in :class:`dpopt.algorithms.adam.AdamBC`."""
+    (the floor of the corrected second moment) as in :class:`dpopt.algorithms.adam.AdamBC`.
+
+    ``step(closure)`` is refused: torch's closure recomputes the loss and calls ``loss.backward()``,
+    which writes the exact, un-noised gradient of the training data into ``.grad`` in place of
+    g̃_t; a step on it would be no release that ``private.epsilon()`` accounts for."""
 
     def __init__(self, params: ParamsT, private: Private, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 0.0, gamma: float = 1e-8) -> None:
@@ -38,11 +43,13 @@ class AdamBC(torch.optim.Optimizer):
         self.private = private
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        loss = None
+    def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
+        """One DP-AdamBC update on the g̃_t that ``private.backward()`` wrote into ``.grad``."""
         if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+            raise _validate.DpoptError(
+                f"closure={getattr(closure, '__name__', type(closure).__name__)}: dpopt.optim.AdamBC.step takes no "
+                "closure (it would write the exact, un-noised gradient into .grad, which no epsilon covers): call "
+                "private.backward(), then optimizer.step()")
         variance = self.private.noise_variance()
         for group in self.param_groups:
             for param in group["params"]:
@@ -55,4 +62,3 @@ class AdamBC(torch.optim.Optimizer):
                 state["noise"] = bias_corrected_step(
                     param, param.grad, state["m"], state["v"], step=state["step"], noise=state["noise"],
                     variance=variance, lr=group["lr"], betas=group["betas"], eps=group["eps"], gamma=group["gamma"])
-        return loss

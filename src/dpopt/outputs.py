@@ -25,6 +25,9 @@ NOT_PRIVATE = ("NOT PRIVATE: computed from the training data without noise; thes
 
 #: Private metrics of a run, logged at every log point and at the output.
 PRIVATE_METRICS = ("epsilon", "test_error", "expected_passes")
+#: Counts an algorithm releases about its own run, functions of its noised releases alone
+#: (:class:`dpopt.base.Reporting`; DPSUR's accepted steps): private, written in ``final``.
+RELEASED_COUNTS = ("accepted_steps",)
 #: Non-private diagnostics of a run (only with ``diagnostics=True``).
 DIAGNOSTIC_METRICS = ("objective", "grad_norm", "passes", "cpu_time_s", "wall_time_s", "clip_rate", "train_loss")
 
@@ -40,7 +43,7 @@ EXPERIMENT_DIAGNOSTICS = ("min_objective", "grad_norm_sq", "error_ratio", "golds
 
 def is_private(metric: str) -> bool:
     """Whether a logged or reported metric is private (any metric not listed as private is not)."""
-    return metric in PRIVATE_METRICS or metric in EXPERIMENT_PRIVATE
+    return metric in PRIVATE_METRICS or metric in EXPERIMENT_PRIVATE or metric in RELEASED_COUNTS
 
 
 def shown(metric: str) -> str:
@@ -72,7 +75,7 @@ DIAGNOSTIC_FACTS = frozenset({"goldstein_start", "reference_norm", "nonprivate_l
 
 #: Every other private field: settings, the output θ, the accounting facts, the structure of a
 #: run's history and of a reproduction's results.json.
-PRIVATE_FIELDS = frozenset(PRIVATE_METRICS) | frozenset(EXPERIMENT_PRIVATE) | PUBLIC_FACTS | {
+PRIVATE_FIELDS = frozenset(PRIVATE_METRICS + EXPERIMENT_PRIVATE + RELEASED_COUNTS) | PUBLIC_FACTS | {
     "step", "records", "final", "theta", "delta", "accountant", "neighboring_relation", "steps_done", "stopped",
     "randomness", "algorithm", "dataset", "data_source", "out", "epsilon_target", "processes", "diagnostics",
     "diverged_at", "experiment", "rows", "seeds", "quick", "log_points", "facts", "t_tests", "problem", "ours",

@@ -61,7 +61,9 @@ watch that its gradients were taken of anyway (no second forward). :func:`dpopt.
 What the guarantee covers: the releases of ``Private`` (``backward`` *replaces* ``.grad``, so a
 gradient the loop computed itself is discarded) and what is computed from them. It does not cover
 anything else the loop computes from the training data (a training loss printed per step, a
-non-private backward added to the private gradient).
+non-private backward added to the private gradient, an optimizer's ``step(closure)``: torch's
+closure recomputes the loss and writes its exact gradient into ``.grad`` in place of g̃_t, so call
+``optimizer.step()`` without one; :class:`dpopt.optim.AdamBC` refuses a closure).
 
 Checkpoints (:meth:`save`, :meth:`Private.resume`) hold the algorithm's state, both generators,
 the step, the ledger and the run's id in dpopt's checkpoint format (no pickle), tagged under the
@@ -83,13 +85,13 @@ from typing import Any, TypedDict
 
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from . import _validate, checkpoint, journal
 from .accounting import Ledger
 from .algorithms import registry
 from .base import Algorithm, Directed, NoiseSource, NoiseVariance
-from .oracles import TorchModel, ghost, records
+from .oracles import TorchModel, ghost, hf, records
 from .oracles.loaded import Loaded
 from .outputs import NOT_PRIVATE
 from .plan import plan_for, steps_for_epochs
@@ -137,22 +139,38 @@ class Private:
     gradients (:class:`~dpopt.oracles.TorchModel`; ``known_layers`` extends the ghost engine's
     registry with your own per-record layers). ``delta`` must be below 1/n for n records unless
     ``allow_large_delta`` (:func:`dpopt._validate.meaningful_delta` says why).
+
+    A Hugging Face model (transformers or peft) is run on its keyword ``inputs`` (default
+    ``("input_ids", "attention_mask")``, a vision model's ``("pixel_values",)``) and ``loss_fn`` gets
+    its ``logits`` and the batch's ``labels``; ``data`` may then also be a mapping of tensors (a
+    tokenizer's ``BatchEncoding`` with ``labels``), and a DataLoader's dict batches need no ``split``
+    (:mod:`dpopt.oracles.hf`, with the per-record losses ``causal_lm_loss`` and ``classification_loss``).
     """
 
     def __init__(self, module: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor],
-                 data: Dataset | DataLoader | tuple[Tensor, Tensor], *,
+                 data: hf.Data, *,
                  algorithm: str | Any = "dp-sgd", epsilon: float | None, delta: float, epochs: float | None = None,
                  steps: int | None = None, batch_size: int = 256, clip: float = 1.0, lr: float = 0.1,
                  seed: int | None = None, accountant: str = "pld", engine: str = "ghost", microbatch_size: int = 512,
                  known_layers: ghost.Registry = ghost.KNOWN_LAYERS, noise_source: NoiseSource | None = None,
                  allow_large_delta: bool = False, split: Callable[..., tuple[Tensor, Tensor]] | None = None,
-                 **options: Any) -> None:
+                 inputs: tuple[str, ...] | None = None, **options: Any) -> None:
         if (epochs is None) == (steps is None):
             raise _validate.DpoptError(f"epochs={epochs!r}, steps={steps!r}: give exactly one of them")
         if split is not None and not isinstance(data, DataLoader):
             raise _validate.DpoptError(f"split= takes (x, y) out of a DataLoader's batches, and data is a "
                                        f"{type(data).__name__}: pass DataLoader(dataset, collate_fn=...) as data")
+        if any(type(p).__module__.startswith("torch.distributed.tensor") for p in module.parameters()):
+            raise _validate.DpoptError(
+                f"module={type(module).__name__} has parameters sharded over processes (DTensor, e.g. by FSDP's "
+                "fully_shard), which dpopt cannot compute per-record gradients of: give Private the unsharded module "
+                "(dpopt.distributed.Sharded with dpopt.run shards the records of each batch, not the parameters)")
         self.module = module
+        if hf.is_hf(module):  # keyword inputs, packed into one tensor per record (dpopt.oracles.hf)
+            module, data, split = hf.prepared(module, data, split, inputs)
+        elif inputs is not None:
+            raise _validate.DpoptError(f"inputs={inputs!r} names the keyword inputs of a Hugging Face model; "
+                                       f"module={type(module).__name__} is not one")
         source = Loaded(data, split, microbatch_size) if isinstance(data, DataLoader) else records.of(data)
         self.oracle = TorchModel(module, loss_fn, source, engine=engine, microbatch_size=microbatch_size,
                                  known_layers=known_layers)
@@ -178,7 +196,8 @@ class Private:
         self.run_id = journal.new_run()
         self.theta0 = self.oracle.flat_params().to(torch.float64)
         self.stepper = Watched.start(self.plan, self.oracle, theta0=self.theta0, seed=seed, noise_source=noise_source)
-        self._params = [p for name, p in module.named_parameters() if name in set(self.oracle.layout.names)]
+        names = set(self.oracle.layout.names)
+        self._params = [p for name, p in self.oracle.module.named_parameters() if name in names]
         self._own_update: bool | None = None  # step() (True) or backward() (False), fixed by the first call
 
     @property

@@ -7,6 +7,7 @@ as the strings ``"inf"`` and ``"-inf"`` (ε of a non-private run; an objective t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import textwrap
@@ -33,9 +34,19 @@ def summarise(values: Sequence[float]) -> dict[str, float]:
         return {"mean": float(array.mean()), "std": float(array.std(ddof=1)) if len(array) > 1 else 0.0}
 
 
+def mean_std(value: Mapping[str, object], joined: str = "{} ({})") -> str:
+    """A summary (:func:`summarise`) for a person: ``mean (std)`` (``joined`` places them), numbers
+    to four significant digits; the mean alone where the spread is undefined (NaN or None: the ε = ∞
+    of a non-private method over seeds shows ``∞``, not ``∞ (nan)``)."""
+    std = value.get("std")
+    if std is None or (isinstance(std, float) and math.isnan(std)):
+        return _fmt(value["mean"])
+    return joined.format(_fmt(value["mean"]), _fmt(std))
+
+
 def _fmt(value: object) -> str:
     if isinstance(value, dict) and "mean" in value:
-        return f"{_fmt(value['mean'])} ({_fmt(value['std'])})"
+        return mean_std(value)
     if isinstance(value, float):
         if math.isnan(value):
             return "–"
@@ -55,6 +66,18 @@ def markdown_table(rows: Sequence[Mapping[str, object]], columns: Sequence[str])
 def assignments(values: Mapping[str, object]) -> str:
     """``name = value, …`` of ``values`` (hyper-parameters, a model's options); "" if empty."""
     return ", ".join(f"{name} = {value}" for name, value in values.items())
+
+
+def settings(value: object) -> str:
+    """An algorithm's settings (any dataclass) for a person and for JSON: ``DPSGD(lr = 0.5, …,
+    sampling = Poisson)``, its shown fields as :func:`assignments`, a class by its name and a
+    dataclass field in this same form (Python's repr would show ``<class 'dpopt.sampling.Poisson'>``)."""
+    if isinstance(value, type):
+        return value.__name__
+    if dataclasses.is_dataclass(value):
+        shown = {field.name: settings(getattr(value, field.name)) for field in dataclasses.fields(value) if field.repr}
+        return f"{type(value).__name__}({assignments(shown)})"
+    return str(value)
 
 
 def finite(value: object) -> object:

@@ -23,7 +23,6 @@ import functools
 import hashlib
 import math
 import os
-import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -33,15 +32,15 @@ from typing import Any, Self, cast
 import numpy as np
 import torch
 from torch import Tensor
-from tqdm import tqdm
 
 from . import _validate, checkpoint, journal, lock, resume
 from .accounting import Ledger, accountant_note
-from .base import (S, Algorithm, Averaged, Batch, ClosedForm, KeyedSampling, NoiseSource, Oracle, SelfDiagnosing,
-                   SharedNoise)
+from .base import (S, Algorithm, Averaged, Batch, ClosedForm, KeyedSampling, NoiseSource, Oracle, Reporting, Sampler,
+                   SelfDiagnosing, SharedNoise)
 from .json_types import JsonObject
 from .mechanisms import Discrete, SeededNoise
 from .outputs import NOT_PRIVATE
+from .progress import bar as progress_bar
 from .plan import Plan
 
 @dataclasses.dataclass
@@ -49,7 +48,8 @@ class History:
     """A run's private outputs, and its non-private diagnostics if they were asked for.
 
     ``records``: per logged step, ``step`` and :data:`~dpopt.outputs.PRIVATE_METRICS`; ``final``:
-    the same at the output. ``epsilon`` is the run's guarantee (:func:`dpopt.accounting.guarantee`): the ε of
+    the same at the output, with the counts the algorithm releases about its run (:class:`~dpopt.base.Reporting`:
+    functions of its noised releases). ``epsilon`` is the run's guarantee (:func:`dpopt.accounting.guarantee`): the ε of
     the events recorded so far, or for a privacy filter (DP-AGD) the filter's total.
     ``diagnostics``: None, or ``{"label": NOT_PRIVATE, "records": [...], "final": {...}}`` with
     :data:`~dpopt.outputs.DIAGNOSTIC_METRICS`, ``log_metrics`` and the algorithm's own diagnostics
@@ -131,13 +131,18 @@ def step(algorithm: Algorithm[S], oracle: Oracle, state: S, t: int, ledger: Ledg
     if inference is None:  # an attribute read, not a protocol check: a GLM step is tens of microseconds
         inference = bool(getattr(oracle, "closed_form", False))
     with torch.inference_mode(inference):
-        # keyed: isinstance(algorithm, KeyedSampling), asked once per run by the caller
-        sampler = (cast("KeyedSampling[S]", algorithm).batch_sampler(state, t, oracle.n) if keyed
-                   else algorithm.sampler(t, oracle.n))
+        sampler = batch_sampler(algorithm, state, t, oracle.n, keyed=keyed)
         indices = sampler.sample(sample_gen)
         state, event = algorithm.step(state, Batch(t, indices, sampler), oracle, source)
     ledger.record(event)
     return state, len(indices)
+
+
+def batch_sampler(algorithm: Algorithm[S], state: S, t: int, n: int, *, keyed: bool) -> Sampler:
+    """The sampler step t of a run in ``state`` draws its batch from: ``algorithm.batch_sampler(state,
+    t, n)`` if ``keyed`` (:func:`keyed`, asked once per run by the caller: the batches depend on a
+    secret of the state), else ``algorithm.sampler(t, n)``."""
+    return cast("KeyedSampling[S]", algorithm).batch_sampler(state, t, n) if keyed else algorithm.sampler(t, n)
 
 
 def keyed(algorithm: Algorithm[S]) -> bool:
@@ -259,8 +264,9 @@ class Options:
     ``test_error(θ)``: measured at every log point and at the output (data outside the training
     set). ``log_every``: steps between log points (default ~50 points). ``checkpoint_path``: resume
     from that file if it exists and write it every ``checkpoint_every`` steps. ``max_epsilon``: stop
-    before the first step whose planned ε would exceed it. ``progress``: a progress bar (None: when
-    standard error is a terminal). ``diagnostics``: also measure, labelled NOT PRIVATE, F(θ) and
+    before the first step whose planned ε would exceed it. ``progress`` (None: True): a progress bar on
+    standard error, or a plain line every 10 s where it is not a terminal (:mod:`dpopt.progress`).
+    ``diagnostics``: also measure, labelled NOT PRIVATE, F(θ) and
     ‖∇F(θ)‖ on the training data (unless ``train_metrics`` is False; on ``diagnostic_sample`` records
     spread evenly, None: all), the realised passes, the times, ``log_metrics(θ)`` and the algorithm's
     own diagnostics."""
@@ -349,7 +355,7 @@ def drive(stepper: Stepper, options: Options, theta0: Tensor) -> History:
             seed="from the operating system" if options.seed is None else options.seed, delta=plan.delta,
             theta0=theta0_digest, accountant=stepper.ledger.accountant, max_epsilon=options.max_epsilon,
             log_every=log_every, noise_source=type(stepper.source).__name__, diagnostics=options.diagnostics)
-    progress = sys.stderr.isatty() if options.progress is None else options.progress
+    progress = options.progress is not False  # None: shown
     with lock.held(path) if path is not None else contextlib.nullcontext():
         return _train(stepper, options, stop_at=stop_at, log_every=log_every, path=path, progress=progress,
                       described=described)
@@ -410,7 +416,7 @@ def _train(stepper: Stepper, options: Options, *, stop_at: int, log_every: int, 
             "cpu_time_s": clock.cpu, "wall_time_s": clock.wall, "diverged_at": diverged_at, "run": run_id}, key)
         journal.written(run_id, t)
 
-    bar = tqdm(total=stop_at, initial=start, disable=not progress, desc=type(algorithm).__name__, leave=False)
+    bar = progress_bar(stop_at, initial=start, enabled=progress, desc=type(algorithm).__name__, unit="step")
     clock = StepClock(*spent)
     for t in range(start, stop_at if diverged_at is None else start):  # (a diverged checkpoint: no step)
         visited += stepper.step()
@@ -449,7 +455,8 @@ def _train(stepper: Stepper, options: Options, *, stop_at: int, log_every: int, 
         ledger.event(), ledger.relation, ledger.requested_accountant)
     if note is not None:
         warnings.warn(_validate.DpoptWarning(note), stacklevel=3)
-    return History(records=records, final=measure(theta), theta=theta, delta=delta,
+    counts = dict(algorithm.released_counts(stepper.state)) if isinstance(algorithm, Reporting) else {}
+    return History(records=records, final=measure(theta) | counts, theta=theta, delta=delta,
                    accountant=ledger.accountant, neighboring_relation=ledger.neighboring_relation,
                    steps_done=done, randomness=stepper.origin, stopped=stopped, diagnostics=report,
                    diverged_at=diverged_at, accountant_note=note)

@@ -28,7 +28,7 @@ from torch import Tensor
 from .base import S, Algorithm
 from .oracles.loaded import Loaded
 from .oracles.torch_model import TorchModel
-from .train import Stepper
+from .train import Stepper, batch_sampler
 
 
 @dataclasses.dataclass
@@ -43,7 +43,8 @@ class Watched(Stepper):
 
     def step(self) -> int:
         t, point, records = self.t, self.state.theta.clone(), self.oracle.records
-        draw = functools.partial(drawn, self.algorithm, self.oracle.n)  # (holds no stepper: no reference cycle)
+        # (holds no stepper, no reference cycle; the state only where the batches depend on its key)
+        draw = functools.partial(drawn, self.algorithm, self.state if self.keyed else None, self.oracle.n)
         loading = (records.step(t, self.sample_gen, draw, self.steps) if isinstance(records, Loaded)
                    else contextlib.nullcontext())
         with loading, self.oracle.losses_seen() as mean_at:
@@ -52,6 +53,9 @@ class Watched(Stepper):
         return size
 
 
-def drawn(algorithm: Algorithm[S], n: int, t: int, gen: torch.Generator) -> Tensor:
-    """Step t's batch as the run draws it (:func:`dpopt.train.step`), from ``gen``."""
-    return algorithm.sampler(t, n).sample(gen)
+def drawn(algorithm: Algorithm[S], state: S | None, n: int, t: int, gen: torch.Generator) -> Tensor:
+    """Step t's batch as the run draws it (:func:`dpopt.train.step`), from ``gen``: from the sampler
+    of ``state`` for an algorithm whose batches depend on a secret of its state (cyclic Poisson
+    sampling's group key, drawn at ``init`` and the same at every step; ``state`` None: they do not)."""
+    sampler = algorithm.sampler(t, n) if state is None else batch_sampler(algorithm, state, t, n, keyed=True)
+    return sampler.sample(gen)

@@ -96,6 +96,9 @@ TABLE: dict[str, Case] = {
                                                               radius=0.3), 30),
     "aclip-restarted": Case("aclip", lambda z, c: dpopt.RestartedAClip(
         stages=(dpopt.Stage(12, 40, c / 4, 0.5), dpopt.Stage(18, 80, c / 8, 0.25)), noise_multiplier=z), 30),
+    "dpsur": Case("dp-sur", lambda z, c: dpopt.DPSUR(lr=0.5, clip=c, noise_multiplier=z, val_noise_multiplier=2 * z,
+                                                     batch_size=40, val_rate=0.1, val_clip=c / 2, threshold=-0.001,
+                                                     noise_ratios=(1.0, 2.0)), 30, atoms=60),
     "dpagd": Case("dp-agd", lambda z, c: dpopt.DPAGD(noise_multiplier=z, clip=c, obj_clip=2.0 if c < INF else INF,
                                                      grad_fraction=0.05, select_fraction=0.05, adapt_every=5), 40,
                   adaptive=True),
@@ -544,6 +547,10 @@ BAD_VALUES["dpsgd-quantile"] = [("clip_quantile", 0.0), ("clip_quantile", 1.0), 
 BAD_VALUES["dpsgd-adambc"] = [("lr", 0.0), ("lr", INF), ("betas", (0.9, 1.0)), ("betas", (0.9,)), ("eps", -1.0),
                               ("gamma", 0.0), ("inner", dpopt.Storm(lr=0.5, momentum=0.3, batch_size0=80,
                                                                       batch_size=40))]
+BAD_VALUES["dpsur"] = [("lr", 0.0), ("clip", 0.0), ("clip", INF), ("noise_multiplier", -1.0),
+                       ("val_noise_multiplier", INF), ("batch_size", 0), ("val_rate", 0.0), ("val_rate", 1.5),
+                       ("val_clip", -1.0), ("val_clip", INF), ("threshold", math.nan), ("threshold", INF),
+                       ("noise_ratios", (1.0,)), ("noise_ratios", (1.0, 0.0)), ("noise", dpopt.mechanisms.DISCRETE)]
 BAD_VALUES["dpsgd-fixed"] = BAD_VALUES["dpsgd-poisson"]
 BAD_VALUES["dpsrm-fixed"] = BAD_VALUES["dpsrm-poisson"]
 BAD_CASES = [(name, field, bad) for name, bads in BAD_VALUES.items() for field, bad in bads]
@@ -592,7 +599,7 @@ def test_every_registered_algorithm_has_a_case_and_every_case_a_registered_algor
 def test_the_table_covers_every_exported_algorithm():
     built = {type(case.make(1.0, 1.0)) for case in TABLE.values()}
     assert built == {dpopt.DPSGD, dpopt.DPSRM, dpopt.Storm, dpopt.DPAGD, dpopt.AClip, dpopt.RestartedAClip, dpopt.O2NC,
-                     dpopt.O2NCMulti, dpopt.DIFF2, AdamBC}
+                     dpopt.O2NCMulti, dpopt.DIFF2, AdamBC, dpopt.DPSUR}
     assert {"rrpsgd", "dp_gd", "diff2-bvr"} <= set(TABLE)
     assert TABLE["rrpsgd"].make(1.0, 1.0).output_rule == "uniform"
     assert TABLE["dp_gd"].make(1.0, 1.0).sampling is FullBatch

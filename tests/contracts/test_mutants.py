@@ -5,7 +5,9 @@ Every release goes through a mechanism (``mechanisms.gaussian``, ``TreeAggregato
 ``mechanisms.noisy_argmin``, ``correlation.noise.banded_gaussian``). A mutant changes what one release
 hands its mechanism, as a bug in the algorithm would: its noise multiplier (×1.5; for the noisy argmin ρ×2.25, the same
 error) or the sensitivity its clipped value claims (×½, so the noise is halved while the event
-stays the same). Two independent checks must catch every mutant, and pass on the honest code:
+stays the same), or it drops the release's event from what the step returns (DPSUR's test: a step
+that forgets to charge its second release). Two independent checks must catch every mutant, and
+pass on the honest code:
 
 * double entry: what the run recorded (the events its mechanisms returned) against the plan
   (``accounting.guarantee``; for non-adaptive algorithms, equal to the plan; for DP-AGD's zCDP
@@ -14,7 +16,8 @@ stays the same). Two independent checks must catch every mutant, and pass on the
   (:func:`expected_sensitivity`, the second entry of every sensitivity: 2C per clipped sum under
   replace-one, C under add/remove-one, 2λ for AClip's clipped mean, 2C·‖θ − θ′‖ for a clipped
   difference at two points, the tree's 2·max(C1/B1, C2/B2), C_obj for DP-AGD's scores; adaptive
-  clipping's C_t·f, replayed from the counts released before, and ½·f for the count).
+  clipping's C_t·f, replayed from the counts released before, and ½·f for the count; DPSUR's
+  candidate C and its test's C_v, the clip of a per-record loss change).
   Banded noise commits its (z, Δ) at the first release, so a mutant of any one release is refused
   by the mechanism itself.
 
@@ -63,7 +66,7 @@ class Spy:
     """Records every release (and the oracle's query points before it) and applies one mutant."""
 
     def __init__(self, mutant: tuple[str, int, str] | None) -> None:
-        self.mutant = mutant  # (kind, index among releases of that kind, "noise" | "sensitivity")
+        self.mutant = mutant  # (kind, index among releases of that kind, "noise" | "sensitivity" | "skip")
         self.releases: list[Release] = []
         self.step = 0
         self.queries: list[torch.Tensor] = []
@@ -74,6 +77,8 @@ class Spy:
             return multiplier, bounded
         if self.mutant[2] == "noise":
             return multiplier * (2.25 if kind == "argmin" else 1.5), bounded
+        if self.mutant[2] == "skip":  # the release as honest; its event is dropped (spied_gaussian)
+            return multiplier, bounded
         return multiplier, mechanisms.Bounded(bounded.value, bounded.sensitivity / 2, mechanisms._CLIPPING_TOKEN)
 
     def record(self, kind: str, bounded: mechanisms.Bounded) -> None:
@@ -102,11 +107,12 @@ def spied_run(algo: Any, steps: int, spy: Spy, monkeypatch: pytest.MonkeyPatch) 
     banded = correlated.banded_gaussian
 
     def spied_gaussian(x: mechanisms.Bounded, z: float, source: Any, noise: Any = mechanisms.CONTINUOUS) -> Any:
+        skipped = spy.mutant == ("gaussian", sum(r.kind == "gaussian" for r in spy.releases), "skip")
         z, x = spy._mutate("gaussian", z, x)
         spy.record("gaussian", x)
         released = gaussian(x, z, source, noise)
         spy.releases[-1].value = released[0]
-        return released
+        return (released[0], dpa.NoOpDpEvent()) if skipped else released
 
     def spied_banded(x: mechanisms.Bounded, z: float, state: Any, source: Any, *, step: int) -> Any:
         z, x = spy._mutate("banded", z, x)
@@ -161,6 +167,8 @@ def expected_sensitivity(name: str, algo: Any, release: Release, releases: list[
     f = relation_factor(algo.relation())
     if name.startswith("dpsgd-quantile"):  # the clipped sum at C_t, then the count (sensitivity ½·f)
         return f * (adaptive_clip(algo, releases, release.step) if release.within == 0 else 0.5)
+    if name.startswith("dpsur"):  # the candidate's clipped gradient sum, then the test's clipped loss changes
+        return f * (algo.clip if release.within == 0 else algo.val_clip)
     if release.kind == "argmin":
         return algo.obj_clip
     if release.kind == "tree":
@@ -221,6 +229,9 @@ MUTANTS = [(name, kind, index, what) for name in PRIVATE for kind in kinds(name)
            for what in ("noise", "sensitivity")]
 # DIFF2-BVR: the server releases at call 0 of each round, the local steps at calls 1 and 2 (K = 3)
 MUTANTS += [("diff2-bvr", "gaussian", index, what) for index in (1, 2, 5) for what in ("noise", "sensitivity")]
+# DPSUR: the candidate releases at calls 0, 2, 4, …, the test at 1, 3, 5, … (index 7: step 3's test)
+MUTANTS += [("dpsur", "gaussian", 1, what) for what in ("noise", "sensitivity")]
+SKIPPED_TESTS = [("dpsur", "gaussian", index, "skip") for index in (1, 7, 59)]
 
 
 @pytest.mark.parametrize("name", PRIVATE)
@@ -232,6 +243,14 @@ def test_the_honest_code_passes_both_checks(name, monkeypatch):
 def test_every_single_release_mutant_is_caught(name, kind, index, what, monkeypatch):
     found = violations(name, (kind, index, what), monkeypatch)
     assert found, f"{what} mutant of {kind} release {index} of {name} passed every check"
+
+
+@pytest.mark.parametrize(("name", "kind", "index", "what"), SKIPPED_TESTS)
+def test_a_step_that_drops_its_tests_event_is_caught_by_the_double_entry(name, kind, index, what, monkeypatch):
+    """DPSUR with one test's event left out of the ledger (the first, a middle one, the last): the
+    release itself is honest, so only the double entry can see it, and it does."""
+    found = violations(name, (kind, index, what), monkeypatch)
+    assert found and all(finding.startswith("double entry:") for finding in found), found
 
 
 # ---------------------------------------------- a loss that couples records, on each engine

@@ -278,8 +278,11 @@ def test_an_interrupted_reproduction_resumes_to_the_same_results(toy: str, tmp_p
     assert calls == [] and _comparable(again) == _comparable(whole)
 
 
-def test_a_progress_bar_counts_every_run(toy: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Finding: no progress bar over the runs of a reproduction."""
+def test_a_progress_bar_counts_every_run(toy: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding: no progress bar over the runs of a reproduction (on a terminal: a bar; else lines,
+    tests/test_cli_newcomer.py)."""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     reproduce(toy, seeds=3, out=tmp_path, workers=1, progress=True)
     bar = capsys.readouterr().err
     assert "runs: 100%" in bar and f"{TOY_RUNS}/{TOY_RUNS}" in bar
@@ -390,6 +393,19 @@ def test_only_runs_the_rows_matching_a_pattern_and_says_so(toy: str, tmp_path: P
     with pytest.raises(_validate.DpoptError, match=r"only=\['DP-SGD/3.0'\] matches no row; the rows are: DP-SGD/1.0, "
                                                    r"DP-GD/1.0, SGD/non-private, DP-SGD/2.0, DP-GD/2.0"):
         reproduce(toy, seeds=1, out=tmp_path / "none", workers=1, only=("DP-SGD/3.0",))
+
+
+def test_only_matching_no_row_is_refused_before_any_problem_is_built_or_file_written(
+        toy: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding: ``reproduce mnist-sota --only nomatch`` built every problem (606 s, five feature files
+    of ~950 MB), then said "0 of the 0 runs started are saved". The patterns are checked first, and a
+    pattern naming rows reads only their problems."""
+    built: list[None] = []
+    _with(monkeypatch, make_problem=lambda key, data_dir: built.append(key) or _problem(data_dir, key))
+    out = tmp_path / "out"
+    with pytest.raises(_validate.DpoptError, match=r"only=\['nomatch'\] matches no row"):
+        reproduce(toy, seeds=1, out=out, workers=1, only=("nomatch",))
+    assert built == [] and not out.exists()
 
 
 def test_the_command_takes_only_patterns(toy: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

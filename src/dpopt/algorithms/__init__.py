@@ -17,6 +17,7 @@ _EXPORTS = {
     "DPAGD": "dp_agd",
     **dict.fromkeys(("DPSGD", "dp_gd", "rrpsgd"), "dp_sgd"),
     "DPSRM": "dp_srm",
+    "DPSUR": "selective",
     **dict.fromkeys(("O2NC", "O2NCMulti"), "o2nc"),
     "Storm": "storm",
 }

@@ -53,8 +53,11 @@ class Knobs:
     for ``dp-bandmf``); adaptive clipping: ``clip_quantile`` γ (None: off), ``clip_lr`` and
     ``count_noise`` σ_b (None: batch/20); ``optimizer``: the update rule by name
     (:data:`OPTIMIZERS`; "adambc" takes ``lr`` as Adam's step size and ``adam_gamma`` as the floor γ
-    of its corrected second moment, a hyper-parameter at DP noise levels). An algorithm that cannot take
-    ``bands`` > 1 or a ``clip_quantile`` refuses it with the reason (:meth:`Entry.build`)."""
+    of its corrected second moment, a hyper-parameter at DP noise levels). DPSUR (``dp-sur``): its test's
+    Poisson rate ``val_rate`` q_v (None: batch_size/n), ``obj_clip`` its clip C_v of a per-record loss
+    change, ``noise_ratio`` its σ_v/σ and ``threshold`` β (accept iff the noised change < β). An
+    algorithm that cannot take ``bands`` > 1 or a ``clip_quantile`` refuses it with the reason
+    (:meth:`Entry.build`)."""
 
     n: int
     batch_size: int = 256
@@ -83,6 +86,8 @@ class Knobs:
     count_noise: float | None = None
     optimizer: str = "sgd"
     adam_gamma: float = 1e-8
+    val_rate: float | None = None
+    threshold: float = 0.0
 
     @classmethod
     def of(cls, n: int, **given: Any) -> Knobs:
@@ -174,6 +179,10 @@ ENTRIES = (
           federated=True, noises=_CONTINUOUS),
     Entry("diff2-bvr", "dpopt.algorithms.diff2:bvr_from_knobs", "DIFF2-BVR-L-SGD: DIFF2 with local steps",
           federated=True, noises=_CONTINUOUS),
+    Entry("dp-sur", "dpopt.algorithms.selective:from_knobs",
+          "DPSUR: a DP-SGD step kept only if a noised validation test says it lowered the loss", noises=_CONTINUOUS,
+          no_bands="each step also releases a noised test on an independent batch, which correlated noise does not "
+                   "account for"),
 )
 #: Every algorithm by name: :data:`ENTRIES`, and those :func:`register` added.
 REGISTRY: dict[str, Entry] = {entry.name: entry for entry in ENTRIES}

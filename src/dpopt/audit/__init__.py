@@ -27,13 +27,13 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import torch
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from .. import _validate, train
 from ..algorithms import registry
 from ..base import S, Algorithm
 from ..json_types import JsonObject
 from ..plan import Plan, plan_for
+from ..progress import Bar, bar as progress_bar
 from ..oracles import ghost, records
 from . import bounds, one_run
 from .bounds import KINDS, BoundKind, ClopperPearson, GaussianDP, clopper_pearson_upper
@@ -97,7 +97,7 @@ def _number(value: float) -> str:
 
 
 def observations(plan: Plan[S], place: Pair, engine: Engine, threat: ThreatModel, *,
-                 present: bool | Sequence[bool], runs: int, seed: int, bar: tqdm | None = None) -> np.ndarray:
+                 present: bool | Sequence[bool], runs: int, seed: int, bar: Bar | None = None) -> np.ndarray:
     """What the adversary sees of ``runs`` canary slots of D′ (``present``) or D: trajectories
     [runs, steps + 1, k] or outputs [runs, k] of the k watched coordinates, from ⌈runs / slots⌉
     training runs of ``plan`` seeded seed, seed+1, …, each step counted on ``bar``. The runs are
@@ -122,9 +122,10 @@ def observations(plan: Plan[S], place: Pair, engine: Engine, threat: ThreatModel
     return torch.cat(seen).double().numpy()[:runs]
 
 
-def _bar(name: str, steps: int, progress: bool) -> tqdm:
-    """A progress bar of an audit's ``steps`` training steps on stderr (none unless ``progress``)."""
-    return tqdm(total=steps, desc=f"audit {name}", unit="step", leave=False, disable=not progress, dynamic_ncols=True)
+def _bar(name: str, steps: int, progress: bool) -> Bar:
+    """A progress bar of an audit's ``steps`` training steps on stderr (none unless ``progress``;
+    plain lines where stderr is not a terminal)."""
+    return progress_bar(steps, desc=f"audit {name}", unit="step", enabled=progress)
 
 
 def _inclusion_rate(algorithm: Algorithm[S], n: int) -> float:

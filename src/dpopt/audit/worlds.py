@@ -68,7 +68,7 @@ CANARIES: dict[str, Canary] = {
     "dp-sgd": Canary(separable=True), "dp-bandmf": Canary(separable=True), "dp-gd": Canary(separable=True),
     "rrpsgd": Canary(), "dp-srm": Canary(),
     "dp-agd": Canary(), "storm": Canary(), "o2nc-zeroth": Canary(), "o2nc-first": Canary(), "o2nc-multi": Canary(),
-    "diff2-gd": Canary(), "diff2-bvr": Canary(),
+    "diff2-gd": Canary(), "diff2-bvr": Canary(), "dp-sur": Canary(),
     "aclip": Canary(background=1e6),  # the clipped mean flips from −λu to +λu: the 2λ is attained
 }
 

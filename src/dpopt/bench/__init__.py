@@ -7,17 +7,22 @@ selected θ under the key ``test_error`` (mean, std over seeds; the problem's ``
 which: ``test_error`` a misclassification rate, ``test_mse``/``test_mae``/``test_loss`` a
 regression error, all lower-is-better), the ε of tuning and training, the planned expected data
 passes of the whole tuning, the winner (lowest mean, unless another mean ties with it: :func:`cell`)
-and Welch's one-sided p-value of the winner against the runner-up. Wall times and trial counts are
-NOT PRIVATE diagnostics (they reveal the number of trials).
+and Welch's one-sided p-value of the winner against the runner-up. The ε and the passes are
+computed from each job's public settings and the calibration (:meth:`Tuning.planned`), never read
+from a job's result. Wall times and trial counts are NOT PRIVATE diagnostics (they reveal the
+number of trials): computed and written only when asked for (``diagnostics``).
 
 Randomness (:class:`Randomness`): repeat-and-select is private only while the number of trials K,
 the candidates and every trial's noise stay secret. A bench draws one secret per run from the
-operating system (or takes the user's ``--seed``, then reproducible) and derives every job's
-randomness from it; the outputs say which.
+operating system, kept in the user's state folder, never in ``--out`` (:func:`randomness`), or
+takes the user's ``--seed`` (then reproducible), and derives every job's randomness from it; the
+outputs say which. The jobs saved in ``--out``/runs for a resume are authenticated under the
+user's checkpoint key (:class:`~dpopt.experiments._runner.Saved`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -32,12 +37,13 @@ from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 import numpy as np
 
-from .. import _validate, report
+from .. import _validate, journal, report
 from ..json_types import JsonValue
 from ..outputs import NOT_PRIVATE
 from ..experiments.preparation import described
 from ..report import summarise
-from ..tuning import Space, tune
+from ..tuning import Space, tune, tuning_plan
+from ..tuning.private import Dominated
 from ..tuning.space import Value
 from ..tuning.task import Task, builder
 from ..tuning.trials import trials_of
@@ -118,19 +124,25 @@ def _problem(name: str, spec: dict[str, Any], variant: str | None) -> Problem:
 
 
 class Tuned(TypedDict):
-    """A :class:`Tuning` job's result: the selected θ's test metric, the claimed ε of tuning and
-    training, the planned expected passes; NOT PRIVATE: the trials run and the wall time."""
+    """A :class:`Tuning` job's result: the selected θ's test metric; NOT PRIVATE, only if the job
+    asked for diagnostics: the trials run and the wall time."""
 
     test_error: float
+    trials_run: NotRequired[int]
+    wall_time_s: NotRequired[float]
+
+
+class Planned(TypedDict):
+    """What a :class:`Tuning` job claims before it runs (:meth:`Tuning.planned`): the ε of tuning and
+    training, and the expected data passes of the whole tuning."""
+
     epsilon: float
     expected_passes: float
-    trials_run: int
-    wall_time_s: float
 
 
 class MethodCell(TypedDict):
     """A method at one ε of a problem: its metric's mean and std over seeds (``test_error``), the
-    largest ε its tunings claimed, its planned expected passes."""
+    ε its tunings claim and their planned expected passes (:class:`Planned`)."""
 
     test_error: dict[str, float]
     epsilon_tuning_and_training: float
@@ -183,11 +195,11 @@ class Diagnostics(TypedDict):
 
 
 class BenchResult(TypedDict):
-    """``bench.json`` (without its command)."""
+    """``bench.json`` (without its command); ``diagnostics`` only if asked for."""
 
     problems: list[ProblemResult]
     randomness: NotRequired[str]
-    diagnostics: Diagnostics
+    diagnostics: NotRequired[Diagnostics]
 
 
 class BenchRun(BenchResult):
@@ -201,9 +213,9 @@ class BenchRun(BenchResult):
 class Tuning:
     """A bench job (:class:`~dpopt.experiments._runner.Job`): ``method`` tuned privately at
     ``epsilon`` with the secret seed ``seed`` (:meth:`Randomness.seed`; :func:`dpopt.tuning.tune`,
-    ``trials`` trials on average);
-    its result is the test metric of the selected θ under ``test_error``, the claimed ε of tuning
-    and training, the planned expected passes and, NOT PRIVATE, the trials run and the wall time."""
+    ``trials`` trials on average); its result (:class:`Tuned`) is the test metric of the selected θ
+    under ``test_error`` and, with ``diagnostics`` (NOT PRIVATE), the trials run and the wall time.
+    What it claims is not in its result: :meth:`planned`."""
 
     method: Method
     trials: Any
@@ -211,6 +223,7 @@ class Tuning:
     delta: float
     seed: int
     allow_large_delta: bool = field(default=False, repr=False)  # a permission: the result does not depend on it
+    diagnostics: bool = False
 
     def run(self, task: Task) -> Tuned:
         clock = time.perf_counter()
@@ -218,12 +231,23 @@ class Tuning:
         tuned = tune(builder(method.algorithm, task.oracle.n, method.fixed), task.oracle, space=method.space,
                      trials=self.trials, epsilon=self.epsilon, delta=self.delta, steps=method.steps,
                      score=task.validation_error, seed=self.seed, theta0=task.theta0, test_error=task.test_error,
-                     diagnostics=True, allow_large_delta=self.allow_large_delta)
-        assert tuned.diagnostics is not None  # (asked for)
-        trials_run = int(tuned.diagnostics["trials_run"])
-        return {"test_error": tuned.final.get("test_error", math.nan), "epsilon": tuned.final["epsilon"],
-                "expected_passes": tuned.final["expected_passes"], "trials_run": trials_run,
-                "wall_time_s": time.perf_counter() - clock}
+                     diagnostics=self.diagnostics, allow_large_delta=self.allow_large_delta)
+        result: Tuned = {"test_error": tuned.final.get("test_error", math.nan)}
+        if tuned.diagnostics is not None:
+            result["trials_run"] = int(tuned.diagnostics["trials_run"])
+            result["wall_time_s"] = time.perf_counter() - clock
+        return result
+
+    def planned(self, task: Task) -> Planned:
+        """The ε of the job's tuning and training and its planned expected passes (mean trials × one
+        trial's passes), from its public settings and the calibration alone, as :func:`dpopt.tuning.tune`
+        computes them before its first trial: what a table reports for a job, run or loaded, never read
+        from its result."""
+        method, n = self.method, task.oracle.n
+        plan = tuning_plan(builder(method.algorithm, n, method.fixed)(method.space.reference()), trials=self.trials,
+                           epsilon=self.epsilon, delta=self.delta, n=n, steps=method.steps,
+                           allow_large_delta=self.allow_large_delta)
+        return {"epsilon": plan.epsilon(), "expected_passes": self.trials.mean * Dominated(plan).passes}
 
     def described(self, task: Task) -> dict[str, str]:
         """The job's settings and the task's data (size and digest, where the oracle has one)."""
@@ -253,44 +277,71 @@ class Randomness:
     secret: int
     origin: str
 
-    def seed(self, slot: int) -> int:
-        """The seed of every job of seed slot ``slot`` (0, 1, …): 128 bits of
-        ``SeedSequence(secret, spawn_key=(slot,))``. The methods, ε and problems of a slot share it
-        (common random numbers: the same K and candidate draws for every method); slots are independent."""
-        words = np.random.SeedSequence(self.secret, spawn_key=(slot,)).generate_state(4, dtype=np.uint32)
+    def seed(self, slot: int, job: str) -> int:
+        """The seed of job ``job`` (its problem, ε and method) on seed slot ``slot`` (0, 1, …): 128 bits
+        of ``SeedSequence(secret, spawn_key=(slot, h))``, h the first 64 bits of sha256(``job``). Every
+        job draws its own randomness (K, candidates, noise): the rows of a published table are
+        releases with independent noise, which composition needs (two releases sharing a noise draw
+        would reveal the difference of their un-noised values)."""
+        job_word = int.from_bytes(hashlib.sha256(job.encode()).digest()[:8], "little")
+        words = np.random.SeedSequence(self.secret, spawn_key=(slot, job_word)).generate_state(4, dtype=np.uint32)
         return int.from_bytes(words.tobytes(), "little")
 
 
-#: The file of ``--out``/runs holding the secret of a bench seeded from the operating system.
-SECRET = "secret"
-SEEDED = ("seeded by the user (--seed; not written in the outputs): the bench is reproducible and every ε rests "
-          "on the seed staying secret. Every job's randomness (the number of trials K, the candidates, each "
-          "trial's sampling and noise) is derived from it; the methods of a seed share K and the candidate draws")
+#: The file of ``--out``/runs naming a bench seeded from the operating system: 32 random hex digits
+#: drawn at its first run, which name its secret in the state folder (public: it is not the secret).
+BENCH_ID = "bench.id"
+#: The file an earlier dpopt kept a bench's secret in, in ``--out``/runs.
+OLD_SECRET = "secret"
+SEEDED = ("seeded by the user (--seed or --seed-file; not written in the outputs): the bench is reproducible and "
+          "every ε rests on the seed staying secret. Every job's randomness (the number of trials K, the candidates, "
+          "each trial's sampling and noise) is derived from it; the methods of a seed share K and the candidate draws")
 FROM_OS = ("from the operating system: one secret for this bench, from which every job's randomness (the number "
            "of trials K, the candidates, each trial's sampling and noise) is derived; the methods of a seed share K "
-           "and the candidate draws. The secret is kept in {path} (secret, like a checkpoint) so that the same "
-           "command resumes unfinished jobs with it")
+           "and the candidate draws. The secret is kept in the user's dpopt state folder (DPOPT_STATE), never in "
+           "--out, so that the same command resumes unfinished jobs with it")
 RESUMED = "; this run resumed with the secret an earlier run of this --out kept there"
 
 
-def randomness(seed: int | None, folder: Path) -> Randomness:
-    """The bench's :class:`Randomness`: from ``seed``, or from the operating system. The secret of
-    the latter is written to ``folder``/:data:`SECRET` (atomically, owner-only) before any job runs,
-    and read back by a later run with the same ``folder``, which then resumes the saved jobs and
-    runs the missing ones with the same secret."""
+def randomness(seed: int | None, out: Path) -> Randomness:
+    """The bench's :class:`Randomness`: from ``seed``, or from the operating system.
+
+    The secret of the latter is drawn at a bench's first run, before any job, and kept in the state
+    folder (:func:`dpopt.journal.folder`: private, outside ``out``), in ``bench/<id>.json`` with the
+    resolved ``out`` it belongs to; the id (random, not secret) is written to ``out``/runs/:data:`BENCH_ID`.
+    A later run of the same ``out`` resumes with that secret. Refused, in one line saying how to start
+    over: an id whose secret is not in the state folder (another user, machine or DPOPT_STATE; an
+    edited id), an id whose secret belongs to another ``out`` (an id copied from another bench by
+    whoever can write ``out``, or a moved folder: the other bench's K and noise would be drawn again
+    here), and a secret an earlier dpopt kept in ``out`` (it may have been published with it)."""
     if seed is not None:
         _validate.non_negative("seed", seed)
         return Randomness(seed, SEEDED)
-    path = folder / SECRET
-    if path.exists():
-        text = path.read_text().strip()
-        if not re.fullmatch(r"[0-9a-f]{32}", text):
-            raise _validate.DpoptError(f"{str(path)!r} does not hold a bench's secret (32 hex digits); remove "
-                                       f"{str(folder)!r} to start the bench over")
-        return Randomness(int(text, 16), FROM_OS.format(path=path) + RESUMED)
-    secret = int.from_bytes(os.urandom(16), "little")
-    report.write_text(path, f"{secret:032x}\n")
-    return Randomness(secret, FROM_OS.format(path=path))
+    runs, where = out / "runs", str(out.resolve())
+    start_over = f"remove {str(runs)!r} (or use another --out) to start the bench over"
+    if (runs / OLD_SECRET).exists():
+        raise _validate.DpoptError(f"{str(runs / OLD_SECRET)!r} is a bench secret an earlier dpopt kept in --out, "
+                                   f"where it can be published or edited with the outputs; {start_over}")
+    named = runs / BENCH_ID
+    if not named.exists():
+        bench_id, secret = os.urandom(16).hex(), int.from_bytes(os.urandom(16), "little")
+        kept = journal.folder() / "bench" / f"{bench_id}.json"
+        kept.parent.mkdir(mode=0o700, exist_ok=True)
+        report.write_text(kept, json.dumps({"out": where, "secret": f"{secret:032x}"}))  # (mode 0600)
+        report.write_text(named, f"{bench_id}\n")
+        return Randomness(secret, FROM_OS)
+    bench_id = named.read_text().strip()
+    kept = journal.folder() / "bench" / f"{bench_id}.json"
+    if not re.fullmatch(r"[0-9a-f]{32}", bench_id) or not kept.exists():
+        raise _validate.DpoptError(f"{str(named)!r} names no bench whose secret is in the state folder "
+                                   f"{str(kept.parent)!r} (it was started by another user, machine or DPOPT_STATE, "
+                                   f"or the file was edited), so its jobs cannot be resumed; {start_over}")
+    record = json.loads(kept.read_text())
+    if record["out"] != where:
+        raise _validate.DpoptError(f"{str(named)!r} names the bench of out={record['out']!r}, not of this --out "
+                                   f"({where!r}): resuming would draw that bench's randomness again here; move the "
+                                   f"folder back, or {start_over}")
+    return Randomness(int(record["secret"], 16), FROM_OS + RESUMED)
 
 
 def shown_command(argv: Sequence[str]) -> str:
@@ -304,10 +355,11 @@ def shown_command(argv: Sequence[str]) -> str:
 
 
 def bench(chosen: Sequence[Problem], pool: Pool, *, randomness: Randomness, data_dir: str | None = None,
-          progress: bool = False) -> BenchResult:
+          progress: bool = False, diagnostics: bool = False) -> BenchResult:
     """Every problem of ``chosen``, at each of its ε, every method tuned privately on seed slots 0,
     1, … (one :class:`Tuning` job each, seeded by ``randomness``, all queued in ``pool`` before any
-    is waited for)."""
+    is waited for); each method's ε and passes from its plan (:meth:`Tuning.planned`). With
+    ``diagnostics``, NOT PRIVATE: each job's trials run and wall time (they reveal K)."""
     started = time.perf_counter()
     queued = []
     for problem in chosen:
@@ -317,28 +369,31 @@ def bench(chosen: Sequence[Problem], pool: Pool, *, randomness: Randomness, data
         _validate.meaningful_delta(problem.delta, task.oracle.n, allow_large_delta=problem.allow_large_delta,
                                    override=allow)
         pool.expect(len(problem.epsilons) * len(problem.methods) * problem.seeds)
-        jobs = {(epsilon, method.name): [pool.start(Tuning(method, problem.trials, epsilon, problem.delta,
-                                                                randomness.seed(slot), problem.allow_large_delta),
-                                                         task, key)
-                                              for slot in range(problem.seeds)]
-                for epsilon in problem.epsilons for method in problem.methods}
-        queued.append((problem, task.metric, jobs))
+        tunings = {(epsilon, method.name): [Tuning(method, problem.trials, epsilon, problem.delta,
+                                                   randomness.seed(slot, f"{problem.name}/{epsilon!r}/{method.name}"),
+                                                   problem.allow_large_delta, diagnostics)
+                                            for slot in range(problem.seeds)]
+                   for epsilon in problem.epsilons for method in problem.methods}
+        jobs = {at: [pool.start(tuning, task, key) for tuning in slots] for at, slots in tunings.items()}
+        planned = {at: slots[0].planned(task) for at, slots in tunings.items()}  # (the slots differ in seed only)
+        queued.append((problem, task.metric, jobs, planned))
     results: list[ProblemResult] = []
-    diagnostics: list[RunDiagnostics] = []
-    for problem, metric, jobs in queued:
+    runs_shown: list[RunDiagnostics] = []
+    for problem, metric, jobs, planned in queued:
         cells: list[Cell] = []
         for epsilon in problem.epsilons:
             runs = {method.name: [future.result() for future in jobs[epsilon, method.name]]
                     for method in problem.methods}
             for name, rs in runs.items():
-                diagnostics.append({"problem": problem.name, "epsilon": epsilon, "algorithm": name,
-                                    "wall_time_s": sum(r["wall_time_s"] for r in rs),
-                                    "trials_run": [r["trials_run"] for r in rs]})
+                if diagnostics:  # (every job then has them: a job asked for them is saved apart)
+                    runs_shown.append({"problem": problem.name, "epsilon": epsilon, "algorithm": name,
+                                       "wall_time_s": sum(r["wall_time_s"] for r in rs),
+                                       "trials_run": [r["trials_run"] for r in rs]})
                 if progress:
                     error = summarise([r["test_error"] for r in rs])
                     print(f"{problem.name} ε={epsilon:g} {name}: {metric} {error['mean']:.4f} ({error['std']:.4f})",
                           file=sys.stderr, flush=True)
-            cells.append(cell(epsilon, runs))
+            cells.append(cell(epsilon, runs, {name: planned[epsilon, name] for name in runs}))
         kind = problem.task["kind"]
         results.append({"problem": problem.name, "metric": metric, "task": dict(problem.task),
                         "dataset": problem.task.get("dataset", kind), "model": problem.task.get("model", kind),
@@ -347,15 +402,18 @@ def bench(chosen: Sequence[Problem], pool: Pool, *, randomness: Randomness, data
                         "steps": {m.name: m.steps for m in problem.methods},
                         "grids": {m.name: {k: list(values) for k, values in m.grid.items()} for m in problem.methods},
                         "cells": cells})
-    return {"problems": results, "randomness": randomness.origin,
-            "diagnostics": {"label": NOT_PRIVATE + " (wall times and trial counts reveal the number of trials)",
-                            "runs": diagnostics, "wall_time_s": time.perf_counter() - started}}
+    result: BenchResult = {"problems": results, "randomness": randomness.origin}
+    if diagnostics:
+        result["diagnostics"] = {"label": NOT_PRIVATE + " (wall times and trial counts reveal the number of trials K, "
+                                 "which repeat-and-select's guarantee needs kept secret)", "runs": runs_shown,
+                                 "wall_time_s": time.perf_counter() - started}
+    return result
 
 
-def cell(epsilon: float, runs: Mapping[str, Sequence[Tuned]]) -> Cell:
+def cell(epsilon: float, runs: Mapping[str, Sequence[Tuned]], planned: Mapping[str, Planned]) -> Cell:
     """The result of one ε from each method's jobs (``runs``: method → one :meth:`Tuning.run` result
-    per seed): every method's metric (mean, std over seeds), the largest ε its tunings claimed and
-    its planned passes; and the winner.
+    per seed) and plans (``planned``: method → :meth:`Tuning.planned`): every method's metric (mean,
+    std over seeds), the ε its tunings claim and its planned passes; and the winner.
 
     The winner is the method of the lowest mean, with Welch's one-sided p-value against the
     runner-up (the next lowest mean), unless methods tie: a mean within a relative :data:`TIE` of
@@ -375,9 +433,9 @@ def cell(epsilon: float, runs: Mapping[str, Sequence[Tuned]]) -> Cell:
             "significant": p is not None and p < SIGNIFICANCE,
             "tied": [name for name in tied] if winner is None else [],
             "methods": {name: {"test_error": {**summarise(errors[name])},
-                               "epsilon_tuning_and_training": max(r["epsilon"] for r in rs),
-                               "expected_passes": rs[0]["expected_passes"]}
-                        for name, rs in runs.items()}}
+                               "epsilon_tuning_and_training": planned[name]["epsilon"],
+                               "expected_passes": planned[name]["expected_passes"]}
+                        for name in runs}}
 
 
 def select(names: Sequence[str] | None, variant: str | None, path: Path = PROBLEMS) -> list[Problem]:
@@ -390,24 +448,29 @@ def select(names: Sequence[str] | None, variant: str | None, path: Path = PROBLE
 
 
 def run_bench(chosen: Sequence[Problem], *, out: Path, workers: int, seed: int | None, command: str,
-              data_dir: str | None = None, progress: bool = False) -> BenchRun:
+              data_dir: str | None = None, progress: bool = False, diagnostics: bool = False) -> BenchRun:
     """``dpopt bench`` of the problems ``chosen``: run, write ``bench.json``, ``bench.md``, a figure per
     problem and ``summary.png`` to ``out``; the result (with its Markdown) for printing.
 
-    The jobs run in ``workers`` processes; ``out`` is checked before any work, and every finished
-    job is saved in ``out``/runs as it completes: run again, the same command loads them instead
-    of running them (an interrupted bench resumes, with the secret :func:`randomness` kept there;
-    ``seed``: the user's, or None). ``command``: the command line as the outputs show it
-    (:func:`shown_command`). ``progress``: each cell's result on standard error as it completes."""
+    The jobs run in ``workers`` processes; ``out`` and the state folder (outside ``out``: it holds
+    the checkpoint key and the bench's secret) are checked before any work, and every finished job
+    is saved in ``out``/runs as it completes, authenticated under the user's checkpoint key: run
+    again, the same command loads them instead of running them (an interrupted bench resumes, with
+    the secret :func:`randomness` kept in the state folder; ``seed``: the user's, or None); a saved
+    job that is not authenticated is refused (:class:`~dpopt.experiments._runner.Saved`).
+    ``command``: the command line as the outputs show it (:func:`shown_command`). ``progress``: each
+    cell's result on standard error as it completes. ``diagnostics``: the NOT PRIVATE trial counts
+    and wall times in the result and the outputs (they reveal K)."""
     from ..experiments._runner import Pool, Saved, running, source_digest, writable
     from .tables import figures, markdown
 
     _validate.positive_int("workers", workers)
+    saved = Saved.of(Path(out), f"bench {source_digest()}")  # (the state folder checked before out is made)
     out = writable(Path(out))
-    secret = randomness(seed, out / "runs")
-    pool = Pool(workers, task_of, data_dir, saved=Saved(out / "runs", f"bench {source_digest()}"))
+    secret = randomness(seed, out)
+    pool = Pool(workers, task_of, data_dir, saved=saved)
     with running(pool):
-        result = bench(chosen, pool, randomness=secret, data_dir=data_dir, progress=progress)
+        result = bench(chosen, pool, randomness=secret, data_dir=data_dir, progress=progress, diagnostics=diagnostics)
     text = markdown(result, command)
     report.write_json(out / "bench.json", result | {"command": command})
     report.write_text(out / "bench.md", text)

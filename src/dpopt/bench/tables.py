@@ -2,9 +2,10 @@
 
 Where the bench's randomness came from, then per problem: how its data were prepared, a table of
 each method's metric (mean (std) over seeds) at every ε with the winner and its p-value (or the
-methods that tie), a table of its cost (planned expected data passes, public), a table of its wall time
-(NOT PRIVATE), and a figure (metric against ε). Over all problems: ``summary.png``, a heatmap of
-each method's gap to the best mean of its (problem, ε) cell.
+methods that tie), a table of its cost (planned expected data passes, public), a table of its wall
+time and trials run (NOT PRIVATE: only when the result has diagnostics), and a figure (metric
+against ε). Over all problems: ``summary.png``, a heatmap of each method's gap to the best mean
+of its (problem, ε) cell.
 
 Everything is read from the result alone: problems may have different methods, ε and metrics (a
 problem's ``"metric"``, default ``"test_error"``; lower is better for every metric).
@@ -49,12 +50,18 @@ def _methods(problem: ProblemResult) -> list[str]:
 
 def markdown(result: BenchResult, command: str) -> str:
     """Per problem: the metric table (rows: methods, then the winner with its p-value against the
-    runner-up; one column per ε), the planned cost and the NOT PRIVATE wall time."""
-    lines = [f"Command: `{command}`; total wall time (NOT PRIVATE: it reveals the number of trials) "
-             f"{result['diagnostics']['wall_time_s']:.0f} s. Summary figure: `summary.png`.", ""]
+    runner-up; one column per ε), the planned cost and, if the result has diagnostics, the NOT
+    PRIVATE wall time and trials run; without them, a line saying they are left out."""
+    diagnostics = result.get("diagnostics")
+    lines = [f"Command: `{command}`. Summary figure: `summary.png`.", ""]
+    if diagnostics is None:
+        lines += ["Trial counts and wall times are not shown: they reveal the number of trials K of each tuning, "
+                  "which its guarantee needs kept secret (`--diagnostics` adds them, labelled NOT PRIVATE).", ""]
+    else:
+        lines += [f"Diagnostics ({diagnostics['label']}): total wall time {diagnostics['wall_time_s']:.0f} s; per "
+                  "problem, the wall time and the trials run.", ""]
     if "randomness" in result:
         lines += [f"Randomness of the tunings: {result['randomness']}.", ""]
-    walls = {(run["problem"], run["epsilon"], run["algorithm"]): run for run in result["diagnostics"]["runs"]}
     for problem in result["problems"]:
         cells, name, methods = problem["cells"], metric(problem), _methods(problem)
         columns = [f"ε = {cell['epsilon']:g}" for cell in cells]
@@ -83,11 +90,13 @@ def markdown(result: BenchResult, command: str) -> str:
             lines += ["Cost: planned expected data passes of the whole tuning and training (expected trials × "
                       "one trial's passes; public: fixed by the plan before any data is seen).", "",
                       table("expected passes (planned)", passes), ""]
-        timed = {method: functools.partial(_wall_of, walls=walls, problem=problem["problem"], method=method)
-                 for method in methods}
-        lines += ["Cost, NOT PRIVATE wall time (it reveals the number of trials): seconds of tuning and training "
-                  "per seed (trials run, summed over seeds).", "",
-                  table("wall time (NOT PRIVATE)", timed), ""]
+        if diagnostics is not None:
+            walls = {(run["problem"], run["epsilon"], run["algorithm"]): run for run in diagnostics["runs"]}
+            timed = {method: functools.partial(_wall_of, walls=walls, problem=problem["problem"], method=method)
+                     for method in methods}
+            lines += ["Cost, NOT PRIVATE wall time (it reveals the number of trials): seconds of tuning and training "
+                      "per seed (trials run, summed over seeds).", "",
+                      table("wall time (NOT PRIVATE)", timed), ""]
     return "\n".join(lines)
 
 

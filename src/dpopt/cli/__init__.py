@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.metadata
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import TextIO
 
 from .. import _validate
 from . import account, audit, bench, data, reproduce, run, tune
@@ -36,6 +36,7 @@ __all__ = ["EXIT_DIVERGED", "main", "parser"]
 def parser() -> argparse.ArgumentParser:
     """The parser of every command."""
     top = Parser(prog="dpopt", description=__doc__.splitlines()[0].replace("``", ""))
+    top.add_argument("--version", action="version", version=f"dpopt {importlib.metadata.version('dpopt')}")
     commands = top.add_subparsers(dest="name", required=True, parser_class=Parser, metavar="COMMAND")
     for module in (account, run, audit, reproduce, tune, bench, data):
         module.add_parser(commands)
@@ -65,18 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 @contextlib.contextmanager
 def _warnings_in_one_line() -> Iterator[None]:
-    """dpopt's own warnings (:class:`~dpopt._validate.DpoptWarning`) as one line ``dpopt: warning: …``
-    on standard error, every time; other warnings as Python shows them."""
+    """dpopt's own warnings as one line ``dpopt: warning: …`` (:func:`dpopt._validate.warnings_in_one_line`)
+    while a command runs; the warning settings as they were after."""
     with warnings.catch_warnings():
-        warnings.simplefilter("always", _validate.DpoptWarning)
-        shown = warnings.showwarning
-
-        def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-                 file: TextIO | None = None, line: str | None = None) -> None:
-            if issubclass(category, _validate.DpoptWarning):
-                sys.stderr.write(f"dpopt: warning: {message}\n")
-            else:
-                shown(message, category, filename, lineno, file, line)
-
-        warnings.showwarning = show
+        _validate.warnings_in_one_line()
         yield

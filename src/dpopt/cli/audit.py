@@ -1,16 +1,15 @@
 """``dpopt audit``: an empirical lower bound on ε by the canary method (:mod:`dpopt.audit`), with a
-verdict line; a progress bar of the training steps on a terminal."""
+verdict line; progress of the training steps on standard error (a bar on a terminal)."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .. import _validate
 from ..algorithms import registry
-from .common import Command, Request, add_knobs, algorithm_help, knobs_of, Subcommands, subcommand
+from .common import Command, Request, add_knobs, add_seed, algorithm_help, knobs_of, seed_of, Subcommands, subcommand
 from .output import Output
 
 if TYPE_CHECKING:
@@ -48,6 +47,7 @@ class AuditRequest(Request):
         from .. import audit
 
         registry.entry(args.algorithm)
+        seed = seed_of(args)
         return cls(algorithm=args.algorithm, epsilon=_validate.positive("epsilon", args.epsilon), delta=args.delta,
                    steps=args.steps, dataset_size=_validate.positive_int("dataset_size", args.dataset_size),
                    knobs=knobs_of(args, KNOBS), runs=args.runs,
@@ -55,7 +55,7 @@ class AuditRequest(Request):
                                                                      audit.THREAT_MODELS)],
                    bound=audit.KINDS[_validate.one_of("bound", args.bound, audit.KINDS)],
                    engine=audit.ENGINES[_validate.one_of("engine", args.engine, audit.ENGINES)], one_run=args.one_run,
-                   confidence=args.confidence, seed=args.seed, json=args.json)
+                   confidence=args.confidence, seed=0 if seed is None else seed, json=args.json)
 
 
 def handle(request: AuditRequest) -> Output:
@@ -75,7 +75,7 @@ def handle(request: AuditRequest) -> Output:
     # an audit's δ is the δ its claim is checked at, whatever the world's n
     plan = plan_for(algorithm, n=n + 1, steps=request.steps, delta=request.delta,
                     epsilon=request.epsilon if entry.private else None, allow_large_delta=True)
-    progress = not request.json and sys.stderr.isatty()
+    progress = not request.json
     if request.one_run:
         result = audit.audit_one_run(plan, name=request.algorithm, confidence=request.confidence,
                                      engine=request.engine, seed=request.seed, progress=progress)
@@ -109,4 +109,4 @@ def add_parser(commands: Subcommands) -> None:
     sub.add_argument("--one-run", action="store_true", help="one training run with every record the run uses "
                      "as a canary, each included with probability 1/2 (for models too costly to train many times)")
     sub.add_argument("--confidence", type=float, default=0.95, help="the confidence of the lower bound")
-    sub.add_argument("--seed", type=int, default=0, help="the audit's seed (its runs are reproducible)")
+    add_seed(sub, "the audit's seed (its runs are reproducible; default 0)")

@@ -13,9 +13,10 @@ import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Generic, NoReturn, TypeAlias, TypeVar
 
-from .. import _validate
+from .. import _validate, journal
 from ..algorithms import registry
 from ..names import NOISES
 from .output import Output
@@ -26,7 +27,11 @@ _NEGATIVE_VALUE = re.compile(r"-[0-9.]")
 
 
 class Formatter(argparse.HelpFormatter):
-    """Help that ends every option's text with its default, where it has one."""
+    """Help that ends every option's text with its default, where it has one, and keeps the lines of
+    a description or an epilog (each line filled on its own)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "\n".join(super(Formatter, self)._fill_text(line, width, indent) for line in text.splitlines())
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
@@ -96,8 +101,18 @@ def algorithm_help() -> str:
     return f"one of: {', '.join(registry.NAMES)}"
 
 
-def add_data_dir(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument("--data-dir", help="data directory (default: $DPOPT_DATA or the user cache)")
+def add_data_dir(sub: argparse.ArgumentParser, *, existing: bool = True) -> None:
+    """``--data-dir``; ``existing``: refused unless it names a directory (a mistyped path would
+    otherwise surface only when a data set is read, after other work)."""
+    sub.add_argument("--data-dir", type=existing_directory if existing else str,
+                     help="data directory (default: $DPOPT_DATA or the user cache)")
+
+
+def existing_directory(value: str) -> str:
+    """``value`` if it names a directory, else argparse's error naming it."""
+    if not Path(value).expanduser().is_dir():
+        raise argparse.ArgumentTypeError(f"data_dir={value!r} must be an existing directory")
+    return value
 
 
 #: The flag of each algorithm hyper-parameter the command line sets: ``--name-with-dashes`` of the
@@ -113,8 +128,8 @@ KNOB_FLAGS: dict[str, str] = {
     "restart": "DIFF2's restart interval T",
     "local_steps": "DIFF2-BVR-L-SGD's K",
     "gamma": "DP-SRM/STORM momentum γ",
-    "noise_ratio": "DP-SRM's σ0/σ, fixed while calibrating",
-    "obj_clip": "DP-AGD's clip of per-record losses",
+    "noise_ratio": "DP-SRM's σ0/σ, DPSUR's σ_v/σ, fixed while calibrating",
+    "obj_clip": "DP-AGD's clip of per-record losses, DPSUR's clip C_v of per-record loss changes",
     "noise": "noise source: the run's seeded generator (torch), the OS CSPRNG (secure), or the exact discrete "
              "Gaussian (discrete; full-batch dp-gd only)",
     "bands": "banded matrix factorisation's b >= 1: correlated noise over cyclic Poisson batches (dp-sgd, rrpsgd, "
@@ -126,15 +141,17 @@ KNOB_FLAGS: dict[str, str] = {
     "optimizer": "the update rule: the algorithm's own (sgd), or DP-AdamBC on its private gradient (adambc: --lr "
                  "is Adam's step size)",
     "adam_gamma": "DP-AdamBC's floor γ > 0 of its bias-corrected second moment",
+    "val_rate": "DPSUR's Poisson rate q_v in (0, 1] of its validation test (default: batch size / n)",
+    "threshold": "DPSUR's β: a candidate step is kept iff its noised mean loss change is below β",
 }
 _CHOICES = {"sampling": registry.SAMPLINGS, "noise": NOISES, "optimizer": tuple(registry.OPTIMIZERS)}
 #: The type of the flags whose Knobs default is None (off, or the algorithm's own default).
-_TYPES: dict[str, type] = {"bands": int, "clip_quantile": float, "count_noise": float}
+_TYPES: dict[str, type] = {"bands": int, "clip_quantile": float, "count_noise": float, "val_rate": float}
 #: The allowed range of the flags whose range the library checks only when it builds the algorithm, checked
 #: when the command line is read (``--bands 0`` is refused before any data is read).
 _RANGES: dict[str, Callable[..., object]] = {
     "bands": _validate.positive_int, "clip_quantile": _validate.open_unit, "clip_lr": _validate.positive,
-    "count_noise": _validate.positive, "adam_gamma": _validate.positive}
+    "count_noise": _validate.positive, "adam_gamma": _validate.positive, "val_rate": _validate.unit_interval}
 
 
 def add_knobs(sub: argparse.ArgumentParser, names: Sequence[str], *, helps: Mapping[str, str] | None = None,
@@ -159,6 +176,39 @@ def knobs_of(args: argparse.Namespace, names: Sequence[str]) -> dict[str, object
         if name in _RANGES and value is not None:
             _RANGES[name](f"--{name.replace('_', '-')}", value)
     return given
+
+
+def add_seed(sub: argparse.ArgumentParser, what: str) -> None:
+    """``--seed N`` or ``--seed-file PATH``, one of them (both: argparse's one-line error, exit 2):
+    ``what`` the seed does. A seed on the command line shows in ``ps`` and the shell's history; a
+    file that only its owner may read keeps it out of both (:func:`seed_of` reads it)."""
+    given = sub.add_mutually_exclusive_group()
+    given.add_argument("--seed", type=int, help=f"{what}; a seed given here shows in `ps` and the shell's history: "
+                       "prefer --seed-file")
+    given.add_argument("--seed-file", metavar="PATH", help="the same as --seed, read from a file that holds one "
+                       "integer >= 0 and that only its owner may read or write (chmod 600), so that the seed stays out "
+                       "of `ps` and the shell's history")
+
+
+def seed_of(args: argparse.Namespace) -> int | None:
+    """The seed :func:`add_seed`'s flags give: ``--seed``, the integer held in ``--seed-file``, or None.
+    The file is refused unless it is the user's own and neither group nor others may read or write it
+    (:func:`dpopt.journal.owner_only`), or if it holds anything but one integer >= 0 (surrounding
+    white space allowed); no error shows its content."""
+    if args.seed_file is None:
+        return args.seed
+    path, name = Path(args.seed_file).expanduser(), f"seed_file={args.seed_file!r}"
+    try:
+        journal.owner_only(path, name, f"chmod 600 {str(path)!r}", risk="anyone who can read it knows the seed the "
+                           "guarantee rests on, anyone who can write it can set a seed of their choosing")
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise _validate.DpoptError(f"{name} cannot be read ({getattr(err, 'strerror', None) or 'not text'}): give "
+                                   "a file that holds the seed, one integer >= 0") from None
+    if not re.fullmatch(r"\s*[0-9]{1,100}\s*", text):
+        raise _validate.DpoptError(f"{name} must hold one integer >= 0 (at most 100 digits) and nothing else; its "
+                                   "content is not shown here: it is secret")
+    return int(text)
 
 
 def add_delta(sub: argparse.ArgumentParser) -> None:

@@ -71,4 +71,4 @@ def add_parser(commands: Subcommands) -> None:
     sub = subcommand(commands, "data", Command(parse, handle), "list, describe or download data sets")
     sub.add_argument("action", choices=ACTIONS, help="list the data sets, describe one, or download one")
     sub.add_argument("name", nargs="?", help="the data set (info, fetch)")
-    add_data_dir(sub)
+    add_data_dir(sub, existing=False)  # fetch makes it

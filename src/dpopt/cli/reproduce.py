@@ -4,12 +4,12 @@ an interrupted reproduction resumes from the runs saved in ``--out``/runs."""
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from .common import Command, Request, add_data_dir, Subcommands, subcommand
-from .output import Output, cell
+from .. import report
+from .output import Output
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,11 +39,11 @@ def handle(request: ReproduceRequest) -> Output:
 
     result = reproduce(request.name, seeds=request.seeds, quick=request.quick, out=request.out,
                        data_dir=request.data_dir, retune=request.retune,
-                       progress=not request.json and sys.stderr.isatty(), workers=request.workers,
+                       progress=not request.json, workers=request.workers,
                        only=request.only)
     rows = [{**({"problem": row["problem"]} if row.get("problem") is not None else {}),
              "algorithm": row["algorithm"], "target ε": "non-private" if row["epsilon"] is None else row["epsilon"],
-             **{name: f"{cell(value['mean'])} ± {cell(value['std'])}" for name, value in row["metrics"].items()}}
+             **{name: report.mean_std(value, "{} ± {}") for name, value in row["metrics"].items()}}
             for row in result["rows"]]
     out = request.out
     written = [out / "results.json", out / "results.md", *sorted(out.glob("*.png")), out / "runs"]
@@ -51,9 +51,33 @@ def handle(request: ReproduceRequest) -> Output:
                                              f"randomness: {result['randomness']}"], written=written)
 
 
+NOT_MEASURED = "not measured"
+#: Each experiment's wall time on a 2-core machine, (whole command, ``--quick``), as REPRODUCTIONS.md
+#: records its runs ("busy": other jobs shared the cores); "not measured" where no run was timed.
+MEASURED = {
+    "dp-srm-ijcnn1": ("2 min 6 s", NOT_MEASURED),
+    "aclip-synthetic": ("13 min 33 s (--seeds 20)", NOT_MEASURED),
+    "aclip-real": ("14 min 58 s (--seeds 20, busy)", NOT_MEASURED),
+    "aclip-cifar10": (NOT_MEASURED, NOT_MEASURED),
+    "dp-srm-mnist": ("38 min 40 s (busy)", NOT_MEASURED),
+    "dp-srm-cifar10": (NOT_MEASURED, NOT_MEASURED),
+    "o2nc-nonsmooth": ("12 min 32 s (busy, older code)", NOT_MEASURED),
+    "diff2-regression": ("26 min 37 s", NOT_MEASURED),
+    "diff2-classification": (NOT_MEASURED, NOT_MEASURED),
+    "mnist-sota": ("33 min 50 s", NOT_MEASURED),
+}
+
+
+def experiments_help() -> str:
+    """The experiments, one a line with its measured cost (:data:`MEASURED`), for ``--help``."""
+    return "\n".join(["experiments, with their wall time on 2 cores (REPRODUCTIONS.md; busy: beside other jobs):"]
+                     + [f"{name}: {full}; --quick: {quick}" for name, (full, quick) in MEASURED.items()])
+
+
 def add_parser(commands: Subcommands) -> None:
     sub = subcommand(commands, "reproduce", Command(ReproduceRequest.parse, handle), "reproduce a paper's experiment")
-    sub.add_argument("name", help="experiment name, e.g. dp-srm-ijcnn1")
+    sub.epilog = experiments_help()
+    sub.add_argument("name", help="the experiment (listed below), e.g. dp-srm-ijcnn1")
     sub.add_argument("--quick", action="store_true", help="a fast smoke version (2 seeds)")
     sub.add_argument("--seeds", type=int, help="seeds per method (default: the experiment's)")
     sub.add_argument("--retune", action="store_true", help="re-run the step-size tuning instead of the preset's")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import functools
-import sys
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, TypeVar
 from .. import _validate, report
 from ..algorithms import registry
 from ..names import ACCOUNTANTS
-from .common import Command, add_delta, add_knobs, algorithm_help, knobs_of, Subcommands, subcommand
-from .output import EXIT_DIVERGED, Output
+from .common import (Command, add_delta, add_knobs, add_seed, algorithm_help, knobs_of, seed_of, Subcommands,
+                     subcommand)
+from .output import EXIT_DIVERGED, Output, cell
 from .sources import Source, TrainingRequest, add_flags, fits
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ MODELS = ("logistic", "nonconvex-logistic", "ridge", "mlp")
 #: The hyper-parameters ``run`` sets (flags of the same names, dashed).
 KNOBS = ("batch_size", "sampling", "lr", "clip", "clip_diff", "clients", "restart", "local_steps", "gamma",
          "noise_ratio", "obj_clip", "noise", "bands", "clip_quantile", "clip_lr", "count_noise", "optimizer",
-         "adam_gamma")
+         "adam_gamma", "val_rate", "threshold")
 BACKENDS = ("local", "torch")
 S = TypeVar("S")
 
@@ -81,13 +82,18 @@ class RunRequest(TrainingRequest):
                                        f"algorithm={args.algorithm!r} is data-parallel with --nproc alone")
         if args.backend == "torch" and nproc == 1 and distributed.world_size() == 1:
             raise _validate.DpoptError("nproc=1 must be >= 2 with backend='torch' (rank 0 is the server)")
+        _validate.positive("epsilon", args.epsilon)  # the public settings first: before --out's state is read
+        _validate.open_unit("delta", args.delta)
+        _validate.positive_int("steps", args.steps)
+        if args.max_epsilon is not None:
+            _validate.positive("max_epsilon", args.max_epsilon)
         data = Source.parse(args)
         if not entry.private:
             raise _validate.DpoptError(f"algorithm={args.algorithm!r} is not private (ε = ∞) and cannot meet "
                                        f"epsilon={args.epsilon!r}: train it in Python (dpopt.run) as a non-private "
                                        "reference")
         return cls(**cls.given(args, data), knobs=knobs_of(args, KNOBS), backend=args.backend,
-                   accountant=args.accountant, seed=args.seed, diagnostics=args.diagnostics,
+                   accountant=args.accountant, seed=seed_of(args), diagnostics=args.diagnostics,
                    max_epsilon=args.max_epsilon, checkpoint_every=args.checkpoint_every,
                    out=Path(args.out or f"results/run-{args.algorithm}-{data.name}"), nproc=nproc,
                    rank_timeout=rank_timeout)
@@ -105,9 +111,10 @@ def handle(request: RunRequest) -> Output | None:
     """Train here, in ``--nproc`` processes, or as one rank of torchrun's group (an ``--out`` that
     holds a finished run is refused first); rank 0's result (None on the other ranks, which write
     and print nothing)."""
-    from .. import distributed
+    from .. import distributed, journal
 
-    unfinished(request.out)
+    journal.outside(request.out)  # its checkpoints are tagged under the state folder's key
+    unfinished(request)
     if request.nproc > 1 and distributed.world_size() == 1:
         return distributed.launch(in_group, request.nproc, request, rank_timeout=request.rank_timeout)[0]
     return in_group(request)
@@ -128,17 +135,28 @@ def in_group(request: RunRequest) -> Output | None:
             torch.distributed.destroy_process_group()
 
 
-def unfinished(out: Path) -> None:
+def unfinished(request: RunRequest) -> None:
     """Refuse an ``out`` that holds a finished run (``history.json``, written at a run's end): it is
-    neither run again nor overwritten (its ε is spent; a new run would start a new ledger)."""
+    neither run again nor overwritten (its ε is spent; a new run would start a new ledger). The
+    refusal names which of algorithm, data set, model, ε and δ differ from that run's."""
+    out = request.out
     if not (out / "history.json").exists():
         return
     if not (out / "checkpoint.pt").exists():
         raise _validate.DpoptError(f"out={str(out)!r} holds the results of a run (history.json) but not its "
                                    "checkpoint.pt, so it cannot be resumed; use another --out for a new run")
-    raise _validate.DpoptError(f"out={str(out)!r} holds a finished run (history.json): its results are there. To "
-                               "start over, use another --out, or remove that folder knowingly: the ε the run spent "
-                               "on these data stays spent, and history.json is its record")
+    try:
+        finished = json.loads((out / "history.json").read_text())
+    except (OSError, ValueError):
+        finished = {}
+    asked = {"algorithm": request.algorithm, "dataset": request.data.name, "model": request.model,
+             "epsilon_target": request.epsilon, "delta": request.delta}
+    differing = [f"{key} {finished.get(key)!r} there, {value!r} here" for key, value in asked.items()
+                 if finished.get(key) != value]
+    other = f" with other settings ({'; '.join(differing)})" if differing else ""
+    raise _validate.DpoptError(f"out={str(out)!r} holds a finished run{other} (history.json): its results are "
+                               "there. To start over, use another --out, or remove that folder knowingly: the ε the "
+                               "run spent on these data stays spent, and history.json is its record")
 
 
 def train_and_write(request: RunRequest) -> Output | None:
@@ -182,7 +200,7 @@ def train_and_write(request: RunRequest) -> Output | None:
         options = Options(seed=seed, noise_source=source_named(knobs.noise),
                           test_error=(lambda theta: float(test_error(theta))) if lead else None,
                           checkpoint_path=checkpoint_path, checkpoint_every=request.checkpoint_every if lead else None,
-                          max_epsilon=request.max_epsilon, progress=lead and not request.json and sys.stderr.isatty(),
+                          max_epsilon=request.max_epsilon, progress=lead and not request.json,
                           diagnostics=request.diagnostics)
         history = train(plan, trained, options, theta0)
     if not lead:
@@ -196,7 +214,8 @@ def write(request: RunRequest, plan: Plan[S], history: History, described: Descr
     dataset = described.dataset
     out = request.out
     payload = {"algorithm": request.algorithm, "dataset": dataset.name, "data_source": dataset.source,
-               "model": request.model, "epsilon_target": request.epsilon, "hyperparameters": repr(plan.algorithm),
+               "model": request.model, "epsilon_target": request.epsilon,
+               "hyperparameters": report.settings(plan.algorithm),
                "processes": processes, "protected_records": described.protected, "test_data": described.test_data,
                **history.to_dict()}
     report.write_json(out / "history.json", payload)
@@ -215,6 +234,12 @@ def write(request: RunRequest, plan: Plan[S], history: History, described: Descr
              f"{history.randomness}", f"protected: {described.protected}; test error on: {described.test_data}"]
     lines += [f"accountant: {history.accountant_note}"] if history.accountant_note else []
     lines += [f"stopped: {history.stopped}"] if history.stopped else []
+    if history.diagnostics is not None:  # asked for with --diagnostics: shown, labelled
+        diagnosed = history.diagnostics["final"]
+        shown["diagnostics"] = {"label": history.diagnostics["label"], "final": diagnosed}
+        lines += [f"diagnostics at the output (NOT PRIVATE): "
+                  f"{report.assignments({name: cell(value) for name, value in diagnosed.items()})}",
+                  history.diagnostics["label"]]
     written = [out / name for name in ("history.json", "summary.md", "curves.png", "checkpoint.pt")]
     if history.diverged_at is None:
         return Output(shown, table=[row], lines=lines, written=written)
@@ -276,8 +301,8 @@ def add_parser(commands: Subcommands) -> None:
                      "--nproc K processes (or torchrun's), the server on rank 0")
     sub.add_argument("--accountant", choices=ACCOUNTANTS, default="pld", help="privacy loss distributions "
                      "(tightest) or Rényi DP")
-    sub.add_argument("--seed", type=int, help="make the run reproducible (its guarantee then rests on the seed "
-                     "staying secret); default: secret randomness from the operating system")
+    add_seed(sub, "make the run reproducible (its guarantee then rests on the seed staying secret); default: secret "
+             "randomness from the operating system")
     sub.add_argument("--diagnostics", action="store_true", help="also write the training objective, gradient norm, "
                      "realised passes and times, labelled NOT PRIVATE (computed from the training data without noise)")
     sub.add_argument("--max-epsilon", type=float, help="stop before a step that would exceed this ε")

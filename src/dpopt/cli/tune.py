@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from .. import _validate, report
-from .common import Command, add_delta, add_knobs, algorithm_help, knobs_of, Subcommands, subcommand
+from .common import (Command, add_delta, add_knobs, add_seed, algorithm_help, knobs_of, seed_of, Subcommands,
+                     subcommand)
 from .output import Output
 from .sources import Source, TrainingRequest, add_flags, fits
 
@@ -104,7 +105,7 @@ class TuneRequest(TrainingRequest):
         _validate.one_of("algorithm", args.algorithm, [name for name, entry in registry.REGISTRY.items()
                                                        if entry.private])
         return cls(**cls.given(args, data), fixed=knobs_of(args, FIXED), space=space, trials=trials,
-                   validation_fraction=args.validation_fraction, seed=args.seed, diagnostics=args.diagnostics,
+                   validation_fraction=args.validation_fraction, seed=seed_of(args), diagnostics=args.diagnostics,
                    out=Path(args.out or f"results/tune-{args.algorithm}-{data.name}"))
 
 
@@ -155,7 +156,8 @@ def summary(tuned: Tuned, validation_split: str, stated: Mapping[str, str]) -> l
     if tuned.hyperparameters is None:
         lines.append("no trial was drawn (K = 0): nothing is released")
     else:
-        lines.append(f"selected {tuned.hyperparameters}: validation error {final['validation_score']:.4f} "
+        selected = report.assignments(tuned.hyperparameters) or "the fixed settings"
+        lines.append(f"selected {selected}: validation error {final['validation_score']:.4f} "
                      f"(exact, NOT PROTECTED: {validation_split}), test error {final['test_error']:.4f}")
     if stated:
         lines += [f"protected: {stated['protected_records']}", f"test error on: {stated['test_data']}"]
@@ -191,8 +193,8 @@ def add_parser(commands: Subcommands) -> None:
     sub.add_argument("--validation-fraction", type=float, default=0.2, help="share of the training file held out "
                      "(fixed public split; with --data, by a public hash of each row, seed 1) to score candidates; "
                      "these records are not protected")
-    sub.add_argument("--seed", type=int, help="make the tuning reproducible (its guarantee then rests on the seed "
-                     "staying secret); default: secret randomness from the operating system")
+    add_seed(sub, "make the tuning reproducible (its guarantee then rests on the seed staying secret); default: "
+             "secret randomness from the operating system")
     sub.add_argument("--diagnostics", action="store_true", help="also report the number of trials run and the time "
                      "(NOT PRIVATE: they reveal K)")
     sub.add_argument("--out", help="output directory (default: results/tune-<algorithm>-<dataset>)")

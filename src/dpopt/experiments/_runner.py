@@ -23,15 +23,14 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from types import FrameType
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import numpy as np
 import torch
 from scipy import stats
 from torch import Tensor
-from tqdm import tqdm
 
-from .. import _validate, checkpoint
+from .. import _validate, checkpoint, journal
 from ..accounting import scaled
 from ..base import Algorithm, S
 from ..json_types import JsonValue
@@ -39,6 +38,7 @@ from ..outputs import NOT_PRIVATE
 from ..report import Curve, summarise
 from ..resume import describe
 from ..plan import Plan
+from ..progress import bar as progress_bar
 from ..train import History, Options, train
 from .payload import Tuned
 
@@ -248,20 +248,58 @@ class Training:
 
 @dataclass(frozen=True)
 class Saved:
-    """Finished jobs kept as files in ``folder`` (the result in the checkpoint format, written
-    atomically and read without running code, its digest checked). A job's file is named by a
-    hash of ``context`` (the experiment's or bench's name and :func:`source_digest`), the problem
-    key and everything that determines the job (:meth:`Job.described`). So a file is found again
-    by the same job of the same code only; a changed configuration or a changed dpopt never picks
-    up a stale one."""
+    """Finished jobs kept as files in ``folder``, authenticated: each is a checkpoint (written
+    atomically, read without running code) tagged under the user's checkpoint ``key``
+    (:func:`dpopt.journal.key`, kept outside ``--out``), holding the job's name and its result.
+
+    A job's name is the sha256 of ``context`` (the experiment's or bench's name and
+    :func:`source_digest`), the problem key and everything that determines the job
+    (:meth:`Job.described`); its file is named by the name's first 32 hex digits. So a file is
+    found again by the same job of the same code only; a changed configuration or a changed dpopt
+    never picks up a stale one. :meth:`load` refuses, in one line, a file whose tag does not verify
+    (edited, its digest recomputed or not; written under another key or without one) or that holds
+    another job's name (a genuine file renamed or copied over this one's): whoever can write
+    ``folder`` but not read the key cannot make a job's result."""
 
     folder: Path
     context: str
+    key: checkpoint.Key = field(default_factory=journal.key, repr=False)
+
+    @classmethod
+    def of(cls, out: Path, context: str) -> Saved:
+        """The saved jobs of the output folder ``out`` (in its ``runs`` folder); refused if the state
+        folder is inside ``out`` (:func:`dpopt.journal.outside`)."""
+        return cls(out / "runs", context, journal.key(out))
+
+    def name(self, job: Job[P, object], problem: P, key: Hashable) -> str:
+        """The name of ``job`` on ``problem`` (named ``key``): 64 hex digits."""
+        described = {"context": self.context, "key": repr(key)} | job.described(problem)
+        return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
 
     def path(self, job: Job[P, object], problem: P, key: Hashable) -> Path:
-        described = {"context": self.context, "key": repr(key)} | job.described(problem)
-        name = hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
+        return self.at(self.name(job, problem, key))
+
+    def at(self, name: str) -> Path:
+        """The file of the job named ``name``."""
         return self.folder / f"{name[:32]}.pt"
+
+    def save(self, name: str, result: object) -> None:
+        """Keep the result of the job named ``name``, tagged under the key."""
+        checkpoint.save(self.at(name), {"job": name, "result": result}, self.key)
+
+    def load(self, name: str) -> object:
+        """The kept result of the job named ``name``; a DpoptError if its file is not authenticated
+        under the key or holds another job."""
+        path = self.at(name)
+        fix = f"remove {str(path)!r} to run its job again"
+        try:
+            kept = checkpoint.load(path, self.key)
+        except _validate.DpoptError as err:
+            raise _validate.DpoptError(f"saved job: {err}; {fix}") from None
+        if not (isinstance(kept, dict) and set(kept) == {"job", "result"} and kept["job"] == name):
+            raise _validate.DpoptError(f"saved job {str(path)!r} holds another job's result (a file renamed or copied "
+                                       f"over this job's); it was not used: {fix}")
+        return kept["result"]
 
 
 class Pool:
@@ -273,18 +311,18 @@ class Pool:
     same key. ``workers`` = 1: the jobs execute in this process, on the problem given.
 
     With ``saved``, each finished job is saved as it completes, by the process that ran it, and a
-    job already saved is loaded instead of run again: an interrupted reproduction or bench
-    resumes with the same results. ``progress``: a bar over the jobs (with an ETA) whose total is
-    what :meth:`expect` announced; loaded jobs leave it.
+    job already saved is loaded instead of run again, once its file is authenticated
+    (:meth:`Saved.load`): an interrupted reproduction or bench resumes with the same results.
+    ``progress``: a bar over the jobs (with an ETA; plain lines where standard error is not a
+    terminal, :mod:`dpopt.progress`) whose total is what :meth:`expect` announced; loaded jobs leave it.
     """
 
     def __init__(self, workers: int, make_problem: Callable[..., object] | None = None, *args: object,
                  saved: Saved | None = None, progress: bool = False) -> None:
         self.saved, self._loaded = saved, 0
         self._paths: list[Path | None] = []
-        self.bar = tqdm(total=0, desc="runs", unit="run", disable=not progress, dynamic_ncols=True)
-        if saved is not None:
-            saved.folder.mkdir(parents=True, exist_ok=True)
+        self.bar = progress_bar(0, desc="runs", unit="run", enabled=progress, leave=True)
+        if saved is not None:  # its folder is made by the first save: a refused command leaves none
             for stale in saved.folder.glob(".*.tmp"):  # a run killed while it was being saved
                 stale.unlink(missing_ok=True)
         self._executor = None
@@ -307,19 +345,19 @@ class Pool:
     def start(self, job: Job[P, R], problem: P, key: Hashable = None) -> Future[R]:
         """``job`` on ``problem`` (named ``key`` in the workers): loaded if saved, else queued in
         the workers or run now; the future gives its result."""
-        path = None if self.saved is None else self.saved.path(job, problem, key)
-        self._paths.append(path)
-        if path is not None and path.exists():
-            assert self.saved is not None  # (the path is its)
+        kept = None if self.saved is None else (self.saved, self.saved.name(job, problem, key))
+        self._paths.append(None if kept is None else kept[0].at(kept[1]))
+        if kept is not None and kept[0].at(kept[1]).exists():
+            loaded = cast("R", kept[0].load(kept[1]))  # (the result its job gave when it was saved)
             self._loaded += 1
             self.bar.total = max(self.bar.n, self.bar.total - 1)
-            self.bar.set_postfix_str(f"{self._loaded} loaded from {self.saved.folder}")
-            return _finished(checkpoint.load(path))
+            self.bar.set_postfix_str(f"{self._loaded} loaded from {kept[0].folder}")
+            return _finished(loaded)
         if self._executor is not None:
-            future = self._executor.submit(_worker_run, (key, job, path))
+            future = self._executor.submit(_worker_run, (key, job, kept))
             future.add_done_callback(lambda _: self.bar.update())
             return future
-        result = _finished(_run_and_save(job, problem, path))
+        result = _finished(_run_and_save(job, problem, kept))
         self.bar.update()
         return result
 
@@ -350,6 +388,7 @@ _WORKER: dict[str, Any] = {}
 
 def _worker_init(make_problem: Callable[..., object] | None, args: tuple[object, ...]) -> None:
     torch.set_num_threads(1)
+    _validate.warnings_in_one_line()  # as the command line shows them
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C: the driver stops the workers,
     signal.signal(signal.SIGTERM, _unwind)  # by SIGTERM, which unwinds (no temporary file is left)
     _WORKER.update(make=make_problem, args=args, problems={})
@@ -359,18 +398,19 @@ def _unwind(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 
-def _worker_run(queued: tuple[Hashable, Job[P, R], Path | None]) -> R:
-    key, job, path = queued
+def _worker_run(queued: tuple[Hashable, Job[P, R], tuple[Saved, str] | None]) -> R:
+    key, job, kept = queued
     problems = _WORKER["problems"]
     if key not in problems:  # kept: the driver queues the jobs of every problem at once
         problems[key] = _WORKER["make"](*_WORKER["args"], key)
-    return _run_and_save(job, problems[key], path)
+    return _run_and_save(job, problems[key], kept)
 
 
-def _run_and_save(job: Job[P, R], problem: P, path: Path | None) -> R:
+def _run_and_save(job: Job[P, R], problem: P, kept: tuple[Saved, str] | None) -> R:
+    """``job``'s result, saved (``kept``: where, and the job's name) if given."""
     result = job.run(problem)
-    if path is not None:
-        checkpoint.save(path, result)
+    if kept is not None:
+        kept[0].save(kept[1], result)
     return result
 
 
@@ -407,16 +447,18 @@ def tune(method: Method, problem: Problem, *, epsilon: float, delta: float, seed
     training objectives without noise and the tuning is not privacy-accounted (the private
     selection is :func:`dpopt.tuning.tune`)."""
     start = time.perf_counter()
-    scores = []
+    scores: list[Params] = []  # {"params": the point, "objective": its score}
+    points = grid_points(method.grid)
     if pool is not None:
-        pool.expect(len(grid_points(method.grid)) * (1 if method.deterministic else len(seeds)))
-    for params in tqdm(grid_points(method.grid), desc=f"tune {method.name} ε={epsilon}", disable=not progress,
-                       leave=False):
-        histories = run_seeds(method, params, problem, epsilon=epsilon, delta=delta, seeds=seeds, log_points=1,
-                              pool=pool, key=key)
-        objectives = [h.final["objective"] for h in histories]
-        score = float(np.mean(objectives)) if all(math.isfinite(o) for o in objectives) else math.inf
-        scores.append({"params": params, "objective": score})
+        pool.expect(len(points) * (1 if method.deterministic else len(seeds)))
+    with progress_bar(len(points), desc=f"tune {method.name} ε={epsilon}", unit="point", enabled=progress) as bar:
+        for params in points:
+            histories = run_seeds(method, params, problem, epsilon=epsilon, delta=delta, seeds=seeds, log_points=1,
+                                  pool=pool, key=key)
+            objectives = [h.final["objective"] for h in histories]
+            score = float(np.mean(objectives)) if all(math.isfinite(o) for o in objectives) else math.inf
+            scores.append({"params": params, "objective": score})
+            bar.update()
     best = min(scores, key=lambda s: s["objective"])
     return {"label": NOT_PRIVATE, "chosen": best["params"], "scores": scores,
             "cost": {"runs": len(scores) * len(seeds), "wall_time_s": time.perf_counter() - start}}

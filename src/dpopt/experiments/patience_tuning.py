@@ -26,13 +26,13 @@ from typing import TypedDict
 
 import dp_accounting as dpa
 import torch
-from tqdm import tqdm
 
 from .. import train
 from ..accounting import Ledger, epsilon_of
 from ..base import S
 from ..outputs import NOT_PRIVATE
 from ..plan import Plan
+from ..progress import bar as progress_bar
 from ._runner import Method, Params, Pool, Problem, grid_points
 from .payload import Tuned
 
@@ -81,23 +81,26 @@ def patience_tune(method: Method, problem: Problem, *, epsilon: float, delta: fl
     scores: list[_Score] = []
     ledgers, rounds = [], 0
     n = problem.oracle.n
-    for point in tqdm(grid_points(method.grid), desc=f"tune {method.name} ε={epsilon}", disable=not progress,
-                      leave=False):
-        algorithm, steps = method.build(n, {**point, "lr": step_sizes[0]})
-        plan = Plan(algorithm, n=n, steps=steps, delta=delta, allow_large_delta=True)  # the paper's δ
-        if method.private:  # η does not change the noise: one calibration per point
-            plan = plan.calibrated(epsilon)
-        score: _Score = {"params": point, "objective": math.inf, "lr": None, "abandoned": []}
-        for lr in step_sizes:
-            loss, ledger, ran = patience_run(plan.with_algorithm(dataclasses.replace(plan.algorithm, lr=lr)), problem,
-                                             seeds[0], check_every=check_every, patience=patience, factor=factor)
-            ledgers.append(ledger)
-            rounds += ran
-            if math.isfinite(loss):
-                score["objective"], score["lr"] = loss, lr
-                break
-            score["abandoned"].append(lr)
-        scores.append(score)
+    points = grid_points(method.grid)
+    with progress_bar(len(points), desc=f"tune {method.name} ε={epsilon}", unit="point", enabled=progress) as bar:
+        for point in points:
+            algorithm, steps = method.build(n, {**point, "lr": step_sizes[0]})
+            plan = Plan(algorithm, n=n, steps=steps, delta=delta, allow_large_delta=True)  # the paper's δ
+            if method.private:  # η does not change the noise: one calibration per point
+                plan = plan.calibrated(epsilon)
+            score: _Score = {"params": point, "objective": math.inf, "lr": None, "abandoned": []}
+            for lr in step_sizes:
+                stepped = plan.with_algorithm(dataclasses.replace(plan.algorithm, lr=lr))
+                loss, ledger, ran = patience_run(stepped, problem, seeds[0], check_every=check_every,
+                                                 patience=patience, factor=factor)
+                ledgers.append(ledger)
+                rounds += ran
+                if math.isfinite(loss):
+                    score["objective"], score["lr"] = loss, lr
+                    break
+                score["abandoned"].append(lr)
+            scores.append(score)
+            bar.update()
     best = min(scores, key=lambda s: s["objective"])
     return {"label": NOT_PRIVATE, "chosen": {**best["params"], "lr": best["lr"]}, "scores": scores,
             "cost": {"runs": len(ledgers), "rounds": rounds, "wall_time_s": time.perf_counter() - start,

@@ -20,8 +20,8 @@ A preset is an :class:`~dpopt.experiments.preset.Experiment` (its fields are doc
 
 from __future__ import annotations
 
-import json
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from fnmatch import fnmatchcase
@@ -78,11 +78,12 @@ def reproduce(name: str, *, seeds: int | None = None, quick: bool = False, out: 
     n_seeds = _validate.positive_int("seeds", seeds if seeds is not None else
                                      (2 if quick else exp.SEEDS))
     workers = _validate.positive_int("workers", workers if workers is not None else os.cpu_count() or 1)
+    jobs = selected(_jobs(exp, exp.problems(quick)), tuple(only))  # before any data is read or file written
     out_dir = writable(Path(out) if out else Path("results") / name)
-    pool = Pool(workers, _problem_of, name, data_dir, saved=Saved(out_dir / "runs", f"{name} {source_digest()}"),
+    pool = Pool(workers, _problem_of, name, data_dir, saved=Saved.of(out_dir, f"{name} {source_digest()}"),
                 progress=progress)
     with running(pool):
-        payload = _run_all(exp, data_dir, n_seeds, quick, retune, progress, pool, tuple(only))
+        payload = _run_all(exp, jobs, data_dir, n_seeds, quick, retune, progress, pool, tuple(only))
     _write(out_dir, payload, exp)
     return _classified(payload)
 
@@ -92,13 +93,11 @@ def _problem_of(name: str, data_dir: str | None, key: ProblemKey) -> Problem:
     return _preset(name).problem(data_dir, key)[0]
 
 
-def _jobs(exp: Experiment, keys: tuple[ProblemKey, ...],
-          built: Mapping[ProblemKey, tuple[Problem, JsonObject]]) -> list[tuple[ProblemKey, Method, float]]:
-    """(problem key, method, ε) of every row, in the order they are queued: the costliest problems
-    first (:attr:`Problem.queue_weight`), so the workers' last runs are short ones; a non-private
-    method once per problem (it does not depend on ε)."""
+def _jobs(exp: Experiment, keys: tuple[ProblemKey, ...]) -> list[tuple[ProblemKey, Method, float]]:
+    """(problem key, method, ε) of every row, in the preset's order of problems, ε and methods; a
+    non-private method once per problem (it does not depend on ε). Known without reading any data."""
     jobs, seen = [], set()
-    for key in sorted(keys, key=lambda key: -built[key][0].queue_weight):
+    for key in keys:
         for epsilon in exp.EPSILONS:
             for method in exp.methods(epsilon, key):
                 if method.private or (key, method.name) not in seen:
@@ -120,8 +119,10 @@ def selected(jobs: list[tuple[ProblemKey, Method, float]],
     return chosen
 
 
-def _run_all(exp: Experiment, data_dir: str | None, n_seeds: int, quick: bool, retune: bool,
-             progress: bool, pool: Pool, only: tuple[str, ...] = ()) -> Payload:
+def _run_all(exp: Experiment, jobs: list[tuple[ProblemKey, Method, float]], data_dir: str | None, n_seeds: int,
+             quick: bool, retune: bool, progress: bool, pool: Pool, only: tuple[str, ...] = ()) -> Payload:
+    """Run ``jobs`` (:func:`selected`), building only the problems they need; the costliest problems'
+    runs are queued first (:attr:`Problem.queue_weight`), so the workers' last runs are short ones."""
     started = time.perf_counter()
     rows: list[Row] = []
     tuning: dict[str, Tuned] = {}
@@ -131,10 +132,10 @@ def _run_all(exp: Experiment, data_dir: str | None, n_seeds: int, quick: bool, r
     log_points = 10 if quick else exp.LOG_POINTS
     # every run is queued before any is awaited: the workers stay busy to the end
     started_runs: list[tuple[ProblemKey, str, float | None, float, Params, Callable[[], list[History]]]] = []
-    keys = exp.problems(quick)
+    keys = tuple(key for key in exp.problems(quick) if any(job[0] == key for job in jobs))
     built = {key: exp.problem(data_dir, key) for key in keys}
     stated = {key: given | {"preparation": described(exp.preparation(key))} for key, (_, given) in built.items()}
-    jobs = selected(_jobs(exp, keys, built), only)
+    jobs = sorted(jobs, key=lambda job: -built[job[0]][0].queue_weight)  # stable: the preset's order within
     pool.expect(sum(1 if method.deterministic else n_seeds for _, method, _ in jobs))
     for key, method, epsilon in jobs:
         delta = exp.delta(key)
@@ -157,7 +158,7 @@ def _run_all(exp: Experiment, data_dir: str | None, n_seeds: int, quick: bool, r
         curves[(key, name, row_epsilon)] = histories
         if progress:
             tqdm.write(f"  {key or ''} {name:>8} ε={row_epsilon}: training objective (NOT PRIVATE) "
-                       f"{rows[-1]['metrics']['objective']['mean']:.5f}")
+                       f"{rows[-1]['metrics']['objective']['mean']:.5f}", file=sys.stderr)
     tests = _t_tests(rows, exp.COMPARISONS, test_metrics)
     for row in rows:
         del row["_final"]
@@ -318,7 +319,8 @@ def _markdown(payload: Payload, exp: Experiment) -> str:
                            "seeds": row["seeds"], **{shown[c]: row["metrics"][c] for c in table_metrics},
                            **{f"paper {c}": _paper_cell(paper.get(c)) for c in paper_metrics}})
     first = payload["rows"][0]
-    chosen = [{"row": (f"{r.get('problem')} " if keyed else "") + f"{r['algorithm']} ε={r['epsilon']}",
+    chosen = [{"row": (f"{r.get('problem')} " if keyed else "") + f"{r['algorithm']} "
+               + ("non-private" if r["epsilon"] is None else f"ε={r['epsilon']}"),
                "hyper-parameters": report.assignments(r["params"]) or "none"} for r in payload["rows"]]
     lines = [
         f"# {payload['experiment']}", "",
@@ -375,10 +377,18 @@ def _paper_cell(value: Mapping[str, JsonValue] | None) -> JsonValue | Mapping[st
 
 
 def _bullets(mapping: Mapping[str, object]) -> list[str]:
-    """One markdown bullet per entry, ``key: value`` (a value that is not text as JSON); "none"
-    for an empty mapping."""
-    return [f"* {key}: {value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)}"
-            for key, value in mapping.items()] or ["* none"]
+    """One markdown bullet per entry, ``key: value`` (:func:`_readable`); "none" for an empty mapping."""
+    return [f"* {key}: {_readable(value)}" for key, value in mapping.items()] or ["* none"]
+
+
+def _readable(value: object) -> str:
+    """A value of results.json for a person: a mapping as ``name = value, …`` (:func:`dpopt.report.assignments`;
+    "none" if empty), a list as ``{a, b}`` (a grid's values), a number to four significant digits."""
+    if isinstance(value, Mapping):
+        return report.assignments({key: _readable(item) for key, item in value.items()}) or "none"
+    if isinstance(value, list | tuple):
+        return "{" + ", ".join(_readable(item) for item in value) + "}"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def _tuning_cost(tuning: Mapping[str, object]) -> dict[str, object]:

@@ -34,8 +34,31 @@ the engine runs it on each record alone under ``vmap`` too, its ``nn.Linear`` ch
 their ghost rule (a Linear called T times is one layer over T positions) gives the records'
 norms and sums, with no ``[B, d]`` matrix. Either way no record's computation can see another's.
 
-Packed sequences are refused: pad the sequences to one length and mask the padded positions in
-the loss (or take each record's last real step, e.g. by ``gather`` at its length).
+Records of their own lengths: ``forward(input, hx=None, lengths=None, padding_side="right")``.
+``lengths`` (an integer tensor ``[B]``, ``()`` for an unbatched input) counts each record's real
+steps, which are its first ``lengths[b]`` (``padding_side="right"``, the padding after them, as
+``pad_sequence`` gives it) or its last (``"left"``). Each direction then reads exactly the
+record's steps (:mod:`dpopt.nn.padding`): the forward one from its first real step, the reverse
+one from its last; ``h_n`` (``c_n``) is the state after the record's last step in each
+direction, and the outputs at padded positions are zero: torch's results on the
+``PackedSequence`` of the records, whatever the padded length T. A ``PackedSequence`` input is
+taken too (unpacked, run with its lengths, and the output packed as torch packs it), outside
+dpopt's per-record run: inside it, packing cannot work (a packed record's data has the record's
+own length, so ``vmap`` cannot batch records of different lengths, and torch's packing has no
+``vmap`` rule), so a ``PackedSequence`` reaching the layer there is refused, pointing to
+``lengths=``.
+
+Without ``lengths`` every step is the record's own: right for records of one length, wrong where
+some are padded, and then a privacy leak wherever a record's padded length depends on other
+records (a DataLoader's ``collate_fn`` that pads each chunk to its longest record, or padding to
+the longest record of the data set): the reverse direction starts in the padding, the forward
+one runs through left padding, ``h_n`` comes after the padding, so one record's length moves the
+gradients of the records beside it, which clipping does not bound. The layer cannot tell padding
+from data, so where dpopt's engines run it on records collated by a DataLoader's own
+``collate_fn`` (``dpopt.oracles.records.may_be_padded``: any ``collate_fn`` but torch's default,
+which stacks records of one shape and pads nothing) the stacked layers refuse to run without
+``lengths``, in either direction. Records padded before they reach dpopt (tensors) look like
+records of one length: pass ``lengths`` for them too, or pad to a length fixed in advance.
 """
 
 from __future__ import annotations
@@ -45,9 +68,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.utils.rnn import PackedSequence
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from .. import _validate
+from ..oracles import records
+from . import padding
 
 State = tuple[Tensor, ...]  # (h,) or, for an LSTM, (h, c)
 Hidden = Tensor | tuple[Tensor, ...] | list[Tensor]  # a given hx: h, or an LSTM's (h, c)
@@ -124,10 +149,10 @@ class _Recurrent(nn.Module):
 
     def _check_input(self, input: object, dims: tuple[int, int]) -> None:
         if isinstance(input, PackedSequence):
+            name = type(self).__name__
             raise _validate.DpoptError(
-                f"input is a PackedSequence, which dpopt.nn.{type(self).__name__} does not take: pad the sequences to "
-                "one length (torch.nn.utils.rnn.pad_sequence) and mask the padded positions in the loss, or take each "
-                "record's last real step (gather at its length)")
+                f"input is a PackedSequence, which dpopt.nn.{name} (one step, as torch's {name}) does not take: loop "
+                f"over the steps yourself, or use dpopt.nn.{name.removesuffix('Cell')} with lengths=")
         if not isinstance(input, Tensor) or input.dim() not in dims or input.shape[-1] != self.input_size:
             shape = tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__
             raise _validate.DpoptError(f"input of shape {shape} must have {dims[0]} or {dims[1]} dims, the last of "
@@ -222,10 +247,12 @@ class GRUCell(_GRUUpdate, _Cell):
 
 
 class _Stack(_Recurrent):
-    """``num_layers`` layers over a sequence: ``forward(input, hx=None)`` → ``(output, h_n)``
-    (``(output, (h_n, c_n))`` for an LSTM), with torch's shapes: input ``[T, B, input_size]``
-    (``[B, T, input_size]`` if ``batch_first``, ``[T, input_size]`` unbatched), output
-    ``[T, B, D·H]`` likewise, ``h_n`` ``[num_layers·D, B, H]`` (D = 2 if bidirectional)."""
+    """``num_layers`` layers over a sequence: ``forward(input, hx=None, lengths=None,
+    padding_side="right")`` → ``(output, h_n)`` (``(output, (h_n, c_n))`` for an LSTM), with
+    torch's shapes: input ``[T, B, input_size]`` (``[B, T, input_size]`` if ``batch_first``,
+    ``[T, input_size]`` unbatched) or a ``PackedSequence`` (output packed likewise), output
+    ``[T, B, D·H]`` likewise, ``h_n`` ``[num_layers·D, B, H]`` (D = 2 if bidirectional);
+    ``lengths``: each record's real steps (module docstring)."""
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
                  batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
@@ -247,13 +274,31 @@ class _Stack(_Recurrent):
     def _suffix(layer: int, direction: int) -> str:
         return f"_l{layer}" + ("_reverse" if direction else "")
 
-    def forward(self, input: Tensor, hx: Hidden | None = None) -> tuple[Tensor, Tensor | State]:
+    def forward(self, input: Tensor | PackedSequence, hx: Hidden | None = None, lengths: Tensor | None = None,
+                padding_side: str = "right") -> tuple[Tensor | PackedSequence, Tensor | State]:
+        if isinstance(input, PackedSequence):
+            if lengths is not None or padding_side != "right":
+                raise _validate.DpoptError("lengths= and padding_side= describe a padded tensor input; a "
+                                           "PackedSequence holds its own lengths")
+            _unbatched(input)
+            padded, lengths = pad_packed_sequence(input, batch_first=self.batch_first)
+            output, last = self.forward(padded, hx, lengths)
+            assert isinstance(output, Tensor)  # (of a tensor input)
+            return _packed_like(output, lengths, self.batch_first, input), last
         self._check_input(input, (2, 3))
         batched = input.dim() == 3
         x = input if batched else input.unsqueeze(0 if self.batch_first else 1)
         x = x if self.batch_first else x.transpose(0, 1)  # [B, T, p]
+        if lengths is None and records.may_be_padded():
+            raise _validate.DpoptError(
+                f"dpopt.nn.{type(self).__name__} got no lengths= while dpopt runs it on records collated by the "
+                "DataLoader's collate_fn, which may pad each chunk to its longest record (so a record's padding "
+                "depends on the records beside it, and the layer would run over it): pass lengths=, each record's "
+                "number of real steps (e.g. (tokens != pad).sum(1)), so that its outputs and final state ignore the "
+                "padding")
+        steps = padding.steps(lengths, padding_side, x, batched)
         directions = 2 if self.bidirectional else 1
-        B, T = x.shape[:2]
+        B = x.shape[0]
         if hx is None:
             initial = self._zeros(x, (self.num_layers * directions, B))
         else:
@@ -263,14 +308,11 @@ class _Stack(_Recurrent):
         for layer in range(self.num_layers):
             outputs = []
             for direction in range(directions):
-                suffix, k = self._suffix(layer, direction), layer * directions + direction
-                gi, hh = getattr(self, f"ih{suffix}")(x), getattr(self, f"hh{suffix}")
-                state, hs = tuple(s[k] for s in initial), []
-                for t in reversed(range(T)) if direction else range(T):
-                    state = self._update(gi[:, t], hh(state[0]), state)
-                    hs.append(state[0])
-                outputs.append(torch.stack(hs[::-1] if direction else hs, 1))
-                finals.append(state)
+                k = layer * directions + direction
+                output, final = self._direction(self._suffix(layer, direction), x, tuple(s[k] for s in initial),
+                                                steps, bool(direction))
+                outputs.append(output)
+                finals.append(final)
             x = torch.cat(outputs, -1) if directions == 2 else outputs[0]
             if self.dropout and self.training and layer < self.num_layers - 1:
                 x = F.dropout(x, self.dropout, training=True)
@@ -279,6 +321,17 @@ class _Stack(_Recurrent):
         if not batched:
             output, last = output.squeeze(0 if self.batch_first else 1), tuple(s.squeeze(1) for s in last)
         return output, self._packed(last)
+
+    def _direction(self, suffix: str, x: Tensor, initial: State, steps: padding.Full | padding.Padded,
+                   reverse: bool) -> tuple[Tensor, State]:
+        """One direction (``reverse`` or not) of the layer of ``suffix`` over ``x`` ``[B, T, p]`` from
+        ``initial``: its outputs ``[B, T, H]`` and its final state, each record's from its own steps."""
+        gi = getattr(self, f"ih{suffix}")(steps.arrange(x, reverse))
+        hh, state, states = getattr(self, f"hh{suffix}"), initial, []
+        for t in steps.times(x.shape[1], reverse):
+            state = self._update(gi[:, t], hh(state[0]), state)
+            states.append(state)
+        return steps.finish(states, initial, reverse)
 
     def extra_repr(self) -> str:
         options = {"num_layers": (self.num_layers, 1), "bias": (self.bias, True),
@@ -305,6 +358,28 @@ class LSTM(_LSTMUpdate, _Stack):
 
 class GRU(_GRUUpdate, _Stack):
     """``nn.GRU``."""
+
+
+def _unbatched(packed: PackedSequence) -> None:
+    """Refuse a PackedSequence made inside ``torch.func.vmap`` (its batch sizes cannot be read)."""
+    try:
+        packed.batch_sizes.tolist()
+    except RuntimeError as error:
+        raise _validate.DpoptError(
+            "input is a PackedSequence packed inside dpopt's per-record run (torch.func.vmap), which cannot work: a "
+            "packed record's data has the record's own length, so records of different lengths cannot be batched "
+            "(torch's pack_padded_sequence has no vmap rule, and fails with 'stack expects each tensor to be equal "
+            "size'); give the padded tensor and lengths= instead") from error
+
+
+def _packed_like(output: Tensor, lengths: Tensor, batch_first: bool, like: PackedSequence) -> PackedSequence:
+    """The padded ``output`` packed as ``like`` is (its batch sizes and orders), as torch returns it."""
+    order = like.sorted_indices
+    dim = 0 if batch_first else 1
+    sorted_output = output if order is None else output.index_select(dim, order)
+    data = pack_padded_sequence(sorted_output, lengths if order is None else lengths[order.cpu()],
+                                batch_first=batch_first).data
+    return PackedSequence(data, like.batch_sizes, like.sorted_indices, like.unsorted_indices)
 
 
 #: torch's recurrent module type → dpopt's.

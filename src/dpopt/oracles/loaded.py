@@ -32,18 +32,23 @@ record: a record's padded length depends on which records share its chunk (and o
 ``microbatch_size``). So the module and the loss must ignore the padding (an attention mask, a
 masked mean, ``ignore_index``): a per-record loss that read the padding would let one record (its
 length) move another's clipped gradient, and clipping would no longer bound a record's influence.
-Beyond padding, ``collate_fn`` must build each record's rows from that record alone (no statistic
-of the batch, such as normalising by the batch mean).
+``pads`` (true unless ``collate_fn`` is torch's default, which stacks records of one shape) says
+the chunks may be padded: ``dpopt.nn``'s recurrent layers then refuse to run without ``lengths=``
+(:func:`~dpopt.oracles.records.may_be_padded`). Beyond padding, ``collate_fn`` must build each
+record's rows from that record alone (no statistic of the batch, such as normalising by the batch
+mean).
 
 **Prefetching, and why the draws ahead are the run's own.** Step t's indices B_t are drawn by the
-run from its secret sampling generator (``algorithm.sampler(t, n).sample(gen)``), at the step,
+run from its secret sampling generator (the step's sampler, :func:`dpopt.train.batch_sampler`), at the step,
 exactly as without a loader: same draws, same order, so the generator's state (and a checkpoint of
 it) is unchanged and a seeded run has the same batches with or without a loader. The loader's
 batch sampler draws the same index sets ahead, from a *copy* of that generator taken before step t:
 B_t, B_{t+1}, … Each depends only on t, n and the generator's state after the previous draw — on
 nothing step t releases (Poisson, fixed-size and full-data samplers are functions of the generator
-alone) — so drawing B_{t+1} before step t's release is the draw the run will make, and the workers
-load chunks of the next steps while the current one computes. A chunk is taken from the loader
+alone; cyclic Poisson sampling's also of the secret group key the algorithm drew into its state at
+``init``, the same at every step: ``draw`` is the run's keyed sampler, never the keyless one, which
+refuses to draw) — so drawing B_{t+1} before step t's release is the draw the run will make, and the
+workers load chunks of the next steps while the current one computes. A chunk is taken from the loader
 only if it is exactly the part the step asks for; anything else (a full pass, a diagnostic sample,
 a step whose draw was not foreseen, e.g. after a resume, until the stream restarts from the
 generator's new state) is read directly in this process. Either way the records returned are the
@@ -61,6 +66,7 @@ from typing import cast
 import torch
 from torch import Tensor
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data import default_collate
 
 from .. import _validate
 from .records import chunked_digest
@@ -69,7 +75,7 @@ from .records import chunked_digest
 TAKEN = ("num_workers", "prefetch_factor", "pin_memory", "pin_memory_device", "timeout", "worker_init_fn",
          "multiprocessing_context", "generator")
 
-#: Draws step t's indices from a generator: ``algorithm.sampler(t, n).sample(gen)``.
+#: Draws step t's indices from a generator: ``dpopt.train.batch_sampler(algorithm, state, t, n, …).sample(gen)``.
 Draw = Callable[[int, torch.Generator], Tensor]
 
 
@@ -138,6 +144,7 @@ class Loaded:
         if len(cast(Sized, dataset)) == 0:  # (map-style: checked above)
             raise _validate.DpoptError(f"{name} is empty")
         self.dataset, self.collate_fn, self.name = dataset, loader.collate_fn, name
+        self.pads = self.collate_fn is not default_collate  # (torch's default stacks: one shape, no padding)
         self.split: Callable[..., tuple[object, object]] = split or pair
         self.size = microbatch_size
         self.settings = {key: getattr(loader, key) for key in TAKEN}
@@ -186,6 +193,8 @@ class Loaded:
             expected = None if self._ahead is None else self._ahead.state_before(t)
             if expected is None or not torch.equal(expected, gen.get_state()):
                 self._restart(t, gen.get_state(), draw, steps)
+            assert self._ahead is not None  # (restarted above if there was none)
+            self._ahead.draw = draw  # the steps ahead are drawn as this one is (its state's key: the run's)
             self._discard_through(t - 1)
         self._taking = t
         try:

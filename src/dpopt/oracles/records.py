@@ -6,12 +6,20 @@ A :class:`Records` is ``n = len(records)`` records ``(x_i, y_i)`` that an oracle
 two tensors ``X [n, ...]``, ``y [n, ...]``; :class:`Lazy` calls ``dataset[i]`` for each index
 asked for (``__getitem__`` and ``__len__``: a ``torch.utils.data.Dataset``), so the data set need
 not fit in memory: a step reads only its batch, a full pass reads it chunk by chunk.
+
+Records collated by a DataLoader's own ``collate_fn`` (:class:`~dpopt.oracles.loaded.Loaded`,
+whose ``pads`` is then true) may come padded to the longest record of each chunk, so a record's
+padded length may depend on the records beside it. An oracle runs its module inside
+:func:`chunks_of` its records, and a layer that would read such padding (``dpopt.nn``'s recurrent
+layers without ``lengths=``) asks :func:`may_be_padded` and refuses to run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -107,6 +115,27 @@ class Lazy:
 
     def digest(self) -> str:
         return chunked_digest(self)
+
+
+_PADDED: ContextVar[bool] = ContextVar("dpopt_padded_chunks", default=False)
+
+
+@contextlib.contextmanager
+def chunks_of(records: Records) -> Iterator[None]:
+    """A module runs, within the block, on chunks of ``records``: :func:`may_be_padded` says
+    whether their ``collate_fn`` may have padded them (``records.pads``; false for tensors and
+    for records stacked as they are)."""
+    token = _PADDED.set(bool(getattr(records, "pads", False)))
+    try:
+        yield
+    finally:
+        _PADDED.reset(token)
+
+
+def may_be_padded() -> bool:
+    """Whether the module now running runs on chunks that a DataLoader's own ``collate_fn`` collated,
+    which may pad each chunk to its longest record (see :func:`chunks_of`)."""
+    return _PADDED.get()
 
 
 def chunked_digest(records: Records) -> str:

@@ -238,11 +238,11 @@ def _restore(before: list[tuple[str, nn.Module, dict[str, Tensor | None], dict[s
 
 
 def _keeps_buffers(method: Callable) -> Callable:
-    """``method`` of :class:`TorchModel` under :func:`unchanged_buffers` of its module."""
+    """``method`` of :class:`TorchModel` under :func:`unchanged_buffers` and ``records.chunks_of``."""
 
     @functools.wraps(method)
     def guarded(self: TorchModel, *args: object, **kwargs: object) -> object:
-        with unchanged_buffers(self._modules):
+        with unchanged_buffers(self._modules), records.chunks_of(self.records):
             return method(self, *args, **kwargs)
 
     return guarded

@@ -38,7 +38,7 @@ from dp_accounting import DpEvent
 from numpy.typing import NDArray
 from torch import Tensor
 
-from .. import _validate, train
+from .. import _validate, report, train
 from ..accounting import canonical, noise_of, with_noise
 from ..base import Algorithm, Oracle
 from ..outputs import NOT_PRIVATE
@@ -91,7 +91,7 @@ class Tuned:
     def to_dict(self) -> JsonObject:
         written = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
         return written | {"theta": None if self.theta is None else self.theta.tolist(),
-                          "algorithm": None if self.algorithm is None else repr(self.algorithm)}
+                          "algorithm": None if self.algorithm is None else report.settings(self.algorithm)}
 
 
 class Dominated(Generic[S]):

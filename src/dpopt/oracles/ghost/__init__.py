@@ -53,6 +53,9 @@ Other layers (the rows are the records' gradients, so norm and sum are those of 
   ``Σ g ⊙ x̂`` and ``Σ g`` (over positions, or spatial dims) are as small as γ: built directly,
   from x̂ recomputed from the input (``backward._norm_rows``).
 * Conv1d: a Conv2d of kernel (1, k) on ``[B, C, 1, L]`` (:func:`geometry`).
+* transformers' ``Conv1D`` (GPT-2's layers, known by name: dpopt does not import transformers):
+  ``y = x W + b`` with W stored ``[in, out]``, the Linear rule with the rows and the book-keeping
+  product transposed into W's layout (kind ``"linear_t"``; the norms are the Linear rule's).
 
 Rounding: a norm is never below the norm of what the sum adds for that record, so no clipped
 record adds more than C, in float32 as in float64 (:mod:`.rounding`).

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from ... import _validate
 from .layers import Block, Embedding, Layer
-from .stages import Stage
+from .stages import LINEAR_KINDS, Stage
 
 
 def capture(taps: list[tuple], total_loss: Tensor) -> tuple[Layer | Block | Embedding, ...]:
@@ -24,7 +24,7 @@ def capture(taps: list[tuple], total_loss: Tensor) -> tuple[Layer | Block | Embe
     layers: list[Layer | Block | Embedding] = []
     for stage, x, tap in taps:
         if stage.kind != "block":
-            layers.append(layer_from(stage, x.detach(), _given(next(grads), tap)))
+            layers.append(layer_from(stage, *_alike(stage, x.detach(), _given(next(grads), tap))))
             continue
         stage, expanded, calls, inputs, probes = tap  # the stage run (see blocks.run_block)
         if expanded:
@@ -44,7 +44,7 @@ def _calls(stage: Stage, pairs: list[tuple[Tensor, Tensor]]) -> Layer | Block | 
     if len(pairs) == 1:
         return layer_from(stage, *pairs[0])
     B = len(pairs[0][1])
-    if stage.kind == "linear":
+    if stage.kind in LINEAR_KINDS:
         return Layer(stage, *(torch.cat([t.reshape(B, -1, t.shape[-1]) for t in part], 1) for part in zip(*pairs)))
     layers = [layer_from(stage, a, g) for a, g in pairs]
     # (layer_from gives every call of one stage the class its kind names: the filters drop nothing)
@@ -61,7 +61,7 @@ def layer_from(stage: Stage, a: Tensor, g: Tensor) -> Layer | Block | Embedding:
     record]``; a call inside a block sees each record as a batch of one)."""
     m: Any = stage.module  # the class stage.kind names; nn.Module types its attributes Tensor | Module
     B = len(g)
-    if stage.kind == "linear":
+    if stage.kind in LINEAR_KINDS:
         return Layer(stage, a, g)
     if stage.kind == "embedding":
         idx, g = a.reshape(B, -1), g.reshape(B, -1, g.shape[-1])
@@ -82,8 +82,8 @@ def _one_sample(stage: Stage, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
         if a.shape[1] != 1:
             raise _validate.DpoptError(f"engine='ghost' takes each record to layer {stage.path!r} as one sample; "
                                        f"it was given {a.shape[1]} per record: use engine='vmap'")
-        return a.squeeze(1), g.squeeze(1)
-    return a, g
+        return _alike(stage, a.squeeze(1), g.squeeze(1))
+    return _alike(stage, a, g)
 
 
 def _norm_rows(stage: Stage, a: Tensor, g: Tensor) -> dict[str, Tensor]:
@@ -106,6 +106,22 @@ def _norm_rows(stage: Stage, a: Tensor, g: Tensor) -> dict[str, Tensor]:
     if "bias" in names:
         rows[names["bias"]] = G.sum(over).reshape(B, -1)
     return rows
+
+
+def _alike(stage: Stage, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    """A layer's input and output gradient in one floating dtype, the widest of theirs and its
+    parameters' (exact casts). Under ``torch.autocast`` a Linear's input may be float32 or bf16
+    and its output gradient bf16 while its weight is float32: the records' rows, norms and sums
+    are then formed in float32, the rounding bounds (:mod:`.rounding`, from ``a``'s dtype) are
+    those of the precision they are computed in, and the sums come out in θ's dtype. An integer
+    input (an Embedding's indices) is left as it is. Without autocast, nothing is cast."""
+    dtypes = {g.dtype, *(p.dtype for p in stage.module.parameters(recurse=False) if p.is_floating_point())}
+    if a.is_floating_point():
+        dtypes.add(a.dtype)
+    if len(dtypes) == 1:
+        return a, g
+    dtype = functools.reduce(torch.promote_types, dtypes)
+    return (a.to(dtype) if a.is_floating_point() else a), g.to(dtype)
 
 
 def _given(grad: Tensor | None, like: Tensor) -> Tensor:

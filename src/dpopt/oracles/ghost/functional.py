@@ -127,7 +127,7 @@ def _functional(stage: Stage, params: dict[str, Tensor], x: Tensor) -> Tensor:
     """A ghost layer's output with its trainable parameters ``params`` (its own frozen ones else),
     computed here, without the module's call (and so without hooks)."""
     m: Any = stage.module  # the class stage.kind names; nn.Module types its attributes Tensor | Module
-    least, most = {"linear": (2, None), "conv": (len(getattr(m, "kernel_size", ())) + 2,) * 2,
+    least, most = {"linear": (2, None), "linear_t": (2, None), "conv": (len(getattr(m, "kernel_size", ())) + 2,) * 2,
                    "layernorm": (len(getattr(m, "normalized_shape", ())) + 1, None)}.get(stage.kind, (1, None))
     if x.ndim < least or (most is not None and x.ndim > most):
         raise _validate.DpoptError(
@@ -137,6 +137,8 @@ def _functional(stage: Stage, params: dict[str, Tensor], x: Tensor) -> Tensor:
     weight, bias = params.get("weight", m.weight), params.get("bias", getattr(m, "bias", None))
     if stage.kind == "linear":
         return _linear(x, weight, bias)
+    if stage.kind == "linear_t":  # transformers' Conv1D: x W + b, W stored [in, out]
+        return _linear(x, weight.T, bias)
     if stage.kind == "conv":
         conv = F.conv2d if isinstance(m, nn.Conv2d) else F.conv1d
         padding = geometry(m).padding[-len(m.kernel_size):]

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from .conv import geometry, hwc, padded, patches, unfold
 from .rounding import U64, gamma, gram_bounds, run_norms, sq_of_runs, sq_rows, unit
-from .stages import Stage
+from .stages import LINEAR_KINDS, Stage
 
 
 class Layout(Protocol):
@@ -33,14 +33,23 @@ def use_gram(T: int, p: int, q: int, itemsize: int = 8) -> bool:
     """Bu et al.'s layer-wise choice: Gram matrices (B·T² memory) iff 2T² < p·q (the size of the
     layer's per-record gradient, built by the direct form). In a precision below float64
     (``itemsize`` < 8 bytes) the Gram matrices are formed from float64 copies of the positions'
-    inputs and output gradients (:func:`~.rounding.gram_sq_norms`), T·(p + q) float64 numbers per
-    record: then the Gram form is chosen only if the rows, p·q numbers of ``itemsize`` bytes,
-    would also take more memory than those copies. Where they do not, the direct form is faster too: its
-    rows cost T·p·q products against the float64 Gram's 2·T²·(p + q) ≥ T·p·q, and its sum is
-    ``w @ rows`` instead of a backward product (the MNIST CNN's second convolution, T = 25,
-    p = 256, q = 32, float32, batch 256: 10 ms of one thread per step for rows, norms and sum,
-    against 19 ms for the float64 Gram form and 13 ms for a float32 one)."""
-    return 2 * T * T < p * q and (itemsize >= 8 or 8 * T * (p + q) < p * q * itemsize)
+    inputs and output gradients, a few records at a time (:func:`~.rounding.gram_sq_norms`): then
+    the choice is by cost, per record. The direct form multiplies T·p·q times and passes three
+    times over its p·q rows of ``itemsize`` bytes (writes them, takes their norms, sums them with
+    ``w @ rows``); the Gram form multiplies 2·T²·(p + q) times in float64 (its sum, a backward
+    product, multiplies T·p·q times like the rows, in one large product). A pass over a float32
+    row entry costs about one product (measured: Gram / direct time of a layer's norms and sum, one
+    thread, 128 float32 records, in brackets), so the Gram form is chosen iff
+    8·T²·(p + q) < p·q·(4T + 3·itemsize): for augmentation multiplicity's views, T = 5, p = 3,969,
+    q = 10 (its rows are 159 kB a record; 0.7× to 1.05×, and its DP-SGD step 0.98× to 1.35× the
+    time, ``benchmarks/bench_views_step.py``), not for T = 16 on the same layer (3.0×); not for the MNIST
+    CNN's convolutions (T = 25, p = 256, q = 32: 1.8×; T = 196), a GPT block's layers (T = 64,
+    p = q = 128: 2.3×; p = 128, q = 512: 1.6×) or LoRA factors of rank 8 (T = 64, p = 768, q = 8:
+    5.6×), which keep the direct form; and wherever the previous memory rule, 2·T·(p + q) < p·q in
+    float32, chose the Gram form, which implies this one (T = 16, p = q = 256: 0.25×)."""
+    if 2 * T * T >= p * q:
+        return False
+    return itemsize >= 8 or 8 * T * T * (p + q) < p * q * (4 * T + 3 * itemsize)
 
 
 def use_gram_difference(T: int, p: int, q: int, conv: bool, itemsize: int = 8) -> bool:
@@ -69,7 +78,9 @@ CHUNK_BYTES = 2**22
 
 @dataclass(frozen=True)
 class Layer:
-    """A Linear or Conv2d stage of one chunk: its input ``a`` and output gradient ``g``."""
+    """A Linear (also transformers' ``Conv1D``, kind ``"linear_t"``) or Conv2d stage of one chunk: its
+    input ``a`` and output gradient ``g``. The rows and products are formed as for ``nn.Linear``'s
+    ``[q, p]`` weight; a ``"linear_t"`` weight, stored ``[p, q]``, takes them transposed."""
 
     stage: Stage
     a: Tensor
@@ -80,7 +91,7 @@ class Layer:
 
     def shape(self) -> tuple[int, int, int, int]:
         """``(groups, T, p, q)`` of the Linear rule (per group for a convolution)."""
-        if self.stage.kind == "linear":
+        if self.stage.kind in LINEAR_KINDS:
             return 1, self.a[0].numel() // self.a.shape[-1], self.a.shape[-1], self.g.shape[-1]
         m = geometry(self.stage.module)
         q, per_group, kh, kw = m.weight_shape
@@ -89,7 +100,7 @@ class Layer:
     def matrices(self) -> tuple[Tensor, Tensor]:
         """``A [B·groups, T, p]`` and ``G [B·groups, T, q]`` of the Linear rule."""
         B, (groups, T, p, q) = self.a.shape[0], self.shape()
-        if self.stage.kind == "linear":
+        if self.stage.kind in LINEAR_KINDS:
             return self.a.reshape(B, T, p), self.g.reshape(B, T, q)
         A = unfold(self.a, geometry(self.stage.module)).view(B, T, groups, p).transpose(1, 2).reshape(B * groups, T, p)
         return A, self._positions(self.g)
@@ -119,7 +130,7 @@ class Layer:
         product of 1-deep matrices is 14× slower on CPU), and no run norms: its norms are
         ``‖a‖‖g‖`` (:meth:`_weight_sq_bounds`), and a difference takes the norms of its own rows."""
         B, (groups, T, p, q) = self.a.shape[0], self.shape()
-        if self.stage.kind == "linear" and T == 1:
+        if self.stage.kind in LINEAR_KINDS and T == 1:
             return (self.g.reshape(B, q, 1) * self.a.reshape(B, 1, p)).view(B, q * p), None
         rows, runs = self.a.new_empty(B, groups * q * p), []
         conv = geometry(self.stage.module) if self.stage.kind == "conv" else None
@@ -149,10 +160,18 @@ class Layer:
         """θ name → the records' gradient rows of each trainable parameter (direct form)."""
         rows = {}
         if weight := self._trainable("weight"):
-            rows[weight] = self.rows
+            rows[weight] = self.weight_rows()
         if bias := self._trainable("bias"):
             rows[bias] = self.bias_g
         return rows
+
+    def weight_rows(self) -> Tensor:
+        """The records' weight gradients ``[B, numel]`` in the weight's own layout (θ's): :attr:`rows`,
+        transposed for a ``"linear_t"`` weight."""
+        if self.stage.kind != "linear_t":
+            return self.rows
+        _, _, p, q = self.shape()
+        return self.rows.view(-1, q, p).transpose(1, 2).reshape(-1, p * q)
 
     @cached_property
     def bias_g(self) -> Tensor:
@@ -161,7 +180,7 @@ class Layer:
 
     def bias_rows(self, g: Tensor) -> Tensor:
         """``Σ_t g_t`` per record: the bias gradient rows ``[B, q]``."""
-        return g.reshape(g.shape[0], -1, g.shape[-1]).sum(1) if self.stage.kind == "linear" else g.sum((2, 3))
+        return g.reshape(g.shape[0], -1, g.shape[-1]).sum(1) if self.stage.kind in LINEAR_KINDS else g.sum((2, 3))
 
     @cached_property
     def input_sq_norms(self) -> Tensor:
@@ -192,7 +211,7 @@ class Layer:
         product ``fl(Σ_t fl(w·g_t) a_tᵀ)`` (off by γ_{T+1}·Σ_t ‖a_t‖‖g_t‖ per unit weight)."""
         B, (groups, T, p, q) = self.a.shape[0], self.shape()
         one = (1 + unit(self.a.dtype)) ** 4  # fl(fl(w·g)·a), or fl(w·rows) with rows = fl(g·a) at T = 1, squared
-        if self.stage.kind == "linear" and T == 1:  # ‖g aᵀ‖² = ‖a‖²‖g‖², whether or not the rows were built
+        if self.stage.kind in LINEAR_KINDS and T == 1:  # ‖g aᵀ‖² = ‖a‖²‖g‖², whether or not the rows were built
             return one * self.input_sq_norms * sq_rows(self.g.reshape(B, -1))
         if "_direct" in self.__dict__ or not (T == 1 or use_gram(T, p, q, self.a.element_size())):  # direct form
             runs = self._direct[1]
@@ -229,14 +248,16 @@ class Layer:
             else:
                 a, g = (self.a, self.g) if kept is None else (self.a[kept], self.g[kept])
                 gw = g * v.view(-1, *[1] * (g.ndim - 1))
-                if self.stage.kind == "linear" and kept is None and "input_t" in self.__dict__:
+                if self.stage.kind in LINEAR_KINDS and kept is None and "input_t" in self.__dict__:
                     grad = (self.input_t @ gw.reshape(-1, gw.shape[-1])).T
-                elif self.stage.kind == "linear":
+                elif self.stage.kind in LINEAR_KINDS:
                     grad = gw.reshape(-1, gw.shape[-1]).T @ a.reshape(-1, a.shape[-1])
                 else:
                     m = geometry(self.stage.module)
                     grad = torch.nn.grad.conv2d_weight(a, m.weight_shape, gw, m.stride, m.padding, m.dilation,
                                                        m.groups)
+            if self.stage.kind == "linear_t":  # [q, p] → the stored [p, q]
+                grad = grad.reshape(self.g.shape[-1], -1).T
             total[layout.place(weight)] += grad.reshape(-1)
         if bias := self._trainable("bias"):
             total[layout.place(bias)] += v @ (self.bias_g if kept is None else self.bias_g[kept])
@@ -351,7 +372,7 @@ def difference(left: Layer | Block | Embedding, right: Layer | Block | Embedding
     if not (weight := left._trainable("weight")):
         return Layer(left.stage, left.a, left.g - right.g)  # the bias alone: Σ_t g_t − g′_t
     if left.direct_difference():
-        grads = {weight: left.rows - right.rows}
+        grads = {weight: left.weight_rows() - right.weight_rows()}
         if bias := left._trainable("bias"):
             grads[bias] = left.bias_rows(left.g - right.g)
         return Block(left.stage, grads)

@@ -9,9 +9,10 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-from ...clipping import weights_in
+from ...clipping import exact, weights_in
 from .layers import Layer, Layout, difference, same_memory, share_input
 from .rounding import U64, gamma, unit
+from .stages import LINEAR_KINDS
 
 
 def reuse_inputs(rows: GhostRows, earlier: GhostRows) -> None:
@@ -21,7 +22,7 @@ def reuse_inputs(rows: GhostRows, earlier: GhostRows) -> None:
     product (:attr:`Layer.input_t`), and the copy is handed on with it."""
     for layers, earlier_layers in zip(rows.chunks, earlier.chunks):
         for layer, earlier_layer in zip(layers, earlier_layers):
-            if (isinstance(layer, Layer) and isinstance(earlier_layer, Layer) and layer.stage.kind == "linear"
+            if (isinstance(layer, Layer) and isinstance(earlier_layer, Layer) and layer.stage.kind in LINEAR_KINDS
                     and same_memory(layer.a, earlier_layer.a)):
                 earlier_layer.input_t  # noqa: B018 - built on the first return of this input
             share_input(layer, earlier_layer)
@@ -59,6 +60,7 @@ class GhostRows:
     device: torch.device
 
     @cached_property
+    @exact  # the norms' products in the rows' dtype, not autocast's (see dpopt.clipping)
     def _norms(self) -> Tensor:
         sq = [sum((layer.sq_bounds() for layer in layers), self.like.new_zeros(size, dtype=torch.float64))
               for layers, size in zip(self.chunks, self.sizes)]
@@ -74,6 +76,7 @@ class GhostRows:
     def norms(self) -> Tensor:
         return self._norms.to(self.device)
 
+    @exact
     def weighted_sum(self, weights: Tensor) -> Tensor:
         return _weighted_sum(self.chunks, self.sizes, weights, self.layout, self.like).to(self.device, self.dtype)
 

@@ -12,7 +12,7 @@ table): the class itself or the nearest registered base class whose ``forward`` 
 only if that entry's condition holds (e.g. ``nn.Flatten`` with ``start_dim ≥ 1``, an Embedding
 without ``max_norm`` or ``scale_grad_by_freq``). Then the child is
 
-* a ghost layer (:data:`GHOST_KINDS`: ``nn.Linear``; ``nn.Conv2d``/``nn.Conv1d`` with zero
+* a ghost layer (:data:`GHOST_KINDS`: ``nn.Linear`` and transformers' ``Conv1D``; ``nn.Conv2d``/``nn.Conv1d`` with zero
   padding; ``nn.Embedding``; ``nn.LayerNorm``; ``nn.GroupNorm``; ``weight``/``bias`` not
   parametrized) with trainable parameters: computed here with its functional form (``F.linear``,
   ``F.conv2d``, …) on views of θ, after a check that its input has the rank at which the layer
@@ -77,7 +77,11 @@ class Calls:
 
 
 #: Stage kinds with a ghost rule: per-record norms and sums from a layer's input and output gradient.
-GHOST_KINDS = ("linear", "conv", "embedding", "layernorm", "groupnorm")
+GHOST_KINDS = ("linear", "linear_t", "conv", "embedding", "layernorm", "groupnorm")
+#: The Linear rule's kinds: ``"linear_t"`` is a Linear whose weight is stored transposed, ``[in, out]``
+#: (transformers' ``Conv1D``: ``y = x W + b``), so its records' gradients ``Σ_t a_t g_tᵀ`` are those of
+#: the Linear rule transposed, with the same norms.
+LINEAR_KINDS = ("linear", "linear_t")
 
 
 @dataclass(frozen=True)
@@ -149,7 +153,7 @@ class Known:
     :data:`GHOST_KINDS`, or "plain": acts on each record on its own) for the instances for which
     ``when`` holds."""
 
-    layer: type[nn.Module]
+    layer: type[nn.Module] | str   # a class, or the qualified name of a class of an optional package
     kind: str
     when: Condition = _always
 
@@ -170,9 +174,10 @@ class Registry:
         """The known ``kind`` of ``module``, or None."""
         by_type = {entry.layer: entry for entry in self.entries}  # later entries win
         for cls in type(module).__mro__:
-            if cls in by_type:
-                entry = by_type[cls]
-                return entry.kind if type(module).forward is cls.forward and entry.when(module) else None
+            entry = by_type.get(cls) or by_type.get(f"{cls.__module__}.{cls.__qualname__}")
+            if entry is not None:
+                same = type(module).forward is getattr(cls, "forward", None)
+                return entry.kind if same and entry.when(module) else None
         return None
 
     def with_per_record(self, layer: type[nn.Module], when: Condition = _always) -> Registry:
@@ -203,9 +208,13 @@ def _plain_embedding(embedding: nn.Module) -> bool:
     return embedding.max_norm is None and not embedding.scale_grad_by_freq
 
 
+#: transformers' ``Conv1D`` (GPT-2's layers), known by name so that dpopt never imports transformers.
+CONV1D = "transformers.pytorch_utils.Conv1D"
+
 #: The layers the ghost engine knows by default.
 KNOWN_LAYERS = Registry((
     Known(nn.Linear, "linear"),
+    Known(CONV1D, "linear_t"),
     Known(nn.Conv2d, "conv", _zero_padding),
     Known(nn.Conv1d, "conv", _zero_padding),
     Known(nn.Embedding, "embedding", _plain_embedding),

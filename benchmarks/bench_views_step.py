@@ -1,0 +1,147 @@
+"""Augmentation multiplicity's DP-SGD step (five views of each record through one linear layer):
+the ghost engine's norm rule of today against the previous rule, side by side in one process.
+
+Setting: the ``scatternet-views:mnist`` problem's model and chunk on synthetic features of its shape
+(no data needed: the step's cost does not depend on the values): ``make_model("linear", seed=0,
+inputs=3969)`` (10 classes), each record ``[5, 3969]`` float32 random features (its five views),
+the loss the mean of the views' cross-entropies (:func:`dpopt.augmentation.mean_over_views`),
+``TorchModel(..., microbatch_size=128)`` as the preset runs it, ``train.step`` of ``DPSGD`` with
+Poisson batches of expected size 4,096 (lr 8, C = 0.1, z = 1), one torch thread.
+
+Contenders (interleaved: one warm-up each, then rounds in a rotated order), the same engine but for
+the rule that picks the Linear layer's form (T = 5 positions, p = 3,969 inputs, q = 10 outputs):
+
+* ``previous rule (direct form)``: :func:`dpopt.oracles.ghost.layers.use_gram` replaced, inside the
+  timer's calls, by the rule it had before (:func:`previous_use_gram`), which builds the records'
+  gradient rows ``[B, 39,690]``, takes their norms and sums them.
+* ``this rule (chunked Gram form)``: the engine as it is: the per-record 5 × 5 Gram matrices of the
+  views' inputs and output gradients in float64, a few records at a time, and the sum by one
+  backward product.
+
+Also timed: the ghost engine's own work in a step, the norms and the clipped sum of one batch of
+4,096 records (the records' gather, forward and backward outside the timer).
+
+Target: previous / this ≥ 3× per step.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import (Stepper, in_child, interleaved, load_sentence, other_processes_share,  # noqa: E402
+                     script, summary)
+
+TITLE = "Augmentation multiplicity's step (5 views, linear layer): the ghost rule of today vs the previous"
+THREADS, VIEWS, FEATURES, CLASSES = 1, 5, 3969, 10
+RECORDS, BATCH, CHUNK, STEPS_PER_ROUND = 4608, 4096, 128, 2
+TARGET = 3.0
+PREVIOUS, THIS = "previous rule (direct form)", "this rule (chunked Gram form)"
+
+
+def previous_use_gram(T: int, p: int, q: int, itemsize: int = 8) -> bool:
+    """The rule before the chunked Gram form: Gram matrices iff 2T² < p·q and, below float64, the
+    rows (p·q numbers of ``itemsize`` bytes) would take more memory than float64 copies of the
+    inputs and output gradients, T·(p + q) numbers."""
+    return 2 * T * T < p * q and (itemsize >= 8 or 8 * T * (p + q) < p * q * itemsize)
+
+
+Timed = Callable[[], dict[str, float]]
+
+
+def _with_rule(rule: Callable[..., bool] | None, step: Timed) -> Timed:
+    """``step`` run with ``rule`` as the engine's ``use_gram`` (None: the engine's own)."""
+    from dpopt.oracles.ghost import layers
+
+    def timed() -> dict[str, float]:
+        own = layers.use_gram
+        layers.use_gram = rule or own
+        try:
+            return step()
+        finally:
+            layers.use_gram = own
+    return timed
+
+
+def measure(quick: bool) -> dict[str, Any]:
+    from dpopt.algorithms import DPSGD
+    from dpopt.augmentation import mean_over_views
+    from dpopt.models import cross_entropy, make_model
+    from dpopt.oracles import TorchModel
+
+    torch.set_num_threads(THREADS)
+    gen = torch.Generator().manual_seed(0)
+    X = torch.randn(RECORDS, VIEWS, FEATURES, generator=gen)
+    y = torch.randint(0, CLASSES, (RECORDS,), generator=gen)
+    dpsgd = DPSGD(lr=8.0, clip=0.1, noise_multiplier=1.0, batch_size=BATCH)
+
+    def stepper() -> Stepper:
+        oracle = TorchModel(make_model("linear", seed=0, inputs=FEATURES), mean_over_views(cross_entropy), X, y,
+                            microbatch_size=CHUNK)
+        return Stepper(dpsgd, oracle, STEPS_PER_ROUND)
+
+    def ghost_work() -> Timed:
+        """The engine's norms and sum of one batch of BATCH records (its forward and backward, and
+        the gather of the records, outside the timer)."""
+        oracle = TorchModel(make_model("linear", seed=0, inputs=FEATURES), mean_over_views(cross_entropy), X, y,
+                            microbatch_size=CHUNK)
+        theta, batches = oracle.flat_params().double(), torch.Generator().manual_seed(1)
+
+        def timed() -> dict[str, float]:  # other records each call, as in a step: nothing cached or reused
+            rows = oracle.per_record(theta, torch.randperm(RECORDS, generator=batches)[:BATCH].sort().values)
+            start = time.perf_counter()
+            rows.weighted_sum(torch.minimum(torch.ones(BATCH, dtype=torch.float64), 0.1 / rows.norms()))
+            return {"seconds": time.perf_counter() - start, "batch": float(BATCH)}
+        return timed
+
+    repeats, budget = ((2, 2), 0.0) if quick else ((6, 12), 60.0)
+    results, others = {}, {}
+    for what, make in (("step", stepper), ("ghost", ghost_work)):
+        contenders = {PREVIOUS: _with_rule(previous_use_gram, make()), THIS: _with_rule(None, make())}
+        results[what], others[what] = other_processes_share(lambda: interleaved(contenders, repeats, budget))
+    return {"results": results, "others": max(others.values())}
+
+
+def report(data: dict[str, Any], how: str) -> dict[str, Any]:
+    results = data["results"]["step"]
+    stats = {name: summary(rows) for name, rows in results.items()}
+    ghost = {name: summary(rows) for name, rows in data["results"]["ghost"].items()}
+    ratio = stats[PREVIOUS]["median"] / stats[THIS]["median"]
+    passed = ratio >= TARGET
+    busy = load_sentence(data["others"], "the ratio, measured side by side, is the meaningful number")
+    md = [f"Records of {VIEWS} views × {FEATURES:,} float32 features (random), {CLASSES} classes, "
+          f"`make_model(\"linear\")`, the mean of the views' cross-entropies; DP-SGD, Poisson batches of expected "
+          f"size {BATCH:,} from {RECORDS:,} records, chunks of {CHUNK} records (the preset's), {THREADS} thread. "
+          f"{len(results[THIS])} interleaved rounds of {STEPS_PER_ROUND} steps per contender, in a child process "
+          f"with {how}. {busy}", "",
+          "| contender | median s/step | min | max | previous / this |", "|---|---:|---:|---:|---:|"]
+    for name, s in stats.items():
+        md.append(f"| {name} | {s['median']:.3f} | {s['min']:.3f} | {s['max']:.3f} | "
+                  f"{stats[PREVIOUS]['median'] / s['median']:.2f}× |")
+    md += ["", f"The ghost engine's own work in that step (the norms and the clipped sum of {BATCH:,} records, "
+               "their gather, forward and backward not timed), same rounds:", "",
+           "| contender | median s | min | max | previous / this |", "|---|---:|---:|---:|---:|"]
+    for name, s in ghost.items():
+        md.append(f"| {name} | {s['median']:.3f} | {s['min']:.3f} | {s['max']:.3f} | "
+                  f"{ghost[PREVIOUS]['median'] / s['median']:.2f}× |")
+    md += ["", f"**previous / this rule, views step = {ratio:.2f}×**. Target ≥ {TARGET}×: "
+               f"**{'PASS' if passed else 'FAIL'}**."]
+    check = {"name": "previous / this ghost rule, views step (T = 5, p = 3,969, q = 10)", "value": ratio,
+             "target": f"≥ {TARGET}×", "passed": passed}
+    return {"title": TITLE, "markdown": "\n".join(md), "checks": [check], "data": {"stats": stats}}
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    """Measure in a child process, and return ``{"title", "markdown", "checks", "data"}``."""
+    data, how = in_child(__file__, quick)
+    return report(data, how)
+
+
+if __name__ == "__main__":
+    script(measure, run)

@@ -1,0 +1,70 @@
+"""A newcomer's ``dpopt reproduce``: warnings of the worker processes, a refused command's --out, and
+what the toy preset's outputs show a person (no Python repr, ε = ∞ alone)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import pytest
+
+from dpopt import _validate, report
+from dpopt.cli import main
+from dpopt.experiments._runner import Pool
+from dpopt.experiments.reproduce import reproduce
+import warning_job
+from test_reproduce import _with
+
+#: A Python repr where a person reads: a class object, a dict (Python's quotes or JSON's), a NaN spread.
+REPRS = ("<class", "{'", "'}", '{"', "± nan", "∞ (")
+
+
+def test_the_workers_warn_in_one_line_as_the_command_line(capfd: pytest.CaptureFixture[str]) -> None:
+    """Finding: the worker processes of ``reproduce`` printed raw Python warnings (``…/train.py:306:
+    DpoptWarning: …``) where the command line prints ``dpopt: warning: …``."""
+    pool = Pool(2, warning_job.problem)
+    try:
+        assert pool.start(warning_job.Warning_(), "unused", key="k").result() == 1
+    finally:
+        pool.close()
+    err = capfd.readouterr().err
+    assert "dpopt: warning: a setting of the problem means little\n" in err
+    assert "DpoptWarning" not in err and "warnings.warn" not in err
+
+
+def test_a_refused_reproduction_leaves_nothing_in_a_fresh_out(monkeypatch: pytest.MonkeyPatch,
+                                                              tmp_path: Path) -> None:
+    """Finding: a reproduction refused after its --out was checked (here: a problem whose data are
+    missing) left ``--out/runs/`` behind. The saved runs' folder is made by the first run saved."""
+    def missing(key: object, data_dir: str | None) -> None:
+        raise _validate.DpoptError("data_dir='nowhere' must hold the toy data (missing)")
+
+    _with(monkeypatch, make_problem=missing)
+    out = tmp_path / "fresh"
+    with pytest.raises(_validate.DpoptError, match="must hold the toy data"):
+        reproduce("toy", quick=True, out=out, workers=1)
+    assert list(out.rglob("*")) == []
+
+
+def test_the_toy_reproductions_outputs_show_no_python_reprs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Finding: results.md showed grids as ``{"lr": [0.5]}`` and the summary ``∞ ± nan`` for the ε of
+    the non-private row (over seeds its spread is undefined). Now ``lr = {0.5}`` and ``∞``."""
+    _with(monkeypatch)
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown), contextlib.redirect_stderr(io.StringIO()):
+        assert main(["reproduce", "toy", "--quick", "--workers", "1", "--out", str(tmp_path)]) == 0
+    results = (tmp_path / "results.md").read_text()
+    for text in (shown.getvalue(), results):
+        assert [pattern for pattern in REPRS if pattern in text] == [], text
+    sgd = next(line for line in shown.getvalue().splitlines() if line.startswith("SGD "))
+    assert sgd.split()[-1] == "∞"  # its ε
+    assert "* DP-GD: lr = {0.01, 1}" in results and "| SGD non-private | none |" in results
+
+
+def test_a_summary_with_an_undefined_spread_shows_its_mean_alone() -> None:
+    """ε = ∞ over seeds: ``∞``, neither ``∞ (nan)`` nor ``∞ ± nan``; a defined spread is shown."""
+    infinite = report.summarise([float("inf")] * 3)
+    assert report.mean_std(infinite) == report.mean_std(infinite, "{} ± {}") == "∞"
+    assert report.mean_std({"mean": float("inf"), "std": None}) == "∞"  # as results.json holds it
+    assert report.mean_std(report.summarise([1.0, 3.0]), "{} ± {}") == "2 ± 1.414"
