@@ -277,6 +277,7 @@ class Saved:
         return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
 
     def path(self, job: Job[P, object], problem: P, key: Hashable) -> Path:
+        """The file of ``job`` on ``problem`` (named ``key``)."""
         return self.at(self.name(job, problem, key))
 
     def at(self, name: str) -> Path:
@@ -346,8 +347,9 @@ class Pool:
         """``job`` on ``problem`` (named ``key`` in the workers): loaded if saved, else queued in
         the workers or run now; the future gives its result."""
         kept = None if self.saved is None else (self.saved, self.saved.name(job, problem, key))
-        self._paths.append(None if kept is None else kept[0].at(kept[1]))
-        if kept is not None and kept[0].at(kept[1]).exists():
+        path = None if kept is None else kept[0].at(kept[1])
+        self._paths.append(path)
+        if kept is not None and path is not None and path.exists():
             loaded = cast("R", kept[0].load(kept[1]))  # (the result its job gave when it was saved)
             self._loaded += 1
             self.bar.total = max(self.bar.n, self.bar.total - 1)
