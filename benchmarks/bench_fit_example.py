@@ -1,7 +1,8 @@
-"""The README's ``dpopt.fit`` example against the same number of bare DP-SGD steps, in one process.
+"""The ``dpopt.fit`` example of docs/python-api.md against the same number of bare DP-SGD steps, in one process.
 
-The example (README, "Python API"): MNIST (60,000 training images, 10,000 test images, the shared
-data dir, float32), ``make_model("mnist-cnn", seed=0)``, ``dpopt.fit(..., algorithm="dp-sgd",
+The example (docs/python-api.md, "dpopt.fit: a PyTorch module in one call"): MNIST (60,000
+training images, 10,000 test images, the shared data dir, float32),
+``make_model("mnist-cnn", seed=0)``, ``dpopt.fit(..., algorithm="dp-sgd",
 epsilon=3.0, delta=1e-5, epochs=5, batch_size=256, lr=LR, test_data=test_dataset)``: calibration,
 1,172 steps, ε and the test error once per epoch, the output written back. The reference is the
 bare loop: 1,172 ``dpopt.train.step`` calls of the same calibrated DP-SGD on the same oracle

@@ -207,7 +207,7 @@ def measure(quick: bool) -> dict[str, Any]:
                     errors[key][contender] = error
                 else:
                     groups[key][contender] = built
-    rounds = 1 if quick else 3
+    rounds = 1 if quick else 7
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         timed, others = other_processes_share(lambda: {key: interleaved(contenders, (rounds, rounds), 0.0, warm=False)

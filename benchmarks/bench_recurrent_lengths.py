@@ -1,6 +1,6 @@
-"""The README's LSTM text classifier with and without ``lengths=``, side by side in one process.
+"""The LSTM text classifier of docs/python-api.md with and without ``lengths=``, side by side in one process.
 
-Setting: the README's example ("Recurrent models and dpopt.fix"): 768 records of 8 tokens,
+Setting: the example of docs/python-api.md ("Recurrent models and dpopt.fix"): 768 records of 8 tokens,
 ``nn.Embedding(20, 16)`` → ``dpopt.nn.LSTM(16, 16, batch_first=True)`` → ``nn.Linear(16, 2)`` on
 ``h_n[-1]``, cross-entropy per record, float32, CPU, one torch thread, ``dpopt.Private`` with
 Poisson batches of expected size 64 and ``torch.optim.Adam``, the ghost engine. The noise

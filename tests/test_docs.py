@@ -12,6 +12,9 @@ exists, and every module, file and test the documents name exists.
 * Every test the Markdown files at the top of the repository name (SECURITY.md's table of what is
   protected, the README), ``tests/x.py::test_y`` or a bare ``::test_z`` after it, exists: a
   renamed or deleted test would otherwise leave a security claim pointing at nothing.
+* The README stays a ten-minute read (at most :data:`README_LINES` lines; the rest is in ``docs/``),
+  and every relative link of the README and of ``docs/*.md`` reaches a file, and the heading its
+  ``#anchor`` names, if any.
 """
 
 from __future__ import annotations
@@ -152,3 +155,53 @@ def test_every_test_a_document_names_exists():
 def test_the_reference_reader_finds_bare_names_after_their_file():
     text = "see `tests/a.py::one`, `::two` and `tests/b.py` then `::three`"
     assert references(text) == [("tests/a.py", "one"), ("tests/a.py", "two"), ("tests/b.py", "three")]
+
+
+#: The README's length at most: what it is, the quick start, one example, the recommendation, links.
+README_LINES = 250
+#: ``[text](target)`` or ``![alt](target)``; the target without a title.
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+
+
+def test_the_readme_is_at_most_250_lines():
+    assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) <= README_LINES
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped (letters of any script, digits,
+    ``_`` and ``-`` kept), each space a ``-``."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(document: Path) -> set[str]:
+    text = FENCE.sub("", document.read_text(encoding="utf-8"))
+    return {anchor(line.lstrip("#")) for line in text.splitlines() if re.match(r"#{1,6} ", line)}
+
+
+def broken_links(document: Path) -> list[str]:
+    """The relative links of ``document`` (outside code blocks) whose file or heading is missing."""
+    broken = []
+    for target in LINK.findall(FENCE.sub("", document.read_text(encoding="utf-8"))):
+        if re.match(r"[a-z]+:", target):
+            continue  # https:, mailto:
+        path, _, name = target.partition("#")
+        file = (document.parent / path).resolve() if path else document
+        if not file.exists() or (name and (file.suffix != ".md" or name not in anchors(file))):
+            broken.append(target)
+    return broken
+
+
+@pytest.mark.parametrize("document", [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))],
+                         ids=lambda path: path.name)
+def test_every_relative_link_reaches_a_file_and_its_heading(document):
+    assert not broken_links(document)
+
+
+def test_the_link_check_catches_a_missing_file_and_a_missing_heading(tmp_path):
+    (tmp_path / "other.md").write_text("# Title\n\n## Private tuning (ε, δ)\n")
+    document = tmp_path / "doc.md"
+    document.write_text("[ok](other.md#private-tuning-ε-δ), [self](#a-heading), [web](https://example.org)\n"
+                        "# A heading\n[gone](missing.md), [no heading](other.md#tuning), ![img](other.md)\n"
+                        "```\n[in code](nowhere.md)\n```\n")
+    assert broken_links(document) == ["missing.md", "other.md#tuning"]

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import dpopt
-from dpopt import _validate, checkpoint, distributed, journal
+from dpopt import _validate, atomic, checkpoint, distributed, journal
 from dpopt.accounting import Ledger, count_steps
 from dpopt.distributed import launcher
 
@@ -62,7 +62,7 @@ def assert_same_run(got: dpopt.History, want: dpopt.History) -> None:
 
 # ------------------------------------------------------------- SIGKILL inside checkpoint writes
 
-#: Kill points inside checkpoint.write_bytes: the k-th call of a file-system function. Each
+#: Kill points inside atomic.write_bytes: the k-th call of a file-system function. Each
 #: checkpoint is two atomic writes, the checkpoint's and then its journal entry's (dpopt.journal),
 #: each calling fdopen once and fsync twice (the temporary file, then the directory, after the
 #: rename). fsync 1 dies before the first rename (a whole temporary file is left), 6 right after
@@ -81,7 +81,7 @@ def test_sigkill_inside_a_checkpoint_write_then_resume(tmp_path, function, call,
     algo, oracle = problem(option)  # (its classes imported: a checkpoint decodes only those already imported)
     child = with_option(option) + f"""
 import os, signal
-from dpopt import checkpoint
+from dpopt import atomic
 real, calls = getattr(os, {function!r}), []
 def dying(*args, **kwargs):
     calls.append(1)
@@ -92,7 +92,7 @@ def dying(*args, **kwargs):
             handle.flush()
         os.kill(os.getpid(), signal.SIGKILL)
     return real(*args, **kwargs)
-setattr(checkpoint.os, {function!r}, dying)
+setattr(atomic.os, {function!r}, dying)
 dpopt.run(algo, oracle, steps={STEPS}, seed=7, log_every=1, checkpoint_path={str(path)!r}, checkpoint_every={EVERY})
 """
     killed = subprocess.run([sys.executable, "-c", child], capture_output=True, timeout=120)
@@ -120,11 +120,11 @@ def test_a_full_disk_is_a_clear_error_and_loses_nothing(tmp_path, monkeypatch):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real(fd)
 
-    monkeypatch.setattr(checkpoint.os, "fsync", full)
+    monkeypatch.setattr(atomic.os, "fsync", full)
     with pytest.raises(_validate.DpoptError, match=r"could not write .*ckpt.pt.*: No space left on device; "
                                                    r"nothing was replaced"):
         run(path)
-    monkeypatch.setattr(checkpoint.os, "fsync", real)
+    monkeypatch.setattr(atomic.os, "fsync", real)
     assert checkpoint.load(path)["step"] == 2 * EVERY  # the last good checkpoint is intact
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
     assert_same_run(run(path), run())  # space freed: the run resumes to the uninterrupted result
@@ -136,7 +136,7 @@ def test_a_read_only_output_directory_is_a_clear_error(tmp_path, monkeypatch):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS))
 
     journal.key()  # made now: the state folder is writable, --out is not
-    monkeypatch.setattr(checkpoint.tempfile, "mkstemp", read_only)
+    monkeypatch.setattr(atomic.tempfile, "mkstemp", read_only)
     with pytest.raises(_validate.DpoptError, match=r"out='.*' must be a writable directory \(Read-only file system\)"):
         run(tmp_path / "ckpt.pt")
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt.lock"]  # the run's lock, nothing else

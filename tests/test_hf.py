@@ -24,6 +24,8 @@ from dpopt.oracles import TorchModel, hf  # noqa: E402
 B, T, V, LABELS = 4, 8, 50, 3
 LENGTHS = torch.tensor([8, 5, 3, 6])  # right padding to T, records of different lengths
 ENGINES = ("ghost", "vmap")
+#: The models held exact under full fine-tuning (hf.WHOLE_BATCH names no architecture outside them).
+FULL = ("gpt2-cls", "gpt2-lm", "bert", "roberta", "llama-cls", "llama-lm", "mistral-cls", "qwen2-cls", "vit")
 
 
 def _tiny(kind: str, tied: bool = True) -> nn.Module:
@@ -42,6 +44,8 @@ def _tiny(kind: str, tied: bool = True) -> nn.Module:
                                                                                    "max_position_embeddings": 20})),
         "llama-cls": lambda: tf.LlamaForSequenceClassification(tf.LlamaConfig(**llama)),
         "llama-lm": lambda: tf.LlamaForCausalLM(tf.LlamaConfig(**llama)),
+        "mistral-cls": lambda: tf.MistralForSequenceClassification(tf.MistralConfig(**llama)),
+        "qwen2-cls": lambda: tf.Qwen2ForSequenceClassification(tf.Qwen2Config(**llama)),
         "vit": lambda: tf.ViTForImageClassification(tf.ViTConfig(
             image_size=8, patch_size=4, num_channels=1, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
             num_attention_heads=2, num_labels=LABELS)),
@@ -50,7 +54,8 @@ def _tiny(kind: str, tied: bool = True) -> nn.Module:
 
 
 LORA_TARGETS = {"gpt2-cls": (["c_attn"], ["score"]), "llama-lm": (["q_proj", "v_proj"], None),
-                "bert": (["query", "value"], ["classifier"])}
+                "bert": (["query", "value"], ["classifier"]), "roberta": (["query", "value"], ["classifier"]),
+                "vit": (["q_proj", "v_proj"], ["classifier"])}
 
 
 def _lora(kind: str) -> nn.Module:
@@ -117,7 +122,7 @@ def _assert_exact(got: torch.Tensor, norms: torch.Tensor, want: torch.Tensor) ->
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("kind", ["gpt2-cls", "gpt2-lm", "bert", "roberta", "llama-cls", "llama-lm", "vit"])
+@pytest.mark.parametrize("kind", FULL)
 def test_each_record_is_its_own_unpadded_gradient(kind, engine):
     """Full fine-tuning, padded batches with attention masks (before: refused on both engines,
     transformers' mask preparation branches on the mask's values under vmap)."""

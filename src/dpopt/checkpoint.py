@@ -1,8 +1,4 @@
-"""Files of a run: atomic writes, and checkpoints that load without running code.
-
-Atomic: write to a temporary file in the same directory, flush and fsync it, ``os.replace``
-it over the target (atomic on POSIX), then fsync the directory so the rename survives a crash.
-A reader sees the old file or the new one, never half of one.
+"""Checkpoints that load without running code, written atomically (:mod:`dpopt.atomic`).
 
 Checkpoint format, one file, in two versions::
 
@@ -19,8 +15,8 @@ user's secret key (:mod:`dpopt.journal`, kept outside ``--out``), which only a h
 can compute; :func:`load` given the key refuses a file whose tag does not verify, or that has
 none. Version 1 holds saved results (``dpopt reproduce``'s runs), read without a key.
 
-The atomic writers need no torch (``dpopt calibrate --json`` starts without it); :func:`save`
-and :func:`load` import the tensor codec when called.
+:func:`save` and :func:`load` import torch and the tensor codec when called: importing this
+module needs no torch (``dpopt calibrate --json`` starts without it).
 """
 
 from __future__ import annotations
@@ -29,12 +25,12 @@ import dataclasses
 import hashlib
 import hmac
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from . import _validate
+from .atomic import write_bytes
+
 
 @dataclasses.dataclass(frozen=True)
 class Key:
@@ -50,37 +46,6 @@ class Key:
 
 MAGIC = b"dpopt-checkpoint 1\n"  #: digest only
 TAGGED = b"dpopt-checkpoint 2\n"  #: digest and tag
-
-
-def write_bytes(path: Path, data: bytes) -> None:
-    """Atomically replace ``path`` with ``data``; a clear error if the directory is not writable."""
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as err:
-        raise _validate.DpoptError(f"out={str(path.parent)!r} must be a writable directory ({err.strerror})") from None
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except OSError as err:
-        Path(tmp).unlink(missing_ok=True)
-        raise _validate.DpoptError(f"could not write {str(path)!r}: {err.strerror}; nothing was replaced") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def write_text(path: Path, text: str) -> None:
-    write_bytes(path, text.encode())
 
 
 def save(path: Path, obj: object, key: Key | None = None) -> None:
@@ -138,13 +103,3 @@ def load(path: Path, key: Key | None = None) -> Any:
     except (ValueError, TypeError, RecursionError, safetensors.SafetensorError) as err:
         reason = str(err).partition("\n")[0][:200]
         raise _validate.DpoptError(f"{name} is malformed ({reason}); it was not used") from None
-
-
-def remove_stale(path: Path) -> None:
-    """Delete temporary files a killed writer of ``path`` left behind (never ``path`` itself).
-
-    Only while holding :func:`dpopt.lock.held` of ``path``: a live writer's temporary file
-    looks the same."""
-    path = Path(path)
-    for stale in path.parent.glob(f".{path.name}.*.tmp"):
-        stale.unlink(missing_ok=True)

@@ -33,7 +33,6 @@ import json
 import os
 import re
 import stat
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TypedDict
@@ -41,8 +40,9 @@ from typing import TypedDict
 import filelock
 import platformdirs
 
+from . import atomic
 from ._validate import DpoptError
-from .checkpoint import Key, write_text
+from .checkpoint import Key
 
 #: Seconds to wait for another process's journal write (a few milliseconds) before giving up.
 LOCK_TIMEOUT = 60.0
@@ -106,7 +106,7 @@ def key(out: Path | None = None) -> Key:
     path = folder() / "checkpoint.key"
     try:
         if not path.exists():
-            _make_key(path)
+            atomic.create(path, os.urandom(32))
         owner_only(path, f"the checkpoint key {str(path)!r}", f"delete it (dpopt makes a new key; checkpoints "
                    f"tagged under this one are then refused), or, if no one else ever had access, chmod 600 "
                    f"{str(path)!r}")
@@ -117,19 +117,6 @@ def key(out: Path | None = None) -> Key:
         raise DpoptError(f"{str(path)!r} is not a dpopt checkpoint key (32 bytes); checkpoints are not written or "
                          "resumed without it")
     return Key(secret, path)
-
-
-def _make_key(path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".checkpoint.key.")  # mode 0600
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(os.urandom(32))
-            handle.flush()
-            os.fsync(handle.fileno())
-        with contextlib.suppress(FileExistsError):  # another process made it first: use theirs
-            os.link(tmp, path)
-    finally:
-        os.unlink(tmp)
 
 
 def new_run() -> str:
@@ -184,7 +171,7 @@ def _entry(run: str) -> Iterator[Entry]:
             before = dict(entry)
             yield entry
             if entry != before:
-                write_text(path, json.dumps(entry, separators=(",", ":")))
+                atomic.write_text(path, json.dumps(entry, separators=(",", ":")))
     except filelock.Timeout:
         raise DpoptError(f"the journal lock {str(state / 'runs.lock')!r} stayed held for {LOCK_TIMEOUT:g} s by "
                          "another process; nothing was resumed or recorded") from None

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from . import checkpoint
+from . import atomic
 
 if TYPE_CHECKING:  # numpy and matplotlib are imported where used: the command line's parser starts without them
     import numpy as np
@@ -103,11 +103,8 @@ def to_json(payload: object, *, indent: int | None = None) -> str:
 
 
 def write_json(path: Path, payload: Mapping[str, object]) -> None:
-    checkpoint.write_text(path, to_json(payload, indent=2) + "\n")
-
-
-def write_text(path: Path, text: str) -> None:
-    checkpoint.write_text(path, text)
+    """``payload`` as strict JSON (:func:`to_json`, indented) at ``path``, written atomically."""
+    atomic.write_text(path, to_json(payload, indent=2) + "\n")
 
 
 #: Largest magnitude a figure draws (see :func:`curves_figure`).
@@ -135,7 +132,7 @@ def save_figure(path: Path, fig: Figure) -> None:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)
-    checkpoint.write_bytes(path, buffer.getvalue())
+    atomic.write_bytes(path, buffer.getvalue())
 
 
 def pyplot() -> ModuleType:

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import _validate, checkpoint, journal, lock, resume
+from . import _validate, atomic, checkpoint, journal, lock, resume
 from .accounting import Ledger, accountant_note
 from .base import (S, Algorithm, Averaged, Batch, ClosedForm, KeyedSampling, NoiseSource, Oracle, Reporting, Sampler,
                    SelfDiagnosing, SharedNoise)
@@ -373,7 +373,7 @@ def _train(stepper: Stepper, options: Options, *, stop_at: int, log_every: int, 
     visited, expected, spent, diverged_at = 0, 0.0, (0.0, 0.0), None
     run_id, key = journal.new_run(), None
     if path is not None:
-        checkpoint.remove_stale(path)  # under the lock: no live writer of path
+        atomic.remove_stale(path)  # under the lock: no live writer of path
         key = journal.key()
     if path is not None and path.exists():
         saved = checkpoint.load(path, key)

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 import numpy as np
 
-from .. import _validate, journal, report
+from .. import _validate, atomic, journal, report
 from ..json_types import JsonValue
 from ..outputs import NOT_PRIVATE
 from ..experiments.preparation import described
@@ -327,8 +327,8 @@ def randomness(seed: int | None, out: Path) -> Randomness:
         bench_id, secret = os.urandom(16).hex(), int.from_bytes(os.urandom(16), "little")
         kept = journal.folder() / "bench" / f"{bench_id}.json"
         kept.parent.mkdir(mode=0o700, exist_ok=True)
-        report.write_text(kept, json.dumps({"out": where, "secret": f"{secret:032x}"}))  # (mode 0600)
-        report.write_text(named, f"{bench_id}\n")
+        atomic.write_text(kept, json.dumps({"out": where, "secret": f"{secret:032x}"}))  # (mode 0600)
+        atomic.write_text(named, f"{bench_id}\n")
         return Randomness(secret, FROM_OS)
     bench_id = named.read_text().strip()
     kept = journal.folder() / "bench" / f"{bench_id}.json"
@@ -473,6 +473,6 @@ def run_bench(chosen: Sequence[Problem], *, out: Path, workers: int, seed: int |
         result = bench(chosen, pool, randomness=secret, data_dir=data_dir, progress=progress, diagnostics=diagnostics)
     text = markdown(result, command)
     report.write_json(out / "bench.json", result | {"command": command})
-    report.write_text(out / "bench.md", text)
+    atomic.write_text(out / "bench.md", text)
     figures(out, result)
     return BenchRun(**result, markdown=text, out=str(out))

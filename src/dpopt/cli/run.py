@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from .. import _validate, report
+from .. import _validate, atomic, report
 from ..algorithms import registry
 from ..names import ACCOUNTANTS
 from .common import (Command, add_delta, add_knobs, add_seed, algorithm_help, knobs_of, seed_of, Subcommands,
@@ -219,7 +219,7 @@ def write(request: RunRequest, plan: Plan[S], history: History, described: Descr
                "processes": processes, "protected_records": described.protected, "test_data": described.test_data,
                **history.to_dict()}
     report.write_json(out / "history.json", payload)
-    report.write_text(out / "summary.md", summary(request.algorithm, dataset.name, history, described))
+    atomic.write_text(out / "summary.md", summary(request.algorithm, dataset.name, history, described))
     run_figure(out / "curves.png", history, algorithm=request.algorithm, dataset=dataset.name,
                epsilon=request.epsilon,
                test_label="test error (NOT PRIVATE)" if described.test_unprotected else "test error")

@@ -4,7 +4,7 @@ For each problem (data set and model), ε and method: take the preset's tuned hy
 (or tune them again with ``retune``), calibrate the noise on the method's planned event, run
 every seed, and summarise the final metrics. The preset's pairs of methods (``COMPARISONS``) are
 compared by one-sided Welch t-tests on the preset's test metrics. Written under ``out``:
-``results.json`` (the machine-readable form documented in the README), ``results.md`` and
+``results.json`` (the machine-readable form documented in docs/cli.md), ``results.md`` and
 figures, all atomically; and ``runs/``, every finished run, saved as it completes, so that an
 interrupted reproduction resumes where it stopped (the same command loads the saved runs instead
 of running them again, with the same results; runs saved by other code are not reused).
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .. import _validate, outputs, report
+from .. import _validate, atomic, outputs, report
 from ..json_types import JsonObject, JsonValue
 from ..report import Curve
 from ..train import History
@@ -232,7 +232,7 @@ def _paper_row(row: PaperEntry, delta_of: Callable[[ProblemKey], float]) -> Pape
 def _write(out_dir: Path, payload: Payload, exp: Experiment) -> None:
     curves = payload["_curves"]
     report.write_json(out_dir / "results.json", _classified(payload))
-    report.write_text(out_dir / "results.md", _markdown(payload, exp))
+    atomic.write_text(out_dir / "results.md", _markdown(payload, exp))
     exp.figures(out_dir, payload)  # a preset's own figures beside the curves
     shown = {_titled(title, spec): (spec, "passes") if isinstance(spec, str) else spec  # a metric, or (metric, x)
              for title, spec in exp.CURVES.items()}

@@ -8,9 +8,19 @@ the named inputs stacked along dim 1, or the one input as it is) and returns the
 too) are the model's own, under the prefix ``model.``. Nothing is imported from transformers or
 peft: a model is recognised by the package its class comes from (:func:`is_hf`).
 
-**Per record, exactly.** Both engines run the model on each record alone under ``torch.func.vmap``
-(the ghost engine as one block whose Linear, ``Conv1D``, Embedding and LayerNorm layers keep their
-ghost rules, :mod:`dpopt.oracles.ghost`). Where transformers' code would branch on tensor values
+**Per record, exactly.** The vmap engine runs the model on each record alone under
+``torch.func.vmap``. The ghost engine treats it as one block whose Linear, ``Conv1D``, Embedding,
+LayerNorm and RMSNorm layers keep their ghost rules (:mod:`dpopt.oracles.ghost`); for an architecture
+in :data:`WHOLE_BATCH` whose every trainable parameter is in such a layer (full fine-tuning without
+tied embeddings or extra parameters such as ViT's class token; LoRA, whose adapters are Linear
+layers), it runs the model once on the whole batch, as a non-private step does (fused attention
+kernel included), its ghost layers tapped; otherwise per record under vmap. The whole-batch run is
+exact because these architectures never combine two rows of a batch (each row's attention is
+masked within the row, below) — which ``tests/test_hf.py`` holds for each of them: every record's
+gradient equals autograd on the record alone, unpadded, to 1e-10 in float64. A layer call whose
+output rows are not the batch's records is refused (``blocks._Tap``).
+
+Where transformers' code would branch on tensor values
 (its mask preparation asks whether a 2-D ``attention_mask`` is all ones), :class:`Adapted` passes
 instead a 4-D additive mask built from the record's own mask with tensor operations only: key j is
 visible to query i iff ``mask[j] = 1`` (and ``j ≤ i`` for a causal model), else the score gets
@@ -49,6 +59,10 @@ LABELS = ("labels", "label")
 ATTENTION = ("sdpa", "eager")
 #: Labels with this value are ignored by :func:`causal_lm_loss` (transformers' convention).
 IGNORE = -100
+#: The architectures (``config.model_type``) whose records are held independent on the whole batch by
+#: dpopt's tests (``tests/test_hf.py``: each record's gradient equals autograd on it alone, unpadded):
+#: the ghost engine runs them as a non-private step does (see the module's docstring).
+WHOLE_BATCH = ("gpt2", "llama", "bert", "roberta", "vit", "mistral", "qwen2")
 
 
 def is_hf(module: object) -> bool:
@@ -87,12 +101,16 @@ class Adapted(nn.Module):
             raise _validate.DpoptError(f"model={type(model).__name__} takes an attention_mask but dpopt cannot tell "
                                        "whether its attention is causal (no attention module states is_causal)")
         self.model, self.keys, self.output = model, keys, output
+        self.whole_batch = getattr(getattr(model, "config", None), "model_type", None) in WHOLE_BATCH
 
     def forward(self, x: Tensor) -> Tensor:
         inputs = dict(zip(self.keys, x.unbind(1))) if len(self.keys) > 1 else {self.keys[0]: x}
         if (mask := inputs.pop("attention_mask", None)) is not None:
             inputs["attention_mask"] = self._additive(mask)
-        with sdpa_kernel(SDPBackend.MATH):  # the kernel vmap batches (the fused CPU one runs record by record)
+        if torch._C._functorch.peek_interpreter_stack() is not None:  # under vmap: the kernel it batches (the fused
+            with sdpa_kernel(SDPBackend.MATH):       # CPU one would run record by record)
+                out = self.model(**inputs)
+        else:
             out = self.model(**inputs)
         return out if isinstance(out, Tensor) else getattr(out, self.output)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import threading
 from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Protocol, runtime_checkable
@@ -44,20 +45,30 @@ class Records(Protocol):
 
 
 class Tensors:
-    """The records ``(X[i], y[i])`` of two tensors with the same first dimension n ≥ 1."""
+    """The records ``(X[i], y[i])`` of two tensors with the same first dimension n ≥ 1.
+
+    ``gather`` writes ``X[indices]`` into a buffer of an earlier gather that no tensor refers to any
+    more (:class:`Buffers`), where X is contiguous: the same numbers as a fresh ``X[indices]``, without
+    the first writes to new memory (page faults), which cost more than the copy (augmentation
+    multiplicity's views, 4,096 records of 5 × 3,969 float32 a step, one thread: about 0.55 s
+    fresh against 0.17 s into reused buffers)."""
 
     def __init__(self, X: Tensor, y: Tensor) -> None:
         self.X, self.y = torch.as_tensor(X), torch.as_tensor(y)
         if self.X.ndim < 1 or self.y.ndim < 1 or len(self.X) != len(self.y) or len(self.X) == 0:
             raise _validate.DpoptError(f"X.shape={tuple(self.X.shape)} and y.shape={tuple(self.y.shape)} must hold "
                                        "the same number n >= 1 of records along their first dimension")
+        self.buffers = Buffers()
 
     def __len__(self) -> int:
         return len(self.X)
 
     def gather(self, indices: Tensor) -> tuple[Tensor, Tensor]:
         indices = indices.to(self.X.device)
-        return self.X[indices], self.y[indices]
+        if not self.X.is_contiguous() or self.X.requires_grad:  # (out= takes no autograd; keep X's own layout)
+            return self.X[indices], self.y[indices]
+        rows = self.buffers.take(len(indices), self.X)
+        return torch.index_select(self.X, 0, indices, out=rows), self.y[indices]
 
     def chunks(self, size: int) -> Iterator[tuple[Tensor, Tensor]]:
         """All records in order, ``size`` at a time (slices, not copies)."""
@@ -65,6 +76,47 @@ class Tensors:
 
     def digest(self) -> str:
         return sha256_of(self.X, self.y)
+
+
+class Buffers:
+    """Contiguous buffers for gathered records, each reused once nothing else refers to its memory.
+
+    A gathered chunk lives as long as what was computed from it (the ghost engine keeps a first
+    layer's input, the chunk itself, in the per-record results an oracle keeps and returns), so a
+    buffer is handed out again only when no tensor, view, autograd graph or array shares its
+    storage: its storage's use count is that of the buffer alone (:func:`unshared`). The buffers
+    kept are at most as many as were in use at once; a free buffer too small for a request is
+    dropped. Taking a buffer is under a lock, so two threads never get the same one."""
+
+    def __init__(self) -> None:
+        self.kept: list[Tensor] = []
+        self.lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, object]:
+        """A copy (``copy.deepcopy``, pickle) starts with no buffers and its own lock."""
+        return {}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        Buffers.__init__(self)
+
+    def take(self, n: int, like: Tensor) -> Tensor:
+        """A contiguous ``[n, *like.shape[1:]]`` of ``like``'s dtype and device, in unshared memory."""
+        shape = (n, *like.shape[1:])
+        with self.lock:
+            free = [buffer for buffer in self.kept if unshared(buffer)]
+            fits = [buffer for buffer in free if buffer.shape[1:] == shape[1:] and buffer.dtype == like.dtype
+                    and buffer.device == like.device and len(buffer) >= n]
+            if fits:
+                return min(fits, key=len)[:n]
+            self.kept = [buffer for buffer in self.kept if not any(buffer is other for other in free)]
+            self.kept.append(like.new_empty(shape))
+            return self.kept[-1][:n]
+
+
+def unshared(buffer: Tensor) -> bool:
+    """Whether ``buffer`` is the only tensor on its storage (no view, autograd graph or array of it
+    is alive): the storage's use count is 2, the buffer and the storage's own Python object."""
+    return torch._C._storage_Use_Count(buffer.untyped_storage()._cdata) == 2
 
 
 @runtime_checkable

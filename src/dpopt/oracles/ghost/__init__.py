@@ -56,6 +56,9 @@ Other layers (the rows are the records' gradients, so norm and sum are those of 
 * transformers' ``Conv1D`` (GPT-2's layers, known by name: dpopt does not import transformers):
   ``y = x W + b`` with W stored ``[in, out]``, the Linear rule with the rows and the book-keeping
   product transposed into W's layout (kind ``"linear_t"``; the norms are the Linear rule's).
+* transformers' RMSNorm (Llama's and the copies of its forward, known by name, kind ``"rmsnorm"``):
+  ``y = w ⊙ x̂`` with ``x̂ = x / sqrt(mean(x²) + ε)`` computed as the layer does (in float32, cast
+  back), so the rows are ``Σ_t g_t ⊙ x̂_t``, recomputed from the input.
 
 Rounding: a norm is never below the norm of what the sum adds for that record, so no clipped
 record adds more than C, in float32 as in float64 (:mod:`.rounding`).
@@ -67,8 +70,13 @@ output depends on record i alone; otherwise one record moves every other record'
 clipping no longer bounds its influence (e.g. ``x - x.mean(0)``, BatchNorm in training mode,
 attention across dim 0). It is enforced, not assumed: what runs on the whole batch is only (a) a
 registered layer type whose forward is the registered class's and whose condition holds, with
-the check of a ghost layer's input rank (``functional._functional``), and (b) the opened ``nn.Sequential``'s own forward
-(children in order, one tensor passed along); every other piece of code, in particular every
+the check of a ghost layer's input rank (``functional._functional``), (b) the opened ``nn.Sequential``'s own forward
+(children in order, one tensor passed along), and (c) a block registered as acting on each record
+on its own (``Registry.with_per_record``, or dpopt's Hugging Face bridge for the architectures its
+tests hold exact) whose every trainable parameter is in a tapped ghost layer: it runs once on the
+batch, and each tapped call's output must have the records along dim 0 (``[B, …]`` where a record
+alone gave ``[1, …]``, or ``[1, …]`` from an input all records share, such as position ids), else
+it is refused; every other piece of code, in particular every
 custom ``forward`` with whatever it calls (``torch`` functions, parameter-free modules, user
 hooks), runs under ``vmap``, whose semantics is the function applied to each record on its
 own. Inside a block the hooks only read inputs and add zeros, and the ghost layers there run

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from ... import _validate
 from .layers import Block, Embedding, Layer
-from .stages import LINEAR_KINDS, Stage
+from .stages import LINEAR_KINDS, Stage, rms_normalised
 
 
 def capture(taps: list[tuple], total_loss: Tensor) -> tuple[Layer | Block | Embedding, ...]:
@@ -87,12 +87,15 @@ def _one_sample(stage: Stage, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _norm_rows(stage: Stage, a: Tensor, g: Tensor) -> dict[str, Tensor]:
-    """Per-record gradients of a LayerNorm or GroupNorm's affine parameters: ``y = x̂ ⊙ γ + β``
+    """Per-record gradients of a LayerNorm, GroupNorm or RMSNorm's affine parameters: ``y = x̂ ⊙ γ + β``
     (x̂ normalised per record: over the last dims, or per group of channels), so ``∇γ = Σ g ⊙ x̂``
     and ``∇β = Σ g`` over the positions (LayerNorm) or the spatial dims (GroupNorm). x̂ is
     recomputed from the input: ``[B, size of γ]`` rows, a block."""
     m: Any = stage.module  # the class stage.kind names; nn.Module types its attributes Tensor | Module
     B, names = len(g), dict(stage.names)
+    if stage.kind == "rmsnorm":  # y = w ⊙ x̂ (no bias): ∇w = Σ_t g_t ⊙ x̂_t
+        A, G = a.reshape(B, -1, a.shape[-1]), g.reshape(B, -1, g.shape[-1])
+        return {names["weight"]: (G * rms_normalised(A, m.variance_epsilon)).sum(1)}
     if stage.kind == "layernorm":
         shape = tuple(m.normalized_shape)
         A, G = a.reshape(B, -1, *shape), g.reshape(B, -1, *shape)

@@ -75,8 +75,9 @@ class _Tap:
     shifted by a probe; the calls must be those of ``expected`` (None: record them, and cut each
     output from its layer's parameters: :func:`_discover`)."""
 
-    def __init__(self, stage: Stage, expected: tuple | None, probes: tuple[Tensor, ...]) -> None:
-        self.stage, self.expected, self.probes = stage, expected, probes
+    def __init__(self, stage: Stage, expected: tuple | None, probes: tuple[Tensor, ...], whole_batch: bool = False
+                 ) -> None:
+        self.stage, self.expected, self.probes, self.whole_batch = stage, expected, probes, whole_batch
         self.index = {id(inner.module): k for k, inner in enumerate(stage.inner)}
         self.inputs: list[Tensor] = []
         self.calls: list[tuple[int, tuple[int, ...], torch.dtype]] = []
@@ -97,7 +98,7 @@ class _Tap:
         yield self
 
     def _hook(self, module: nn.Module, args: tuple, out: Tensor) -> Tensor:
-        k, n = self.index[id(module)], len(self.calls)
+        k, n = self.index[id(module)], len(self.inputs)
         if self.expected is not None and (n >= len(self.expected) or self.expected[n][0] != k):
             raise _validate.DpoptError(
                 f"engine='ghost': module {self.stage.path!r} called its layers in another order than on the records "
@@ -106,6 +107,16 @@ class _Tap:
         if len(args) != 1 or not isinstance(out, Tensor):
             raise _validate.DpoptError(f"engine='ghost' taps layer {self.stage.inner[k].path!r} by its one input "
                                        "tensor and its output tensor; it was called otherwise: use engine='vmap'")
+        if self.whole_batch:  # the batch's call: [B, *rest] where each record's was [1, *rest], or [1, *rest]
+            probe = self._current[n][:, 0]  # for an input all records share (e.g. position ids)
+            if out.shape[1:] != probe.shape[1:] or out.shape[0] not in (1, len(probe)):
+                alone = tuple(self._current[n].shape[1:])
+                raise _validate.DpoptError(
+                    f"engine='ghost': layer {self.stage.inner[k].path!r} gave an output of shape {tuple(out.shape)} on "
+                    f"the whole batch where each record's was {alone}, so its rows are not the records; use "
+                    "engine='vmap'")
+            self.inputs.append(args[0].expand(len(probe), *args[0].shape[1:]).unsqueeze(1))
+            return out + probe
         self.calls.append((k, tuple(out.shape), out.dtype))
         self.inputs.append(args[0])
         return out.detach() if self.expected is None else out + self._current[n]
@@ -158,18 +169,30 @@ def run_block(stage: Stage, views: dict[str, Tensor], x: Tensor, taps: bool) -> 
         run, calls = _discover(stage, shared, every, x)
         if run is not stage:
             return run_block(run, views, x, taps)
+    whole = stage.whole_batch and not stage.names and (not taps or all(shape[:1] == (1,) for _, shape, _ in calls))
     if not (taps and stage.inner):
-        out, _ = per_record(stage, every, x, shared)
+        out = _whole_batch(stage, shared, x) if whole else per_record(stage, every, x, shared)[0]
         return out, (stage, expanded, (), (), ())
     probes = tuple(_probe((len(x), *shape), dtype, x.device) for _, shape, dtype in calls)
-    tap = _Tap(stage, calls, probes)
+    tap = _Tap(stage, calls, probes, whole)
     with tap.hooked():
-        out, inputs = per_record(stage, every, x, shared, tap)
+        out, inputs = (_whole_batch(stage, shared, x, tap), tuple(tap.inputs)) if whole else per_record(
+            stage, every, x, shared, tap)
     if len(inputs) != len(calls):
         raise _validate.DpoptError(f"engine='ghost': module {stage.path!r} called fewer of its layers than on the "
                                    "records it was first traced with: its forward branches on the data; use "
                                    "engine='vmap'")
     return out, (stage, expanded, calls, inputs, probes)
+
+
+def _whole_batch(stage: Stage, shared: dict[str, Tensor], x: Tensor, tap: _Tap | None = None) -> Tensor:
+    """A block registered to act on each record on its own, with no parameters but its tapped ghost
+    layers', run once on the whole batch ``x`` (its ghost layers' calls tapped as under vmap, each
+    call's input seen as ``[B, 1, *rest]``): the ops of a non-private step, with no per-record copy."""
+    if tap is None:
+        return functional_call(stage.module, shared, (x,), tie_weights=False)
+    with tap.recording(tap.probes):
+        return functional_call(stage.module, shared, (x,), tie_weights=False)
 
 
 def _probe(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from ... import _validate
 from .blocks import per_record, run_block
 from .conv import channels_last, geometry
-from .stages import Stage, hooked
+from .stages import Stage, hooked, rms_normalised
 
 #: Max-pooling of NCHW inputs with at least this many channels runs in channels-last layout.
 CHANNELS_LAST_POOL = 16
@@ -128,7 +128,8 @@ def _functional(stage: Stage, params: dict[str, Tensor], x: Tensor) -> Tensor:
     computed here, without the module's call (and so without hooks)."""
     m: Any = stage.module  # the class stage.kind names; nn.Module types its attributes Tensor | Module
     least, most = {"linear": (2, None), "linear_t": (2, None), "conv": (len(getattr(m, "kernel_size", ())) + 2,) * 2,
-                   "layernorm": (len(getattr(m, "normalized_shape", ())) + 1, None)}.get(stage.kind, (1, None))
+                   "layernorm": (len(getattr(m, "normalized_shape", ())) + 1, None),
+                   "rmsnorm": (2, None)}.get(stage.kind, (1, None))
     if x.ndim < least or (most is not None and x.ndim > most):
         raise _validate.DpoptError(
             f"engine='ghost' runs layer {stage.path!r} ({type(m).__name__}) on the whole batch, records along dim 0, "
@@ -147,6 +148,8 @@ def _functional(stage: Stage, params: dict[str, Tensor], x: Tensor) -> Tensor:
         return F.embedding(x, weight, m.padding_idx)
     if stage.kind == "layernorm":
         return F.layer_norm(x, m.normalized_shape, weight, bias, m.eps)
+    if stage.kind == "rmsnorm":  # transformers' RMSNorm: w ⊙ x̂, as its forward computes it
+        return weight * rms_normalised(x, m.variance_epsilon)
     return F.group_norm(x, m.num_groups, weight, bias, m.eps)
 
 

@@ -21,7 +21,9 @@ without ``max_norm`` or ``scale_grad_by_freq``). Then the child is
   ``g`` in one backward (which skips the weight-gradient products: only ``∂ℓ/∂s`` is asked for);
 * ``block``: any other module with trainable parameters (a container with its own forward, the
   whole model if it is not a Sequential, a custom layer, a padded convolution): run on each
-  record alone under ``vmap`` (:mod:`.blocks`; each record as a batch of one, as the vmap engine
+  record alone under ``vmap`` (or, registered as acting per record and holding no trainable
+  parameter outside its ghost layers, once on the whole batch: ``Stage.whole_batch``)
+  (:mod:`.blocks`; each record as a batch of one, as the vmap engine
   does), its own parameters expanded to one copy per record so that the same backward
   returns their per-record gradients ``[B, *shape]``. The ghost layers inside it, at any depth
   (:func:`_inner`), keep their ghost rules: forward hooks registered on them for the one call
@@ -46,7 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from ... import _validate
 from ..per_record import SqueezeLast
@@ -77,7 +79,7 @@ class Calls:
 
 
 #: Stage kinds with a ghost rule: per-record norms and sums from a layer's input and output gradient.
-GHOST_KINDS = ("linear", "linear_t", "conv", "embedding", "layernorm", "groupnorm")
+GHOST_KINDS = ("linear", "linear_t", "conv", "embedding", "layernorm", "groupnorm", "rmsnorm")
 #: The Linear rule's kinds: ``"linear_t"`` is a Linear whose weight is stored transposed, ``[in, out]``
 #: (transformers' ``Conv1D``: ``y = x W + b``), so its records' gradients ``Σ_t a_t g_tᵀ`` are those of
 #: the Linear rule transposed, with the same norms.
@@ -101,6 +103,9 @@ class Stage:
     aliases: tuple[tuple[str, ...], ...] = ()   # per parameter: every local name that holds it
     inner: tuple[Stage, ...] = ()
     calls: Calls = field(default_factory=Calls, compare=False, repr=False)
+    #: a block known to act on each record on its own (registered "plain"): once every trainable
+    #: parameter it holds is in a tapped ghost layer, it runs on the whole batch (``blocks.run_block``)
+    whole_batch: bool = False
 
 
 def parameter_names(module: nn.Module) -> dict[str, tuple[str, ...]]:
@@ -183,7 +188,9 @@ class Registry:
     def with_per_record(self, layer: type[nn.Module], when: Condition = _always) -> Registry:
         """This registry with ``layer`` known to act on each record on its own, for the instances
         for which ``when(module)`` holds: without trainable parameters, it is then called on the
-        whole batch. Register only a layer whose output for record i depends on record i alone
+        whole batch; with trainable parameters all in ghost layers inside it, it runs once on the
+        whole batch with those layers tapped (else per record, its own parameters' gradients dense).
+        Register only a layer whose output for record i depends on record i alone
         (and on data-independent randomness): one that mixes records (a batch mean, BatchNorm,
         attention across dim 0) would let a record move the others' gradients, which clipping
         does not bound. Unregistered layers are run per record under vmap: correct, only slower."""
@@ -210,6 +217,26 @@ def _plain_embedding(embedding: nn.Module) -> bool:
 
 #: transformers' ``Conv1D`` (GPT-2's layers), known by name so that dpopt never imports transformers.
 CONV1D = "transformers.pytorch_utils.Conv1D"
+#: transformers' RMSNorm layers whose forward is Llama's, ``y = w ⊙ rms_normalised(x)`` (known by name;
+#: ``tests/test_hf_whole_batch.py`` checks that their forwards are one source).
+RMSNORMS = tuple(f"transformers.models.{module}.modeling_{module}.{prefix}RMSNorm" for module, prefix in (
+    ("llama", "Llama"), ("mistral", "Mistral"), ("qwen2", "Qwen2"), ("qwen3", "Qwen3"), ("phi3", "Phi3")))
+#: dpopt's Hugging Face bridge (:class:`dpopt.oracles.hf.Adapted`), by name (it lives above this module).
+ADAPTED = "dpopt.oracles.hf.Adapted"
+
+
+def rms_normalised(x: Tensor, eps: float) -> Tensor:
+    """Llama's RMS normalisation over the last dim, ``x / sqrt(mean(x²) + eps)`` computed in float32
+    (whatever x's dtype, as transformers does) and cast back to x's dtype: the ``x̂`` of an RMSNorm
+    layer ``y = w ⊙ x̂``, whose per-record weight gradient is ``Σ_t g_t ⊙ x̂_t``."""
+    h = x.to(torch.float32)
+    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _declares_whole_batch(module: nn.Module) -> bool:
+    """An :class:`~dpopt.oracles.hf.Adapted` model of an architecture whose records dpopt's tests hold
+    independent on the whole batch (its ``whole_batch``)."""
+    return getattr(module, "whole_batch", False) is True
 
 #: The layers the ghost engine knows by default.
 KNOWN_LAYERS = Registry((
@@ -220,6 +247,8 @@ KNOWN_LAYERS = Registry((
     Known(nn.Embedding, "embedding", _plain_embedding),
     Known(nn.LayerNorm, "layernorm"),
     Known(nn.GroupNorm, "groupnorm"),
+    *(Known(name, "rmsnorm") for name in RMSNORMS),
+    Known(ADAPTED, "plain", _declares_whole_batch),
     *(Known(layer, "plain") for layer in _PER_RECORD),
     Known(nn.Flatten, "plain", _from_dim_1("start_dim")),
     Known(SqueezeLast, "plain"),
@@ -292,7 +321,8 @@ def plan(module: nn.Module, theta_names: dict[int, str], known: Registry = KNOWN
             inner = _inner(m, "" if path == "<model>" else path, theta_names, known)
             tapped = {theta for stage in inner for _, theta in stage.names}
             own = tuple((name, theta) for name, theta in names if theta not in tapped)
-            stages.append(Stage("block", m, path, own, tuple(local[name] for name, _ in own), inner))
+            stages.append(Stage("block", m, path, own, tuple(local[name] for name, _ in own), inner,
+                                whole_batch=known.kind(m) == "plain"))
 
     walk(module, "")
     counts = Counter(t for s in stages for inner in (s, *s.inner) for _, t in inner.names)
@@ -307,11 +337,14 @@ def plan(module: nn.Module, theta_names: dict[int, str], known: Registry = KNOWN
 
 def describe(stages: tuple[Stage, ...]) -> list[tuple[str, str]]:
     """``(path, rule)`` of each stage not called on the whole batch as is: "ghost" (a layer with
-    a ghost rule, also inside a block) or "vmap" (a block, or a parameter-free module run per record)."""
+    a ghost rule, also inside a block), "vmap" (a block, or a parameter-free module run per record)
+    or "whole batch" (a block known to act per record, all of whose trainable parameters are in its
+    ghost layers: run once on the batch, its ghost layers tapped)."""
     rules = []
     for s in stages:
         if s.kind in GHOST_KINDS:
             rules += [(s.path, "ghost")] if s.names else []
         elif s.kind != "plain":
-            rules += [(s.path, "vmap"), *((inner.path, "ghost") for inner in s.inner)]
+            whole = s.kind == "block" and s.whole_batch and not s.names
+            rules += [(s.path, "whole batch" if whole else "vmap"), *((inner.path, "ghost") for inner in s.inner)]
     return rules

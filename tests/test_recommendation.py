@@ -1,0 +1,219 @@
+"""The README's recommendation ("Which optimiser when") says only what the latest results show.
+
+Every claim of that section is computed here from the results: the bench's ``docs/bench.json``
+(each problem's cells: per ε, every method's metric as mean and std over the seeds, the winner and
+its one-sided Welch p-value against the runner-up, or the methods that tie) and the mnist-sota
+table of REPRODUCTIONS.md (each row's test accuracy per seed). Each claim is a phrase the README
+must contain, so a rerun that changes a count, a p-value or a winner fails this test until the
+README says the new result. Every number the section shows must come from one of these phrases.
+And ``docs/bench.json`` is what BENCH.md's tables show: each of their rows, rendered from it by
+``dpopt.bench.tables``, is in BENCH.md, so neither can be updated without the other.
+
+A method "wins" a cell when it is the cell's winner (the lowest mean, no other mean within 0.1 %
+of it); "at most 5 % behind the best mean" compares its mean with the cell's lowest, the gap
+rounded to 0.1 %. The published anchors are DPSUR's MNIST results (ScatterNet + linear, the mean
+of 5 runs): 98.88 % at ε = 3 and 97.93 % at ε = 1.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+from pathlib import Path
+
+from dpopt.bench import SIGNIFICANCE, TIE
+from dpopt.bench.tables import _entry, _winner
+from dpopt.experiments._runner import one_sided_p
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+BENCH = ROOT / "docs" / "bench.json"
+REPRODUCTIONS = ROOT / "REPRODUCTIONS.md"
+BENCH_MD = ROOT / "BENCH.md"
+SECTION = "## Which optimiser when"
+DPSUR = {3.0: 98.88, 1.0: 97.93}
+NAMES = {"dp-adambc": "DP-AdamBC", "dp-sgd": "DP-SGD", "dp-sgd-adaptive": "adaptive clipping", "dp-srm": "DP-SRM",
+         "dp-bandmf": "BandMF", "aclip": "AClip", "o2nc-first": "DP-O2NC", "diff2-gd": "DIFF2-GD"}
+
+
+def section(readme: str) -> str:
+    """The README's recommendation, its lines joined (line breaks do not matter)."""
+    start = readme.index(SECTION)
+    end = readme.find("\n## ", start + len(SECTION))
+    return " ".join(readme[start:end if end >= 0 else None].split())
+
+
+def cells(bench: dict) -> list[tuple[str, dict]]:
+    return [(problem["problem"], cell) for problem in bench["problems"] for cell in problem["cells"]]
+
+
+def gap(cell: dict, method: str) -> float:
+    """How far ``method``'s mean is behind the cell's lowest mean, in %, rounded to 0.1 %."""
+    means = {name: entry["test_error"]["mean"] for name, entry in cell["methods"].items()}
+    best = min(means.values())
+    return round(100 * (means[method] - best) / abs(best), 1)
+
+
+def listed(epsilons: list[float]) -> str:
+    """``[1.0, 3.0, 8.0]`` → ``"1, 3 and 8"``."""
+    shown = [f"{e:g}" for e in epsilons]
+    return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} and {shown[-1]}"
+
+
+def bench_claims(bench: dict) -> list[str]:
+    """The phrases of the recommendation that the bench's results support."""
+    every = cells(bench)
+    claims = [f"{len(bench['problems'])} problems, ε = {listed(sorted({c['epsilon'] for _, c in every}))}, "
+              f"{min(p['seeds'] for p in bench['problems'])} seeds",
+              f"no other is within {100 * TIE:g} % of it"]
+
+    def record(method: str) -> tuple[list[tuple[str, dict]], list[tuple[str, dict]], int]:
+        present = [(name, cell) for name, cell in every if method in cell["methods"]]
+        won = [(name, cell) for name, cell in present if cell["winner"] == method]
+        return present, won, sum(gap(cell, method) <= 5.0 for _, cell in present)
+
+    present, won, close = record("dp-adambc")
+    significant = sum(cell["significant"] for _, cell in won)
+    claims.append(f"wins {len(won)} of {len(present)} cells, {significant} significantly (p < {SIGNIFICANCE:g}); "
+                  f"at most 5 % behind the best mean in {close} of {len(present)}")
+    mnist = [cell for name, cell in every if name == "mnist-cnn"]
+    behind = [gap(cell, "dp-adambc") for cell in mnist]
+    claims.append(f"on the MNIST CNN DP-AdamBC is {min(behind):.0f}–{max(behind):.0f} % behind the best mean")
+    winners = {cell["winner"]: [c["epsilon"] for c in mnist if c["winner"] == cell["winner"]] for cell in mnist}
+    claims += [f"{NAMES[name]} wins at ε = {listed(epsilons)}" for name, epsilons in winners.items()]
+    if not any(cell["significant"] for cell in mnist):
+        claims.append(f"none significantly (p ≥ {min(cell['p_value'] for cell in mnist):.2f})")
+    adult = [cell for name, cell in every if name == "adult-logistic"]
+    if all(cell["winner"] == "dp-sgd-adaptive" for cell in adult):
+        strong = [cell for cell in adult if cell["significant"]]
+        claims.append(f"wins Adult at every ε, significantly at ε = {listed([c['epsilon'] for c in strong])} "
+                      f"(p ≤ {max(c['p_value'] for c in strong):.3g})")
+    present, won, close = record("dp-sgd")
+    significant = sum(cell["significant"] for _, cell in won)
+    claims.append(f"at most 5 % behind the best mean in {close} of {len(present)} cells; wins {len(won)}, "
+                  f"{significant or 'none'} of them significantly")
+    claims.append("cells won: " + ", ".join(f"{NAMES[m]} {len(record(m)[1])} of {len(record(m)[0])}"
+                                            for m in ("dp-bandmf", "aclip", "o2nc-first", "diff2-gd")))
+    winners_of_significant = sorted({cell["winner"] for _, cell in every if cell["significant"]})
+    claims.append(f"{sum(cell['significant'] for _, cell in every)} of the {len(every)} cells have a significant "
+                  f"winner ({', '.join(NAMES[m] for m in winners_of_significant)})")
+    return claims
+
+
+def mnist_sota_runs(text: str) -> dict[tuple[str, float], list[float]]:
+    """REPRODUCTIONS.md's mnist-sota table: (method, ε) → the test accuracies (%) of its runs, on
+    ScatterNet + linear (the tanh CNN's row left out; the 5-view row's method ends in ``multiplicity``)."""
+    start = text.index("## mnist-sota")
+    rows = {}
+    for line in text[start:].splitlines():
+        cells = [cell.strip().strip("*") for cell in line.strip("|").split("|")]
+        if line.startswith("| ScatterNet + linear") and len(cells) > 3:
+            rows[cells[1], float(cells[2])] = [float(value) for value in re.findall(r"([\d.]+) %", cells[3])]
+    return rows
+
+
+def compared(mean: float, std: float, anchor: float) -> str:
+    """``level with`` the anchor if it is within one standard deviation of ``mean``, else above or behind."""
+    return "level with" if abs(mean - anchor) <= std else ("above" if mean > anchor else "behind")
+
+
+def mnist_claims(runs: dict[tuple[str, float], list[float]]) -> list[str]:
+    """The phrases of the recommendation that the mnist-sota reproduction supports."""
+
+    def moments(values: list[float]) -> tuple[float, float]:
+        """Mean and standard deviation (ddof 1), as REPRODUCTIONS.md shows them."""
+        mean = sum(values) / len(values)
+        return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+    def shown(values: list[float]) -> str:
+        return "{:.2f} % ± {:.2f} %".format(*moments(values))
+
+    sgd = runs["DP-SGD", 3.0]
+    views = next(values for (method, e), values in runs.items() if method.endswith("multiplicity") and e == 3.0)
+    others = [values for (method, e), values in runs.items()
+              if e == 3.0 and method != "DP-SGD" and not method.endswith("multiplicity")]
+    weakest = min(one_sided_p(sgd, values) for values in others)  # p of "the method is above DP-SGD"
+    mean, std = moments(views)
+    low = runs["DP-SGD", 1.0]
+    low_mean, low_std = moments(low)
+    return [f"{shown(views)} over {len(views)} seeds, against DP-SGD's {shown(sgd)} "
+            f"(one-sided Welch p = {one_sided_p(sgd, views):.3f})",
+            f"{compared(mean, std, DPSUR[3.0])} DPSUR's {DPSUR[3.0]:.2f} %",
+            f"{len(others)} other variants of the recipe: not above DP-SGD (p ≥ {math.floor(100 * weakest) / 100:.2f})",
+            f"{shown(low)}, {compared(low_mean, low_std, DPSUR[1.0])} DPSUR's {DPSUR[1.0]:.2f} %"]
+
+
+def claims() -> list[str]:
+    return [*bench_claims(json.loads(BENCH.read_text())), *mnist_claims(mnist_sota_runs(REPRODUCTIONS.read_text()))]
+
+
+def unsupported(readme: str, supported: list[str]) -> list[str]:
+    """The claims the README's section lacks, and the numbers it shows that no claim holds."""
+    text = section(readme)
+    numbers = re.compile(r"\d+(?:\.\d+)?")
+    held = {number for claim in supported for number in numbers.findall(claim)}
+    return ([claim for claim in supported if claim not in text]
+            + [f"number {n} not from the results" for n in numbers.findall(text) if n not in held])
+
+
+def test_every_claim_of_the_recommendation_is_what_the_results_show():
+    assert not unsupported(README.read_text(), claims())
+
+
+def test_the_recommendation_check_catches_a_changed_bench_result():
+    """Mutants of the results: a cell whose winner changes, a p-value that moves past 0.05, a
+    method one seed worse on MNIST; each leaves a README claim unsupported."""
+    bench = json.loads(BENCH.read_text())
+    readme = README.read_text()
+    runs = mnist_sota_runs(REPRODUCTIONS.read_text())
+    assert not unsupported(readme, [*bench_claims(bench), *mnist_claims(runs)])
+
+    won = copy.deepcopy(bench)
+    cell = won["problems"][1]["cells"][0]  # ijcnn1 at ε = 0.5: DP-AdamBC's
+    cell["winner"], cell["methods"]["dp-sgd"]["test_error"]["mean"] = "dp-sgd", 0.08
+    weaker = copy.deepcopy(bench)
+    weaker["problems"][0]["cells"][1]["p_value"] = 0.06  # Adult at ε = 1: adaptive clipping's lead
+    worse = copy.deepcopy(runs)
+    worse[next(key for key in runs if key[0].endswith("multiplicity"))][0] = 98.60
+    for mutant in ([*bench_claims(won), *mnist_claims(runs)], [*bench_claims(weaker), *mnist_claims(runs)],
+                   [*bench_claims(bench), *mnist_claims(worse)]):
+        assert unsupported(readme, mutant)
+
+
+def test_the_recommendation_check_catches_a_number_no_result_holds():
+    readme = README.read_text().replace(SECTION + "\n", SECTION + "\nDP-AdamBC is 7.5 % better.\n")
+    assert unsupported(readme, claims()) == ["number 7.5 not from the results"]
+
+
+def test_the_mnist_sota_reader_finds_every_scatternet_row():
+    runs = mnist_sota_runs(REPRODUCTIONS.read_text())
+    assert len(runs) == 7 and all(len(values) == 3 for values in runs.values())
+    assert runs["DP-SGD", 3.0] == [98.65, 98.65, 98.73]
+
+
+def table_rows(bench: dict) -> list[str]:
+    """Each problem's metric table, one row per method and the winner's row, as ``dpopt.bench.tables``
+    writes them into bench.md."""
+    rows = []
+    for problem in bench["problems"]:
+        methods = list(dict.fromkeys(name for cell in problem["cells"] for name in cell["methods"]))
+        entries = {name: [_entry(cell, name, problem["metric"]) for cell in problem["cells"]] for name in methods}
+        entries["winner (p vs runner-up)"] = [_winner(cell) for cell in problem["cells"]]
+        rows += [f"| {label} | {' | '.join(values)} |" for label, values in entries.items()]
+    return rows
+
+
+def test_the_bench_results_are_the_tables_of_bench_md():
+    lines = set(BENCH_MD.read_text().splitlines())
+    rows = table_rows(json.loads(BENCH.read_text()))
+    assert len(rows) == 7 * 2 + 5 + 3 * 6 + 6 and not [row for row in rows if row not in lines]
+
+
+def test_the_table_check_catches_a_result_bench_md_does_not_show():
+    bench = json.loads(BENCH.read_text())
+    bench["problems"][2]["cells"][3]["methods"]["dp-srm"]["test_error"]["mean"] = 0.0695  # MNIST, ε = 8
+    lines = set(BENCH_MD.read_text().splitlines())
+    assert [row for row in table_rows(bench) if row not in lines] == [
+        "| dp-srm | 0.2182 (0.1363) | 0.1471 (0.0733) | **0.0867 (0.0186)** | **0.0695 (0.0080)** |"]
