@@ -62,6 +62,7 @@ MEASURED = {
     "dp-srm-mnist": ("38 min 40 s (busy)", NOT_MEASURED),
     "dp-srm-cifar10": (NOT_MEASURED, NOT_MEASURED),
     "o2nc-nonsmooth": ("12 min 32 s (busy, older code)", NOT_MEASURED),
+    "o2nc-nonsmooth-sweep": ("18 min 2 s", NOT_MEASURED),
     "diff2-regression": ("26 min 37 s", NOT_MEASURED),
     "diff2-classification": (NOT_MEASURED, NOT_MEASURED),
     "mnist-sota": ("33 min 50 s", NOT_MEASURED),
