@@ -4,6 +4,7 @@ state survives a checkpoint bit for bit."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -23,6 +24,7 @@ from dpopt import checkpoint, codec, journal
 from dpopt._validate import DpoptError
 from dpopt.accounting import Ledger
 from dpopt.cli import main
+from dpopt.snapshot import Snapshot
 from tests.contracts.test_algorithms import NAMES, TABLE, oracle
 
 STEPS, EVERY = 30, 4
@@ -66,7 +68,7 @@ def partial_checkpoint(tmp_path: Path) -> Path:
     """A DP-SGD checkpoint after 12 of STEPS steps."""
     path = tmp_path / "checkpoint.pt"
     interrupted(dpsgd(), problem(), path, STEPS, at=4)
-    assert checkpoint.load(path)["step"] == 12
+    assert checkpoint.load(path).step == 12
     return path
 
 
@@ -78,7 +80,7 @@ def test_every_algorithm_resumes_to_the_uninterrupted_run(tmp_path, name):
     case = TABLE[name]
     algo, path = case.make(1.0, 1.0), tmp_path / "checkpoint.pt"
     interrupted(algo, oracle(), path, case.steps, at=case.steps // (2 * EVERY) + 1, seed=3)
-    assert 0 < checkpoint.load(path)["step"] < case.steps
+    assert 0 < checkpoint.load(path).step < case.steps
     got = resumed(algo, oracle(), path, case.steps, seed=3)
     want = dpopt.run(algo, oracle(), steps=case.steps, log_every=EVERY, seed=3)
     assert torch.equal(got.theta, want.theta)
@@ -191,21 +193,19 @@ def test_a_truncated_checkpoint_is_a_one_line_refusal(tmp_path, keep):
 
 
 def rewritten(path: Path, change) -> None:
-    """``path`` with its content changed by ``change(saved)``, its digest recomputed and tagged
+    """``path`` with its snapshot replaced by ``change(saved)``, its digest recomputed and tagged
     under the user's key: a forgery by someone holding the key, which the content checks behind
     the tag still refuse."""
-    saved = checkpoint.load(path)
-    change(saved)
-    checkpoint.save(path, saved, journal.key())
+    checkpoint.save(path, change(checkpoint.load(path)), journal.key())
 
 
 def test_a_ledger_below_the_plan_is_refused_even_with_a_valid_digest(tmp_path):
     path = partial_checkpoint(tmp_path)
 
     def fewer(saved):
-        ledger = Ledger.from_state(saved["ledger"])
+        ledger = Ledger.from_state(saved.ledger)
         (event, count), = ledger.state()["runs"]
-        saved["ledger"] = ledger.state() | {"runs": [(event, count - 8)]}
+        return dataclasses.replace(saved, ledger=ledger.state() | {"runs": [(event, count - 8)]})
 
     rewritten(path, fewer)
     with pytest.raises(DpoptError, match=r"records a ledger of 4 events after 12 steps that is not what the plan "
@@ -217,9 +217,9 @@ def test_a_ledger_of_other_events_is_refused(tmp_path):
     path = partial_checkpoint(tmp_path)
 
     def weaker(saved):
-        (event, count), = saved["ledger"]["runs"]
+        (event, count), = saved.ledger["runs"]
         noisier = dpa.PoissonSampledDpEvent(event.sampling_probability, dpa.GaussianDpEvent(50.0))
-        saved["ledger"]["runs"] = [(noisier, count)]
+        return dataclasses.replace(saved, ledger=saved.ledger | {"runs": [(noisier, count)]})
 
     rewritten(path, weaker)
     with pytest.raises(DpoptError, match="is not what the plan spends"):
@@ -233,7 +233,8 @@ def test_a_budget_ledger_above_its_budget_is_refused(tmp_path):
     interrupted(algo, oracle(), path, case.steps, at=case.steps // (2 * EVERY) + 1)
 
     def overspent(saved):
-        saved["ledger"]["runs"] = saved["ledger"]["runs"] + [(dpa.ZCDpEvent(algo.rho_total), 1)]
+        return dataclasses.replace(saved, ledger=saved.ledger | {
+            "runs": saved.ledger["runs"] + [(dpa.ZCDpEvent(algo.rho_total), 1)]})
 
     rewritten(path, overspent)
     with pytest.raises(DpoptError, match=r"the run spent rho=.* of a zCDP filter of rho=0.5; it was not used"):
@@ -242,7 +243,7 @@ def test_a_budget_ledger_above_its_budget_is_refused(tmp_path):
 
 def test_a_step_outside_the_run_is_refused(tmp_path):
     path = partial_checkpoint(tmp_path)
-    rewritten(path, lambda saved: saved.update(step=STEPS + 1))
+    rewritten(path, lambda saved: dataclasses.replace(saved, step=STEPS + 1))
     with pytest.raises(DpoptError, match=rf"records step={STEPS + 1}, not a step in \[0, {STEPS}\] of this run"):
         resumed(dpsgd(), problem(), path, STEPS)
 
@@ -250,11 +251,11 @@ def test_a_step_outside_the_run_is_refused(tmp_path):
 # ----------------------------------------- issue 28, finding 8: checkpoints are authenticated and never rewound
 
 
-def rewound(saved: dict) -> None:
+def rewound(saved: Snapshot) -> Snapshot:
     """Step 12 rewound to step 4 together with its ledger: a checkpoint every check of its
     contents accepts, of a run whose data then passes through 12 + 26 noised steps, 30 counted."""
-    (event, count), = saved["ledger"]["runs"]
-    saved["step"], saved["ledger"]["runs"] = 4, [(event, 4)]
+    (event, count), = saved.ledger["runs"]
+    return dataclasses.replace(saved, step=4, ledger=saved.ledger | {"runs": [(event, 4)]})
 
 
 @pytest.mark.parametrize("key, reason", [
@@ -264,9 +265,7 @@ def rewound(saved: dict) -> None:
 def test_a_checkpoint_rewound_with_its_ledger_is_refused(tmp_path, key, reason):
     """The reproduction: step and ledger rewound together, the digest recomputed."""
     path = partial_checkpoint(tmp_path)
-    saved = checkpoint.load(path)
-    rewound(saved)
-    checkpoint.save(path, saved, key)
+    checkpoint.save(path, rewound(checkpoint.load(path)), key)
     with pytest.raises(DpoptError, match=rf"^checkpoint='.*checkpoint.pt' is not authenticated: {reason}"):
         resumed(dpsgd(), problem(), path, STEPS)
 
@@ -285,11 +284,9 @@ def test_the_rewind_tests_catch_a_resume_without_tag_and_journal(tmp_path, monke
     checkpoint is resumed, and its run ends with a ledger of 30 steps after 12 + 26 noised ones."""
     monkeypatch.setattr(journal, "resume", lambda *args, **kwargs: None)
     path = partial_checkpoint(tmp_path)
-    saved = checkpoint.load(path)
-    rewound(saved)
-    checkpoint.save(path, saved, journal.key())  # as if the tag were not checked
+    checkpoint.save(path, rewound(checkpoint.load(path)), journal.key())  # as if the tag were not checked
     assert resumed(dpsgd(), problem(), path, STEPS).steps_done == STEPS
-    assert Ledger.from_state(checkpoint.load(path)["ledger"]).steps == STEPS
+    assert Ledger.from_state(checkpoint.load(path).ledger).steps == STEPS
 
 
 @pytest.mark.parametrize("mutant", [False, True])
@@ -319,7 +316,7 @@ def test_what_the_journal_cannot_stop_a_user_who_deletes_its_entry(tmp_path):
     path, copy = partial_checkpoint(tmp_path), tmp_path / "copy.pt"
     shutil.copy(path, copy)
     resumed(dpsgd(), problem(), path, STEPS)
-    (journal.folder() / "runs" / f"{checkpoint.load(copy)['run']}.json").unlink()
+    (journal.folder() / "runs" / f"{checkpoint.load(copy).run}.json").unlink()
     assert resumed(dpsgd(), problem(), copy, STEPS).steps_done == STEPS
 
 
@@ -441,7 +438,7 @@ def test_a_key_or_state_folder_of_another_user_is_refused(tmp_path, monkeypatch)
 
 def test_a_journal_entry_not_written_by_dpopt_refuses_its_run(tmp_path):
     path = partial_checkpoint(tmp_path)
-    run = checkpoint.load(path)["run"]
+    run = checkpoint.load(path).run
     (journal.folder() / "runs" / f"{run}.json").write_text('{"latest": 0}')
     with pytest.raises(DpoptError, match=rf"^the journal entry '.*{run}.json' is not one dpopt wrote; without it no "
                                          r"checkpoint of its run is resumed \(start a new run in another --out\)$"):

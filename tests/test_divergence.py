@@ -54,11 +54,11 @@ def test_a_non_finite_theta_stops_the_run_and_keeps_its_ledger(tmp_path: Path) -
     assert history.stopped == f"diverged at step {at}: θ has non-finite entries"
     assert [r["step"] for r in history.records] == [50, 100, at]  # the step it diverged at is logged
     saved = checkpoint.load(path)
-    assert saved["step"] == at and saved["diverged_at"] == at
-    assert Ledger.from_state(saved["ledger"]).steps == at  # every step taken is accounted
+    assert saved.step == at and saved.progress.diverged_at == at
+    assert Ledger.from_state(saved.ledger).steps == at  # every step taken is accounted
     resumed = dpopt.run(gradient_descent(), ridge(), **settings)  # resuming a diverged run takes no step
     assert resumed.diverged_at == resumed.steps_done == at and resumed.stopped == history.stopped
-    assert Ledger.from_state(checkpoint.load(path)["ledger"]).steps == at
+    assert Ledger.from_state(checkpoint.load(path).ledger).steps == at
 
 
 def test_the_non_private_objective_does_not_decide_when_to_stop() -> None:
@@ -109,7 +109,7 @@ def test_a_diverged_cli_run_exits_3_with_strict_json_and_its_files(
     assert history["diverged_at"] == at and history["stopped"] == summary["stopped"]
     assert history["records"][-1]["step"] == at
     saved = checkpoint.load(tmp_path / "checkpoint.pt")
-    assert saved["step"] == at and Ledger.from_state(saved["ledger"]).steps == at
+    assert saved.step == at and Ledger.from_state(saved.ledger).steps == at
     assert (tmp_path / "curves.png").stat().st_size > 0 and (tmp_path / "summary.md").exists()
 
 

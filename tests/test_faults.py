@@ -99,8 +99,8 @@ dpopt.run(algo, oracle, steps={STEPS}, seed=7, log_every=1, checkpoint_path={str
     assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()
     if path.exists():  # what the reader sees is a whole checkpoint, never a torn one
         saved = checkpoint.load(path)
-        assert 0 < saved["step"] < STEPS and saved["step"] % EVERY == 0
-        assert Ledger.from_state(saved["ledger"]).steps == count_steps(algo.planned_event(oracle.n, saved["step"]))
+        assert 0 < saved.step < STEPS and saved.step % EVERY == 0
+        assert Ledger.from_state(saved.ledger).steps == count_steps(algo.planned_event(oracle.n, saved.step))
     resumed = run(path, option)
     assert_same_run(resumed, run(option=option))
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
@@ -125,7 +125,7 @@ def test_a_full_disk_is_a_clear_error_and_loses_nothing(tmp_path, monkeypatch):
                                                    r"nothing was replaced"):
         run(path)
     monkeypatch.setattr(atomic.os, "fsync", real)
-    assert checkpoint.load(path)["step"] == 2 * EVERY  # the last good checkpoint is intact
+    assert checkpoint.load(path).step == 2 * EVERY  # the last good checkpoint is intact
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
     assert_same_run(run(path), run())  # space freed: the run resumes to the uninterrupted result
 

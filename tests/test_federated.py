@@ -135,7 +135,7 @@ def test_a_dead_client_stops_the_server_with_a_clear_error_and_the_checkpoint_re
     assert "rank 0: gather failed, a process of the run died or stopped answering" in message
     assert not Path(tmp_path, "done-0").exists()
     saved = dpopt.checkpoint.load(Path(tmp_path, "run.ckpt"))
-    assert saved["step"] == 6 and Ledger.from_state(saved["ledger"]).steps == 6
+    assert saved.step == 6 and Ledger.from_state(saved.ledger).steps == 6
     resumed = dpopt.run(diff2(Local()), glm(), steps=STEPS, seed=SEED, log_every=1,
                         checkpoint_path=Path(tmp_path, "run.ckpt"), checkpoint_every=3)
     whole = dpopt.run(diff2(Local()), glm(), steps=STEPS, seed=SEED, log_every=1)

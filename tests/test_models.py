@@ -10,7 +10,7 @@ from torch import nn
 
 from dpopt._validate import DpoptError
 from dpopt.data import read_idx
-from dpopt.models import MODELS, BasicBlock, make_model
+from dpopt.models import NETWORKS, BasicBlock, make_model
 from dpopt.oracles.torch_model import TorchModel
 from dpopt.scattering import Scattering2D
 
@@ -112,7 +112,7 @@ def resnet18() -> nn.Module:
 
 
 def test_resnet18_layers_and_parameter_count(resnet18):
-    assert sorted(MODELS) == ["cnn5", "cnn6", "linear", "mnist-cnn", "resnet18", "scatternet-linear"]
+    assert sorted(NETWORKS) == ["cnn5", "cnn6", "linear", "mnist-cnn", "resnet18", "scatternet-linear"]
     assert sum(p.numel() for p in resnet18.parameters()) == RESNET18_PARAMS
     assert list(resnet18.buffers()) == []
     assert isinstance(resnet18, nn.Sequential) and isinstance(resnet18[0], nn.Unflatten)

@@ -310,7 +310,7 @@ def test_a_saved_run_resumes_exactly(tmp_path):
     assert torch.equal(second.output(), whole.output())
     assert second.ledger.event() == whole.ledger.event()
     other = dpopt.Private(model(), loss, (X, y), epsilon=3.0, delta=DELTA, steps=6, batch_size=20, seed=1)
-    with pytest.raises(DpoptError, match="belongs to another run: its algorithm is"):
+    with pytest.raises(DpoptError, match="belongs to another run: its algorithm.noise_multiplier is"):
         other.resume(tmp_path / "run.ckpt")
 
 
@@ -394,8 +394,8 @@ def test_the_fork_test_catches_the_resume_that_replays_the_saved_noise(tmp_path,
 
     def replayed(self: dpopt.Private) -> None:
         saved = checkpoint.load(tmp_path / "run.ckpt")
-        self.stepper.sample_gen.set_state(saved["sample_gen"])
-        self.stepper.source.generator.set_state(saved["noise_gen"])
+        self.stepper.sample_gen.set_state(saved.sample_gen)
+        self.stepper.source.generator.set_state(saved.noise_gen)
 
     monkeypatch.setattr(dpopt.Private, "_redraw", replayed)
     difference, below, second = fork(tmp_path, monkeypatch)
@@ -434,8 +434,9 @@ def test_an_edited_private_checkpoint_is_refused(tmp_path):
     path = tmp_path / "run.ckpt"
     private.save(path)
     saved = checkpoint.load(path)
-    (event, count), = saved["ledger"]["runs"]
-    saved["step"], saved["ledger"]["runs"] = 1, [(event, 1)]
+    (event, count), = saved.ledger["runs"]
+    saved.ledger["runs"] = [(event, 1)]
+    saved = dataclasses.replace(saved, step=1)
     for key, reason in [(None, "it carries no tag"), (journal.Key(bytes(32), Path("elsewhere")), "its tag does not "
                                                                                                "verify under")]:
         checkpoint.save(path, saved, key)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from dpopt.bench import SIGNIFICANCE, TIE
 from dpopt.bench.tables import _entry, _winner
-from dpopt.experiments._runner import one_sided_p
+from dpopt.jobs import one_sided_p
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

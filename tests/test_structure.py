@@ -292,3 +292,25 @@ def test_the_layer_check_names_an_import_up_or_within_a_row_and_a_module_in_no_r
 def test_the_lazy_graph_sees_imports_inside_functions():
     lazy, eager = import_graph(lazy=True), import_graph()
     assert "dpopt.codec" in lazy["dpopt.checkpoint"] - eager["dpopt.checkpoint"]  # imported in save and load
+
+
+def private_imports(graph: dict[str, set[str]]) -> list[str]:
+    """The imports in ``graph`` of a package's private module (a name starting with ``_`` inside a
+    package below ``dpopt``, e.g. ``dpopt.experiments._runner``) from outside that package."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            package, _, leaf = target.rpartition(".")
+            if leaf.startswith("_") and package != "dpopt" and not module.startswith(package + "."):
+                found.append(f"{module} imports {target}, a private module of {package}")
+    return found
+
+
+def test_no_module_imports_another_packages_private_module():
+    """The bench and the reproductions share what they both need through :mod:`dpopt.jobs`, never
+    through the other's private modules (the bench once imported ``experiments._runner``)."""
+    assert private_imports(import_graph(lazy=True)) == []
+    old = {"dpopt.bench": {"dpopt.experiments._runner", "dpopt.jobs"}, "dpopt.experiments.reproduce":
+           {"dpopt.experiments._runner", "dpopt._validate"}}
+    assert private_imports(old) == ["dpopt.bench imports dpopt.experiments._runner, a private module of "
+                                    "dpopt.experiments"]

@@ -39,7 +39,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
     assert process.wait() == -signal.SIGKILL, "the run finished before it could be killed: make it longer"
     assert not (killed / "history.json").exists()
     saved = checkpoint.load(checkpoint_file)
-    assert 0 < saved["step"] < 1500
+    assert 0 < saved.step < 1500
 
     resumed = subprocess.run(RUN + ["--out", str(killed)], capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr

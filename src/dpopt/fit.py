@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from . import _validate
-from .algorithms import registry
+from .building import private_entry
 from .oracles import TorchModel, ghost, records
 from .private import Private
 from .train import DIAGNOSTIC_SAMPLE, History, Options, drive
@@ -69,8 +69,8 @@ def fit(model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor],
         **options: Any) -> History:
     """Train ``model`` with ``algorithm`` at (``epsilon``, ``delta``) for ``epochs`` passes.
 
-    ``options`` are more hyper-parameters of the algorithm by name
-    (:class:`dpopt.algorithms.registry.Knobs`: ``clip_diff``, ``gamma``, ``sampling``, ``radius``,
+    ``options`` are more hyper-parameters of the algorithm by name (the fields of its parameter
+    dataclass, :mod:`dpopt.algorithms.params`: ``clip_diff``, ``gamma``, ``sampling``, ``radius``,
     ``obj_clip``, …). Randomness comes from the operating system unless
     ``seed`` is given (see :func:`dpopt.run`). ``log_every``: steps between log points (default:
     one per epoch). ``diagnostics=True``: the non-private diagnostics of :func:`dpopt.run`, the
@@ -84,10 +84,7 @@ def fit(model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor],
     Returns the run's History (its ``final`` holds the guarantee ε and, with ``test_data``, the
     test error); the module holds the output θ.
     """
-    if not registry.entry(algorithm).private:
-        raise _validate.DpoptError(f"algorithm={algorithm!r} is not private (ε = ∞) and cannot meet "
-                                   f"epsilon={epsilon!r}: "
-                                   "train it with dpopt.run as a non-private reference")
+    private_entry(algorithm, epsilon)
     _validate.positive("epsilon", epsilon)
     _validate.open_unit("delta", delta)
     _validate.positive("epochs", epochs)

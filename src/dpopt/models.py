@@ -82,12 +82,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import _validate
+from . import _validate, names
 from .oracles import TorchModel
 from .oracles.per_record import SqueezeLast
 
-__all__ = ["ACTIVATIONS", "MODELS", "BasicBlock", "cnn5", "cnn6", "cross_entropy", "logistic_loss", "make_model", "mlp",
-           "linear", "mlp_oracle", "mnist_cnn", "resnet18", "scatternet_linear", "squared_loss"]
+__all__ = ["ACTIVATIONS", "NETWORKS", "BasicBlock", "cnn5", "cnn6", "cross_entropy", "logistic_loss", "make_model",
+           "mlp", "linear", "mlp_oracle", "mnist_cnn", "resnet18", "scatternet_linear", "squared_loss"]
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU, "softplus": nn.Softplus}
 
@@ -207,14 +207,9 @@ def resnet18(*, activation: str = "relu") -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-MODELS: dict[str, Callable[..., nn.Sequential]] = {
-    "mnist-cnn": mnist_cnn,
-    "cnn5": cnn5,
-    "cnn6": cnn6,
-    "resnet18": resnet18,
-    "scatternet-linear": scatternet_linear,
-    "linear": linear,
-}
+#: The named networks (:data:`dpopt.names.NETWORKS`) and their builders (:func:`make_model`).
+NETWORKS: dict[str, Callable[..., nn.Sequential]] = dict(zip(
+    names.NETWORKS, (mnist_cnn, cnn5, cnn6, resnet18, scatternet_linear, linear), strict=True))
 
 
 def mlp(inputs: int, *, hidden: int = 10, outputs: int = 1, activation: str = "softplus",
@@ -278,7 +273,7 @@ def mlp_oracle(X: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndarray, *, cl
 
 
 def make_model(name: str, *, activation: str | None = None, seed: int | None = None, **options: Any) -> nn.Module:
-    """A fresh float32 model ``name`` (one of :data:`MODELS`) on the CPU.
+    """A fresh float32 model ``name`` (one of :data:`NETWORKS`) on the CPU.
 
     ``activation``: "tanh" or "relu"; ``None`` is the model's own default (tanh for the DP-SRM
     networks, relu for "resnet18"; "scatternet-linear" and "linear" have none). ``options``: the
@@ -287,8 +282,8 @@ def make_model(name: str, *, activation: str | None = None, seed: int | None = N
     (torch's global generator is left as it was), so the same seed gives the same model; otherwise
     from torch's global generator, like any ``nn`` layer. Use ``.double()`` / ``.to(device)`` after.
     """
-    _validate.one_of("model", name, MODELS)
-    accepted = set(inspect.signature(MODELS[name]).parameters)
+    _validate.one_of("model", name, NETWORKS)
+    accepted = set(inspect.signature(NETWORKS[name]).parameters)
     if activation is not None:
         _activation(activation)
         if "activation" not in accepted:
@@ -299,10 +294,10 @@ def make_model(name: str, *, activation: str | None = None, seed: int | None = N
         raise _validate.DpoptError(f"options {unknown} are not options of model={name!r} (its options: "
                                    f"{', '.join(sorted(accepted)) or 'none'})")
     if seed is None:
-        return MODELS[name](**options)
+        return NETWORKS[name](**options)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return MODELS[name](**options)
+        return NETWORKS[name](**options)
 
 
 def _activation(name: str) -> type[nn.Module]:

@@ -63,7 +63,7 @@ def split(metrics: Mapping[str, V]) -> tuple[dict[str, V], dict[str, V]]:
 #: Facts a reproduction states about its problem that are public: sizes, settings, published
 #: targets, statistics of the test data only (the majority-class error: of the test set's own
 #: majority class), and how the data were prepared (a sentence, labelled NOT PRIVATE where the
-#: preparation reads the data: :mod:`dpopt.experiments.preparation`).
+#: preparation reads the data: :mod:`dpopt.jobs.preparation`).
 PUBLIC_FACTS = frozenset({
     "n", "n_test", "dim", "d", "features", "task", "clients", "records_per_client", "model", "data", "source",
     "target_error", "delta", "smoke", "phi", "alpha", "goldstein_points", "goldstein_seed", "reference",

@@ -65,9 +65,10 @@ non-private backward added to the private gradient, an optimizer's ``step(closur
 closure recomputes the loss and writes its exact gradient into ``.grad`` in place of g̃_t, so call
 ``optimizer.step()`` without one; :class:`dpopt.optim.AdamBC` refuses a closure).
 
-Checkpoints (:meth:`save`, :meth:`Private.resume`) hold the algorithm's state, both generators,
-the step, the ledger and the run's id in dpopt's checkpoint format (no pickle), tagged under the
-user's checkpoint key (:mod:`dpopt.journal`); they are secret, like the seed. The optimizer is
+Checkpoints (:meth:`save`, :meth:`Private.resume`) are the run's snapshot (the algorithm's state,
+both generators, the step, the ledger, the run's id and its settings) in the checkpoint format of
+:func:`dpopt.run` (:mod:`dpopt.snapshot`: no pickle, tagged under the user's checkpoint key); they
+are secret, like the seed. The optimizer is
 the user's (its state too: ``optimizer.state_dict()``), so a resumed run may take its next
 gradient at another θ than the saved run would have: were its noise the saved run's, the two
 releases would differ by exactly the unnoised difference of their clipped sums. So a checkpoint
@@ -79,6 +80,7 @@ or resumes with one seed are the user's to keep apart).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypedDict
@@ -87,7 +89,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
-from . import _validate, checkpoint, journal
+from . import _validate, journal, resume, snapshot
 from .accounting import Ledger
 from .algorithms import registry
 from .base import Algorithm, Directed, NoiseSource, NoiseVariance
@@ -97,10 +99,6 @@ from .outputs import NOT_PRIVATE
 from .plan import plan_for, steps_for_epochs
 from .train import randomness
 from .watched import Watched
-
-#: The keys of a :meth:`Private.save` checkpoint.
-KEYS = frozenset({"private", "step", "state", "sample_gen", "noise_gen", "ledger", "run"})
-
 
 class LossToWatch(TypedDict):
     """:meth:`Private.diagnostics`: the last step's mean training loss, labelled NOT PRIVATE."""
@@ -193,7 +191,6 @@ class Private:
         self.plan = plan_for(algorithm, n=n, steps=steps, delta=delta, epsilon=epsilon, accountant=accountant,
                              allow_large_delta=allow_large_delta)
         self.seed = seed
-        self.run_id = journal.new_run()
         self.theta0 = self.oracle.flat_params().to(torch.float64)
         self.stepper = Watched.start(self.plan, self.oracle, theta0=self.theta0, seed=seed, noise_source=noise_source)
         names = set(self.oracle.layout.names)
@@ -220,6 +217,11 @@ class Private:
     def t(self) -> int:
         """Steps taken."""
         return self.stepper.t
+
+    @property
+    def run_id(self) -> str:
+        """The run's id (the journal's name for it; a resumed run takes its checkpoint's)."""
+        return self.stepper.run
 
     def __len__(self) -> int:
         return self.steps
@@ -330,47 +332,32 @@ class Private:
     # ---------------------------------------------------------------------------- checkpoints
 
     def _described(self) -> dict[str, str]:
-        return {"algorithm": repr(self.algorithm), "n": str(self.oracle.n), "dim": str(self.oracle.dim),
-                "steps": str(self.steps), "delta": repr(self.delta), "data": self.oracle.data_digest,
-                "model": self.oracle.model_digest,
-                "seed": "from the operating system" if self.seed is None else repr(self.seed)}
+        """The settings a checkpoint of this run must match (:func:`dpopt.resume.describe`)."""
+        return resume.describe(self.algorithm, self.oracle, steps=self.steps, delta=self.delta,
+                               seed="from the operating system" if self.seed is None else self.seed)
 
     def save(self, path: str | Path) -> None:
-        """Write the run's state (secret: it holds the generators) to ``path``, atomically, tagged
-        under the user's checkpoint key; the journal records it as the run's latest checkpoint."""
-        state = self.stepper.state
+        """Write the run's snapshot (secret: it holds the generators) to ``path``, atomically, tagged
+        under the user's checkpoint key; the journal records it as the run's latest checkpoint
+        (:func:`dpopt.snapshot.write`). After ``backward()`` its θ is the module's parameters."""
+        saved = self.stepper.snapshot(self._described())
         if self._own_update is False:
             assert isinstance(self.algorithm, Directed)  # backward() refuses any other
-            state = self.algorithm.moved(state, self._theta())
-        checkpoint.save(Path(path), {
-            "private": self._described(), "step": self.stepper.t, "state": state,
-            "sample_gen": self.stepper.sample_gen.get_state(), "noise_gen": self.stepper.source.generator.get_state(),
-            "ledger": self.stepper.ledger.state(), "run": self.run_id}, journal.key())
-        journal.written(self.run_id, self.stepper.t)
+            saved = dataclasses.replace(saved, state=self.algorithm.moved(saved.state, self._theta()))
+        snapshot.write(Path(path), saved, journal.key())
 
     def resume(self, path: str | Path) -> None:
-        """Continue from a :meth:`save` of the same run (same algorithm, data, steps, δ and seed),
-        whose tag verifies under the user's key and whose ledger records exactly what the plan
-        spends in its steps; the module gets the saved θ. Refused if that checkpoint was resumed
-        before or its run has a later one (:func:`dpopt.journal.resume`). The generators: the
-        saved ones with a seed, else new ones from the operating system."""
-        from . import resume as resuming
-
-        saved = checkpoint.load(Path(path), journal.key())
-        name = f"checkpoint={str(path)!r}"
-        if not (isinstance(saved, dict) and set(saved) == KEYS):
-            raise _validate.DpoptError(f"{name} is not a checkpoint of dpopt.Private; it was not used")
-        resuming.check_settings(name, saved["private"], self._described())
-        ledger = resuming.checked_ledger(name, saved["ledger"], saved["step"], self.plan, stop_at=self.steps)
-        journal.resume(saved["run"], saved["step"], name, once=True)
-        self.stepper.state, self.stepper.t, self.stepper.ledger = saved["state"], saved["step"], ledger
-        self.run_id = saved["run"]
+        """Continue from a :meth:`save` of the same run (same algorithm, data, model, steps, δ and
+        seed), whose tag verifies under the user's key and whose ledger records exactly what the
+        plan spends in its steps; the module gets the saved θ. Refused if that checkpoint was
+        resumed before or its run has a later one (:func:`dpopt.snapshot.read`). The generators:
+        the saved ones with a seed, else new ones from the operating system."""
+        saved = snapshot.read(Path(path), journal.key(), settings=self._described(), plan=self.plan,
+                              stop_at=self.steps, once=True, progress=False)
+        self.stepper.restore(saved)
         if self.seed is None:
             self._redraw()
-        else:
-            self.stepper.sample_gen.set_state(saved["sample_gen"])
-            self.stepper.source.generator.set_state(saved["noise_gen"])
-        self.oracle.load(self.stepper.state.theta)
+        self.oracle.load(saved.theta)
 
     def _redraw(self) -> None:
         """New secret states of both generators, from the operating system."""

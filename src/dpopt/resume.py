@@ -1,19 +1,18 @@
 """Resuming from a checkpoint: only the same run, and only with the ε its steps really spent.
 
-A checkpoint stores the run's settings, described one by one (:func:`describe`); resuming with
-any setting changed is refused with a line naming the first that differs. Its ledger must be
-what the plan says the steps done so far spend (:func:`check`): a ledger that records less
-would make the resumed run report less ε than it spent. Every refusal advises another
-``--out``, never deleting the checkpoint: it is the record of the ε already spent on the data.
-Before these checks, the checkpoint's tag is verified under the user's key
-(:func:`dpopt.checkpoint.load`); after them, :func:`dpopt.journal.resume` refuses a checkpoint
-older than its run's latest.
+A checkpoint (a :class:`~dpopt.snapshot.Snapshot`) stores the run's settings, described one by
+one (:func:`describe`); resuming with any setting changed is refused with a line naming the first
+that differs (:func:`check_settings`). Its ledger must be what the plan says the steps done so
+far spend (:func:`checked_ledger`): a ledger that records less would make the resumed run report
+less ε than it spent. Every refusal advises another ``--out``, never deleting the checkpoint: it
+is the record of the ε already spent on the data. :func:`dpopt.snapshot.read` makes these checks,
+after verifying the checkpoint's tag under the user's key (:func:`dpopt.checkpoint.load`) and
+before :func:`dpopt.journal.resume` refuses a checkpoint older than its run's latest.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import dp_accounting as dpa
@@ -25,11 +24,6 @@ from .accounting.ledger import LedgerState
 if TYPE_CHECKING:
     from .base import S, Oracle
     from .plan import Plan
-
-#: What a checkpoint holds (:func:`dpopt.train.run` writes these keys).
-KEYS = frozenset({"settings", "step", "state", "visited", "expected", "records", "diagnostics", "sample_gen",
-                  "noise_gen", "ledger", "cpu_time_s", "wall_time_s", "diverged_at", "run"})
-
 
 def describe(algorithm: object, oracle: Oracle, **settings: object) -> dict[str, str]:
     """Everything that determines a run, setting by setting, in a fixed order: the algorithm
@@ -49,25 +43,16 @@ def describe(algorithm: object, oracle: Oracle, **settings: object) -> dict[str,
     } | {name: repr(value) for name, value in settings.items()}
 
 
-def check(path: Path, saved: object, described: dict[str, str], plan: Plan[S], *, stop_at: int) -> Ledger:
-    """The ledger of checkpoint ``saved`` (read from ``path``), once it is known to belong to this
-    run (settings ``described``) and to record what the plan spends in its ``saved["step"]`` steps.
+def checked_ledger(name: str, state: LedgerState, done: object, plan: Plan[S], *, stop_at: int) -> Ledger:
+    """The ledger saved as ``state`` after ``done`` steps, refused (naming checkpoint ``name``)
+    unless ``done`` is a step in [0, ``stop_at``] and the ledger records what ``plan`` spends in
+    those steps.
 
     Schedules (the plan fixes every step's event): the ledger must equal the first k atomic events
     of ``canonical(algorithm.planned_event(n, steps))``, k those of the steps done. A zCDP privacy
     filter (DP-AGD's budget, whose steps choose their own spending): the ledger must stay within
     it (:func:`dpopt.accounting.guarantee`).
     """
-    name = f"checkpoint={str(path)!r}"
-    if not (isinstance(saved, dict) and set(saved) == KEYS):
-        raise DpoptError(f"{name} is not a checkpoint of dpopt.run (it holds other data); it was not used")
-    check_settings(name, saved["settings"], described)
-    return checked_ledger(name, saved["ledger"], saved["step"], plan, stop_at=stop_at)
-
-
-def checked_ledger(name: str, state: LedgerState, done: object, plan: Plan[S], *, stop_at: int) -> Ledger:
-    """The ledger saved as ``state`` after ``done`` steps, refused (naming checkpoint ``name``)
-    unless it records what ``plan`` spends in those steps (:func:`check` says how)."""
     if type(done) is not int or not 0 <= done <= stop_at:
         raise DpoptError(f"{name} records step={done!r}, not a step in [0, {stop_at}] of this run")
     try:

@@ -8,11 +8,12 @@ draws the batch from the run's sampling generator, calls ``algorithm.step`` and 
 it returns in the :class:`~dpopt.accounting.Ledger` (double entry: the ledger is checked against
 the plan's event after every logged step). :func:`run` is the same loop for an algorithm object
 and keyword arguments.
-A checkpoint holds θ and the algorithm state, both generators, the step, the ledger, the
-history so far and the run's id, written atomically (:mod:`dpopt.checkpoint`) under the lock of
-the checkpoint (:mod:`dpopt.lock`) and tagged under the user's checkpoint key
-(:mod:`dpopt.journal`); resuming refuses a checkpoint whose tag does not verify, of another run,
-whose ledger is not the plan's (:mod:`dpopt.resume`), or older than its run's latest (a rewind).
+A checkpoint is the run's :class:`~dpopt.snapshot.Snapshot` (:meth:`Stepper.snapshot`: θ and the
+algorithm state, both generators, the step, the ledger, the run's id, its settings, and the
+history so far), written by :func:`dpopt.snapshot.write` under the lock of the checkpoint
+(:mod:`dpopt.lock`); resuming (:func:`dpopt.snapshot.read`, then :meth:`Stepper.restore`) refuses
+a checkpoint whose tag does not verify, of another run, whose ledger is not the plan's, or older
+than its run's latest (a rewind).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import _validate, atomic, checkpoint, journal, lock, resume
+from . import _validate, atomic, journal, lock, resume, snapshot
 from .accounting import Ledger, accountant_note
 from .base import (S, Algorithm, Averaged, Batch, ClosedForm, KeyedSampling, NoiseSource, Oracle, Reporting, Sampler,
                    SelfDiagnosing, SharedNoise)
@@ -42,6 +43,7 @@ from .mechanisms import Discrete, SeededNoise
 from .outputs import NOT_PRIVATE
 from .progress import bar as progress_bar
 from .plan import Plan
+from .snapshot import Progress, Snapshot
 
 @dataclasses.dataclass
 class History:
@@ -198,10 +200,12 @@ class StepClock:
 @dataclasses.dataclass
 class Stepper:
     """The moving parts of one run of ``plan``: the algorithm's state, the oracle, the ledger, the
-    sampling generator and the noise source, and the next step ``t``.
+    sampling generator and the noise source, the next step ``t`` and the run's id ``run``
+    (:func:`dpopt.journal.new_run`).
 
     :meth:`step` is step t of the run (:func:`step`); :func:`train` and :class:`dpopt.Private` (so
-    :func:`dpopt.fit`) drive the same object, so every release comes from one code path."""
+    :func:`dpopt.fit`) drive the same object, so every release comes from one code path, and
+    checkpoint it as one value: :meth:`snapshot` and :meth:`restore`."""
 
     plan: Plan[Any]
     oracle: Oracle
@@ -211,6 +215,7 @@ class Stepper:
     source: NoiseSource
     origin: str  # where the randomness comes from (History.randomness)
     t: int = 0
+    run: str = dataclasses.field(default_factory=journal.new_run)
 
     @classmethod
     def start(cls, plan: Plan[S], oracle: Oracle, *, theta0: Tensor, seed: int | None = None,
@@ -252,6 +257,22 @@ class Stepper:
         """The guarantee ε(δ) so far (the plan's δ by default): the ledger, checked against the
         plan (:meth:`dpopt.plan.Plan.guarantee`; a privacy filter's total)."""
         return self.plan.guarantee(self.ledger, delta)
+
+    def snapshot(self, settings: dict[str, str], progress: Progress | None = None) -> Snapshot:
+        """The run now, as one value (:class:`~dpopt.snapshot.Snapshot`): everything :meth:`restore`
+        needs to continue it exactly, with the ``settings`` a resume must match and the loop's
+        ``progress``. Secret: it holds both generators' states."""
+        return Snapshot(settings=settings, run=self.run, step=self.t, state=self.state,
+                        sample_gen=self.sample_gen.get_state(), noise_gen=self.source.generator.get_state(),
+                        ledger=self.ledger.state(), progress=progress)
+
+    def restore(self, saved: Snapshot) -> None:
+        """Continue from ``saved`` (checked by :func:`dpopt.snapshot.read`): its state, step, ledger,
+        run id and both generators' states; the next step is the one ``saved``'s run would have taken."""
+        self.state, self.t, self.run = saved.state, saved.step, saved.run
+        self.ledger = Ledger.from_state(saved.ledger)
+        self.sample_gen.set_state(saved.sample_gen)
+        self.source.generator.set_state(saved.noise_gen)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -371,21 +392,19 @@ def _train(stepper: Stepper, options: Options, *, stop_at: int, log_every: int, 
     records: list[dict[str, float]] = []
     logged: list[dict[str, float]] = []
     visited, expected, spent, diverged_at = 0, 0.0, (0.0, 0.0), None
-    run_id, key = journal.new_run(), None
+    key = None
     if path is not None:
         atomic.remove_stale(path)  # under the lock: no live writer of path
         key = journal.key()
-    if path is not None and path.exists():
-        saved = checkpoint.load(path, key)
-        stepper.ledger = resume.check(path, saved, described, plan, stop_at=stop_at)
-        # resumed exactly (same generators): a replayed step releases what it released before
-        run_id = saved["run"]
-        journal.resume(run_id, saved["step"], f"checkpoint={str(path)!r}", once=False)
-        stepper.state, stepper.t, visited, records = saved["state"], saved["step"], saved["visited"], saved["records"]
-        expected, logged = saved["expected"], saved["diagnostics"]
-        stepper.sample_gen.set_state(saved["sample_gen"])
-        stepper.source.generator.set_state(saved["noise_gen"])
-        spent, diverged_at = (saved["cpu_time_s"], saved["wall_time_s"]), saved["diverged_at"]
+        if path.exists():
+            saved = snapshot.read(path, key, settings=described, plan=plan, stop_at=stop_at, once=False,
+                                  progress=True)
+            # resumed exactly (same generators): a replayed step releases what it released before
+            stepper.restore(saved)
+            assert saved.progress is not None  # (read refuses a snapshot without)
+            so_far = saved.progress
+            visited, expected, records, logged = so_far.visited, so_far.expected, so_far.records, so_far.diagnostics
+            spent, diverged_at = (so_far.cpu_time_s, so_far.wall_time_s), so_far.diverged_at
     start = stepper.t
     sample = None if diagnostic_sample is None or diagnostic_sample >= n else torch.linspace(
         0, n - 1, diagnostic_sample).round().long()
@@ -407,14 +426,10 @@ def _train(stepper: Stepper, options: Options, *, stop_at: int, log_every: int, 
             "passes": visited / n, "cpu_time_s": clock.cpu, "wall_time_s": clock.wall,
         } | (log_metrics(theta) if log_metrics else {})
 
-    def save(t: int) -> None:
-        assert path is not None  # saves only to a checkpoint path
-        checkpoint.save(path, {
-            "settings": described, "step": t, "state": stepper.state, "visited": visited, "expected": expected,
-            "records": records, "diagnostics": logged, "sample_gen": stepper.sample_gen.get_state(),
-            "noise_gen": stepper.source.generator.get_state(), "ledger": stepper.ledger.state(),
-            "cpu_time_s": clock.cpu, "wall_time_s": clock.wall, "diverged_at": diverged_at, "run": run_id}, key)
-        journal.written(run_id, t)
+    def save() -> None:
+        assert path is not None and key is not None  # saves only to a checkpoint path
+        snapshot.write(path, stepper.snapshot(described, Progress(visited, expected, records, logged, clock.cpu,
+                                                                  clock.wall, diverged_at)), key)
 
     bar = progress_bar(stop_at, initial=start, enabled=progress, desc=type(algorithm).__name__, unit="step")
     clock = StepClock(*spent)
@@ -434,12 +449,12 @@ def _train(stepper: Stepper, options: Options, *, stop_at: int, log_every: int, 
                 break
         if path is not None and options.checkpoint_every and (t + 1) % options.checkpoint_every == 0:
             with clock.paused():
-                save(t + 1)
+                save()
     clock.stop()
     bar.close()
     done = stop_at if diverged_at is None else diverged_at
     if path is not None:
-        save(done)  # a diverged run's too: its ledger holds every step taken
+        save()  # of step done (stepper.t), a diverged run's too: its ledger holds every step taken
     theta = algorithm.output(stepper.state)
     report = None
     if diagnostics:

@@ -3,7 +3,7 @@
 Two contracts, each checked by one measurement that passes on the honest code and catches every
 mutant of it (a mutant is the code before its fix, or the fix with one of its checks left out):
 
-* a saved job (:class:`dpopt.experiments._runner.Saved`) is loaded only if it is authenticated
+* a saved job (:class:`dpopt.jobs.Saved`) is loaded only if it is authenticated
   under the user's checkpoint key and holds the job asked for. :func:`forgeries_loaded` offers a
   pool three saved files: the honest one, one rewritten with its digest recomputed ("a forged
   job"), and another job's genuine file copied over it ("a renamed job"). Mutants: the loader
@@ -23,7 +23,7 @@ import pytest
 
 from dpopt import checkpoint, journal
 from dpopt._validate import DpoptError
-from dpopt.experiments._runner import Pool, Saved
+from dpopt.jobs import Pool, Saved
 
 
 @dataclass(frozen=True)

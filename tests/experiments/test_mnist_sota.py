@@ -18,7 +18,8 @@ from dpopt._validate import DpoptError
 from dpopt.algorithms import DPSGD
 from dpopt.augmentation import ONE_PIXEL_SHIFTS, shift
 from dpopt.experiments import mnist_sota
-from dpopt.experiments._runner import Problem, Saved, Training
+from dpopt.experiments._runner import Problem, Training
+from dpopt.jobs import Saved
 from dpopt.experiments.optimizer_loop import OptimizerLoop
 from dpopt.experiments.reproduce import reproduce
 from dpopt.models import cross_entropy

@@ -20,7 +20,7 @@ from dpopt.bench import problems, tasks
 from dpopt.data import Dataset
 from dpopt.data.bounds import PublicBounds, Range
 from dpopt.data.tabular import prepared
-from dpopt.experiments.preparation import LABEL, SYNTHETIC, NotPrivate, described, is_public
+from dpopt.jobs.preparation import LABEL, SYNTHETIC, NotPrivate, described, is_public
 
 VARIANTS = (None, "quick", "main")
 

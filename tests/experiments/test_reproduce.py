@@ -16,9 +16,10 @@ from scipy import stats
 
 from dpopt import _validate, experiments, outputs, report
 from dpopt.algorithms import DPSGD, Storm, dp_gd
-from dpopt.experiments._runner import Method, Problem, mean_curve, one_sided_p
+from dpopt.experiments._runner import Method, Problem, mean_curve
 from dpopt.train import History
-from dpopt.experiments.preparation import SYNTHETIC
+from dpopt.jobs import one_sided_p
+from dpopt.jobs.preparation import SYNTHETIC
 from dpopt.experiments.preset import Experiment
 from dpopt.experiments.reproduce import reproduce
 from dpopt.oracles import Logistic
@@ -337,7 +338,7 @@ def test_results_say_where_the_randomness_came_from_and_label_a_preparation_that
     problem prepared from statistics of its data (as the DIFF2 presets follow their paper) was shown
     without a label. Now results.json, results.md and the figure titles say both."""
     from dpopt.data.tabular import prepared
-    from dpopt.experiments.preparation import LABEL, NotPrivate
+    from dpopt.jobs.preparation import LABEL, NotPrivate
 
     paper = NotPrivate("a paper's standardisation", prepared)
     _with(monkeypatch, PROBLEMS=("public", "standardised"), EPSILONS=(1.0,), PAPER=[],

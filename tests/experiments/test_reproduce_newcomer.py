@@ -11,7 +11,7 @@ import pytest
 
 from dpopt import _validate, report
 from dpopt.cli import main
-from dpopt.experiments._runner import Pool
+from dpopt.jobs import Pool
 from dpopt.experiments.reproduce import reproduce
 import warning_job
 from test_reproduce import _with

@@ -12,7 +12,7 @@ from .. import _validate, mechanisms
 from ..sampling import BatchSampling, FullBatch, by_name
 
 if TYPE_CHECKING:
-    from .registry import Knobs
+    from .params import Params
 
 OUTPUT_RULES = ("last", "uniform")
 
@@ -54,14 +54,14 @@ def check_noise(noise: mechanisms.Noise, sampling: BatchSampling) -> None:
                                    "Gaussian is accounted as zCDP, which dp_accounting cannot amplify by sampling")
 
 
-def noise_kind(knobs: Knobs) -> mechanisms.Noise:
-    """The kind of noise ``knobs.noise`` names: the exact discrete Gaussian for "discrete", else
+def noise_kind(params: Params) -> mechanisms.Noise:
+    """The kind of noise ``params.noise`` names: the exact discrete Gaussian for "discrete", else
     continuous Gaussian noise (whose source, the run's seeded generator or the OS CSPRNG, is the
     run's: :func:`dpopt.mechanisms.source_named`)."""
-    return mechanisms.DISCRETE if knobs.noise == "discrete" else mechanisms.CONTINUOUS
+    return mechanisms.DISCRETE if params.noise == "discrete" else mechanisms.CONTINUOUS
 
 
-def batch_sampling(knobs: Knobs) -> BatchSampling:
-    """The batch sampling ``knobs.sampling`` names, with ``knobs.batch_size`` checked against n."""
-    _validate.positive_int("batch_size", knobs.batch_size, maximum=knobs.n, maximum_name="n (training records)")
-    return by_name(knobs.sampling)
+def batch_sampling(params: Params) -> BatchSampling:
+    """The batch sampling ``params.sampling`` names, with ``params.batch_size`` checked against n."""
+    _validate.positive_int("batch_size", params.batch_size, maximum=params.n, maximum_name="n (training records)")
+    return by_name(params.sampling)

@@ -45,7 +45,7 @@ from . import banded
 from ._common import check_noise, noise_kind
 
 if TYPE_CHECKING:
-    from .registry import Knobs
+    from .params import AClipParams
 
 
 @dataclass(frozen=True)
@@ -292,8 +292,8 @@ def paper_noise(*, epsilon: float, delta: float, n: int, batch_size: int, steps:
             "neighboring_relation": "add_or_remove_one"}
 
 
-def from_knobs(knobs: Knobs) -> AClip:
+def from_params(params: AClipParams) -> AClip:
     """``aclip`` by name: ``lr``, ``clip`` (λ), ``batch_size``, ``radius``, ``noise``, ``bands`` (default 1)."""
-    _validate.positive_int("batch_size", knobs.batch_size, maximum=knobs.n, maximum_name="n (training records)")
-    return AClip(lr=knobs.lr, clip=knobs.clip, noise_multiplier=1.0, batch_size=knobs.batch_size, radius=knobs.radius,
-                 noise=noise_kind(knobs), bands=1 if knobs.bands is None else knobs.bands)
+    _validate.positive_int("batch_size", params.batch_size, maximum=params.n, maximum_name="n (training records)")
+    return AClip(lr=params.lr, clip=params.clip, noise_multiplier=1.0, batch_size=params.batch_size,
+                 radius=params.radius, noise=noise_kind(params), bands=1 if params.bands is None else params.bands)

@@ -38,7 +38,7 @@ from .. import _validate, mechanisms
 from ..base import S, Algorithm, Batch, Directed, KeyedSampling, NoiseSource, NoiseVariance, Oracle, Sampler
 
 if TYPE_CHECKING:
-    from .registry import Knobs
+    from .params import Params
 
 
 def bias_corrected_step(param: Tensor, grad: Tensor, m: Tensor, v: Tensor, *, step: int, noise: float,
@@ -162,7 +162,7 @@ class AdamBC:
         return self.inner.output(state.inner)
 
 
-def from_knobs(inner: Algorithm[S], knobs: Knobs) -> AdamBC:
+def from_params(inner: Algorithm[S], params: Params) -> AdamBC:
     """``optimizer="adambc"`` by name: ``inner`` (built by its entry) with DP-AdamBC's update at step
-    size ``knobs.lr`` and floor ``knobs.adam_gamma`` (betas and eps at their defaults)."""
-    return AdamBC(inner, lr=knobs.lr, gamma=knobs.adam_gamma)
+    size ``params.lr`` and floor ``params.adam_gamma`` (betas and eps at their defaults)."""
+    return AdamBC(inner, lr=params.lr, gamma=params.adam_gamma)

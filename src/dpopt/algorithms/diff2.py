@@ -54,7 +54,7 @@ from ..distributed import Local
 from ._common import OUTPUT_RULES, Output, output_init, output_track, output_value
 
 if TYPE_CHECKING:
-    from .registry import Knobs
+    from .params import DIFF2Params
 
 
 class DIFF2State(NamedTuple):
@@ -291,22 +291,23 @@ def _scaled_clip(clip: float, move: Tensor) -> float:
     return clip * norm if math.isfinite(norm) else 0.0
 
 
-def _diff2(knobs: Knobs, local: bool = False) -> DIFF2:
-    split = sampling.Clients(knobs.n, knobs.clients)
-    steps = LocalSteps(knobs.local_steps, min(knobs.batch_size, split.size), knobs.clip_diff) if local else None
-    return DIFF2(lr=knobs.lr, clip=knobs.clip, clip_diff=knobs.clip_diff, restart=knobs.restart, noise_multiplier1=1.0,
-                 noise_multiplier2=1.0, clients=split, output_rule=knobs.output_rule, noise_ratios=knobs.noise_ratios,
-                 backend=Local() if knobs.backend is None else knobs.backend,
+def _diff2(params: DIFF2Params, local: bool = False) -> DIFF2:
+    split = sampling.Clients(params.n, params.clients)
+    steps = LocalSteps(params.local_steps, min(params.batch_size, split.size), params.clip_diff) if local else None
+    return DIFF2(lr=params.lr, clip=params.clip, clip_diff=params.clip_diff, restart=params.restart,
+                 noise_multiplier1=1.0, noise_multiplier2=1.0, clients=split, output_rule=params.output_rule,
+                 noise_ratios=params.noise_ratios,
+                 backend=Local() if params.backend is None else params.backend,
                  local=steps, noise_multiplier3=1.0 if local else None)
 
 
-def gd_from_knobs(knobs: Knobs) -> DIFF2:
+def gd_from_params(params: DIFF2Params) -> DIFF2:
     """``diff2-gd`` by name: C1 = ``clip``, C2 = ``clip_diff``, T = ``restart``, P = ``clients`` (an
     i.i.d. equal split, seed 0), ``backend``, ``output_rule``, ``noise_ratios``."""
-    return _diff2(knobs)
+    return _diff2(params)
 
 
-def bvr_from_knobs(knobs: Knobs) -> DIFF2:
+def bvr_from_params(params: DIFF2Params) -> DIFF2:
     """``diff2-bvr`` by name: as ``diff2-gd``, with K = ``local_steps`` local steps on batches of
     ``batch_size`` (at most a shard) clipped at C3 = ``clip_diff``."""
-    return _diff2(knobs, local=True)
+    return _diff2(params, local=True)

@@ -88,7 +88,7 @@ from ..mechanisms import Bounded
 from ._common import check_noise, noise_kind
 
 if TYPE_CHECKING:
-    from .registry import Knobs
+    from .params import DPAGDParams
 
 
 class DPAGDState(NamedTuple):
@@ -252,6 +252,6 @@ def _candidate_scores(oracle: Oracle, thetas: Tensor, indices: Tensor, obj_clip:
     return clipping.clip_loss_sums(losses, obj_clip, public_offset=n * regulariser)
 
 
-def from_knobs(knobs: Knobs) -> DPAGD:
+def from_params(params: DPAGDParams) -> DPAGD:
     """``dp-agd`` by name: ``clip``, ``obj_clip``, ``noise``."""
-    return DPAGD(clip=knobs.clip, obj_clip=knobs.obj_clip, noise_multiplier=1.0, noise=noise_kind(knobs))
+    return DPAGD(clip=params.clip, obj_clip=params.obj_clip, noise_multiplier=1.0, noise=noise_kind(params))

@@ -48,7 +48,7 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
-    from .registry import Knobs
+    from .params import DPSGDParams, Params
 
 
 class DPSGDState(NamedTuple):
@@ -229,34 +229,34 @@ def rrpsgd(*, lr: float, clip: float, noise_multiplier: float, batch_size: int,
                  output_rule="uniform", noise=noise)
 
 
-#: ``dp-bandmf``'s bands when the knobs leave them unset.
+#: ``dp-bandmf``'s bands when its parameters leave them unset.
 BANDMF_BANDS = 4
 
 
-def _from_knobs(knobs: Knobs, bands: int) -> DPSGD:
-    """DP-SGD of the knobs: ``lr``, ``clip``, ``batch_size``, ``sampling``, ``noise``, ``bands`` (``bands``
-    when the knobs leave it unset), ``clip_quantile``, ``clip_lr``, ``count_noise``."""
-    return DPSGD(lr=knobs.lr, clip=knobs.clip, noise_multiplier=1.0, batch_size=knobs.batch_size,
-                 sampling=batch_sampling(knobs), noise=noise_kind(knobs),
-                 bands=bands if knobs.bands is None else knobs.bands, clip_quantile=knobs.clip_quantile,
-                 clip_lr=knobs.clip_lr, count_noise=knobs.count_noise)
+def _from_params(params: DPSGDParams, bands: int) -> DPSGD:
+    """DP-SGD of its parameters: ``lr``, ``clip``, ``batch_size``, ``sampling``, ``noise``, ``bands`` (``bands``
+    when they leave it unset), ``clip_quantile``, ``clip_lr``, ``count_noise``."""
+    return DPSGD(lr=params.lr, clip=params.clip, noise_multiplier=1.0, batch_size=params.batch_size,
+                 sampling=batch_sampling(params), noise=noise_kind(params),
+                 bands=bands if params.bands is None else params.bands, clip_quantile=params.clip_quantile,
+                 clip_lr=params.clip_lr, count_noise=params.count_noise)
 
 
-def dp_sgd_from_knobs(knobs: Knobs) -> DPSGD:
+def dp_sgd_from_params(params: DPSGDParams) -> DPSGD:
     """``dp-sgd`` by name (bands 1 unless set)."""
-    return _from_knobs(knobs, 1)
+    return _from_params(params, 1)
 
 
-def bandmf_from_knobs(knobs: Knobs) -> DPSGD:
+def bandmf_from_params(params: DPSGDParams) -> DPSGD:
     """``dp-bandmf`` by name: ``dp-sgd`` with ``bands`` (default :data:`BANDMF_BANDS`)."""
-    return _from_knobs(knobs, BANDMF_BANDS)
+    return _from_params(params, BANDMF_BANDS)
 
 
-def dp_gd_from_knobs(knobs: Knobs) -> DPSGD:
+def dp_gd_from_params(params: Params) -> DPSGD:
     """``dp-gd`` by name: ``lr``, ``clip``, ``noise``."""
-    return dp_gd(lr=knobs.lr, clip=knobs.clip, noise_multiplier=1.0, noise=noise_kind(knobs))
+    return dp_gd(lr=params.lr, clip=params.clip, noise_multiplier=1.0, noise=noise_kind(params))
 
 
-def rrpsgd_from_knobs(knobs: Knobs) -> DPSGD:
-    """``rrpsgd`` by name: ``dp-sgd``'s knobs, the output at a random round."""
-    return dataclasses.replace(dp_sgd_from_knobs(knobs), output_rule="uniform")
+def rrpsgd_from_params(params: DPSGDParams) -> DPSGD:
+    """``rrpsgd`` by name: ``dp-sgd``'s parameters, the output at a random round."""
+    return dataclasses.replace(dp_sgd_from_params(params), output_rule="uniform")

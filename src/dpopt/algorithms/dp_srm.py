@@ -41,7 +41,7 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
-    from .registry import Knobs
+    from .params import DPSRMParams
 
 STEP_RULES = ("plain", "normalized")
 
@@ -152,10 +152,10 @@ class DPSRM:
         return dpa.ComposedDpEvent([first, dpa.SelfComposedDpEvent(rest, steps - 1)])
 
 
-def from_knobs(knobs: Knobs) -> DPSRM:
+def from_params(params: DPSRMParams) -> DPSRM:
     """``dp-srm`` by name: ``lr``, ``clip`` (C1), ``clip_diff`` (C2), ``gamma``, ``batch_size`` (b; b0 =
-    ``knobs.first_batch``), ``sampling``, ``noise`` and ``noise_ratio`` (σ0/σ)."""
-    return DPSRM(lr=knobs.lr, clip=knobs.clip, clip_diff=knobs.clip_diff, gamma=knobs.gamma, noise_multiplier0=1.0,
-                 noise_multiplier=1.0, batch_size0=knobs.first_batch, batch_size=knobs.batch_size,
-                 sampling=batch_sampling(knobs), noise=noise_kind(knobs),
-                 noise_ratios=(_validate.positive("noise_ratio", knobs.noise_ratio), 1.0))
+    ``params.first_batch``), ``sampling``, ``noise`` and ``noise_ratio`` (σ0/σ)."""
+    return DPSRM(lr=params.lr, clip=params.clip, clip_diff=params.clip_diff, gamma=params.gamma, noise_multiplier0=1.0,
+                 noise_multiplier=1.0, batch_size0=params.first_batch, batch_size=params.batch_size,
+                 sampling=batch_sampling(params), noise=noise_kind(params),
+                 noise_ratios=(_validate.positive("noise_ratio", params.noise_ratio), 1.0))

@@ -58,7 +58,7 @@ from ..base import Batch, NoiseSource, Oracle, Pointwise, Sampler
 from ..oracles import zeroth_order as zo
 
 if TYPE_CHECKING:
-    from .registry import Knobs
+    from .params import O2NCParams
 
 ESTIMATORS = ("zeroth", "first")
 
@@ -316,26 +316,26 @@ class O2NCMulti(_Conversion):
 V = TypeVar("V")
 
 
-def _o2nc_settings(variant: Callable[..., V], knobs: Knobs) -> Callable[..., V]:
+def _o2nc_settings(variant: Callable[..., V], params: O2NCParams) -> Callable[..., V]:
     """``variant`` with the settings every O2NC variant reads already given: period Σ =
     ``batch_size``, clips C1 = ``clip`` and C2 = ``clip_diff``, smoothing ``alpha``, m =
     ``directions``, M = ``window``, D = ``o2nc_radius``."""
-    _validate.positive_int("batch_size", knobs.batch_size, maximum=knobs.n, maximum_name="n (training records)")
-    return functools.partial(variant, lr=knobs.lr, radius=knobs.o2nc_radius, window=knobs.window, alpha=knobs.alpha,
-                             period=knobs.batch_size, clip0=knobs.clip, clip=knobs.clip_diff, noise_multiplier=1.0,
-                             directions=knobs.directions)
+    _validate.positive_int("batch_size", params.batch_size, maximum=params.n, maximum_name="n (training records)")
+    return functools.partial(variant, lr=params.lr, radius=params.o2nc_radius, window=params.window, alpha=params.alpha,
+                             period=params.batch_size, clip0=params.clip, clip=params.clip_diff, noise_multiplier=1.0,
+                             directions=params.directions)
 
 
-def zeroth_from_knobs(knobs: Knobs) -> O2NC:
+def zeroth_from_params(params: O2NCParams) -> O2NC:
     """``o2nc-zeroth`` by name: the single pass with the zeroth-order oracle (B1 = Σ, B2 = 1)."""
-    return _o2nc_settings(O2NC, knobs)(estimator="zeroth", batch_size0=knobs.batch_size, batch_size=1)
+    return _o2nc_settings(O2NC, params)(estimator="zeroth", batch_size0=params.batch_size, batch_size=1)
 
 
-def first_from_knobs(knobs: Knobs) -> O2NC:
+def first_from_params(params: O2NCParams) -> O2NC:
     """``o2nc-first`` by name: the single pass with the first-order oracle (B1 = Σ, B2 = 1)."""
-    return _o2nc_settings(O2NC, knobs)(estimator="first", batch_size0=knobs.batch_size, batch_size=1)
+    return _o2nc_settings(O2NC, params)(estimator="first", batch_size0=params.batch_size, batch_size=1)
 
 
-def multi_from_knobs(knobs: Knobs) -> O2NCMulti:
+def multi_from_params(params: O2NCParams) -> O2NCMulti:
     """``o2nc-multi`` by name: every record every step."""
-    return _o2nc_settings(O2NCMulti, knobs)()
+    return _o2nc_settings(O2NCMulti, params)()

@@ -46,7 +46,7 @@ from ..base import Batch, NoiseSource, Oracle, Sampler
 from ._common import check_noise, noise_kind
 
 if TYPE_CHECKING:
-    from .registry import Knobs
+    from .params import DPSURParams
 
 
 class DPSURState(NamedTuple):
@@ -151,17 +151,17 @@ class DPSUR:
         return dpa.ComposedDpEvent([self.step_event(n)] * steps)
 
 
-def from_knobs(knobs: Knobs) -> DPSUR:
+def from_params(params: DPSURParams) -> DPSUR:
     """``dp-sur`` by name: ``lr``, ``clip``, ``batch_size`` (Poisson only), ``val_rate`` (None: b/n),
     ``obj_clip`` as C_v (the clip of a per-record loss change), ``noise_ratio`` as σ_v/σ,
     ``threshold`` as β, ``noise``."""
-    if knobs.sampling != "poisson":
-        raise _validate.DpoptError(f"sampling={knobs.sampling!r} is refused for algorithm='dp-sur': its candidate and "
+    if params.sampling != "poisson":
+        raise _validate.DpoptError(f"sampling={params.sampling!r} is refused for algorithm='dp-sur': its candidate and "
                                    "test batches are Poisson samples (sampling='poisson')")
-    _validate.positive_int("batch_size", knobs.batch_size, maximum=knobs.n, maximum_name="n (training records)")
-    ratio = _validate.positive("noise_ratio", knobs.noise_ratio)
-    return DPSUR(lr=knobs.lr, clip=knobs.clip, noise_multiplier=1.0, val_noise_multiplier=ratio,
-                 batch_size=knobs.batch_size,
-                 val_rate=knobs.batch_size / knobs.n if knobs.val_rate is None else knobs.val_rate,
-                 val_clip=knobs.obj_clip, threshold=knobs.threshold, noise_ratios=(1.0, ratio),
-                 noise=noise_kind(knobs))
+    _validate.positive_int("batch_size", params.batch_size, maximum=params.n, maximum_name="n (training records)")
+    ratio = _validate.positive("noise_ratio", params.noise_ratio)
+    return DPSUR(lr=params.lr, clip=params.clip, noise_multiplier=1.0, val_noise_multiplier=ratio,
+                 batch_size=params.batch_size,
+                 val_rate=params.batch_size / params.n if params.val_rate is None else params.val_rate,
+                 val_clip=params.obj_clip, threshold=params.threshold, noise_ratios=(1.0, ratio),
+                 noise=noise_kind(params))

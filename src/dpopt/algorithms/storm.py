@@ -23,7 +23,7 @@ from ..base import Batch, NoiseSource, Oracle, Sampler
 from ._common import batch_sampling
 
 if TYPE_CHECKING:
-    from .registry import Knobs
+    from .params import StormParams
 
 STEP_RULES = ("constant", "adaptive")
 
@@ -98,7 +98,7 @@ class Storm:
         return dpa.SelfComposedDpEvent(dpa.NonPrivateDpEvent(), steps)
 
 
-def from_knobs(knobs: Knobs) -> Storm:
+def from_params(params: StormParams) -> Storm:
     """``storm`` by name (non-private): ``lr``, ``gamma`` (momentum), ``batch_size``, ``sampling``."""
-    return Storm(lr=knobs.lr, momentum=knobs.gamma, batch_size0=knobs.first_batch, batch_size=knobs.batch_size,
-                 sampling=batch_sampling(knobs))
+    return Storm(lr=params.lr, momentum=params.gamma, batch_size0=params.first_batch, batch_size=params.batch_size,
+                 sampling=batch_sampling(params))

@@ -17,7 +17,7 @@ the candidates and every trial's noise stay secret. A bench draws one secret per
 operating system, kept in the user's state folder, never in ``--out`` (:func:`randomness`), or
 takes the user's ``--seed`` (then reproducible), and derives every job's randomness from it; the
 outputs say which. The jobs saved in ``--out``/runs for a resume are authenticated under the
-user's checkpoint key (:class:`~dpopt.experiments._runner.Saved`).
+user's checkpoint key (:class:`~dpopt.jobs.Saved`).
 """
 
 from __future__ import annotations
@@ -40,17 +40,17 @@ import numpy as np
 from .. import _validate, atomic, journal, report
 from ..json_types import JsonValue
 from ..outputs import NOT_PRIVATE
-from ..experiments.preparation import described
+from ..jobs.preparation import described
 from ..report import summarise
-from ..tuning import Space, tune, tuning_plan
+from ..tuning import Space, tuning_plan
 from ..tuning.private import Dominated
 from ..tuning.space import Value
-from ..tuning.task import Task, builder
+from ..tuning.task import Task, builder, tune_task
 from ..tuning.trials import trials_of
 from .tasks import build_task, preparation
 
 if TYPE_CHECKING:
-    from ..experiments._runner import Pool
+    from ..jobs import Pool
 
 PROBLEMS = Path(__file__).with_name("problems.toml")
 #: A winner's p-value below this is reported as significant.
@@ -211,8 +211,8 @@ class BenchRun(BenchResult):
 
 @dataclass(frozen=True)
 class Tuning:
-    """A bench job (:class:`~dpopt.experiments._runner.Job`): ``method`` tuned privately at
-    ``epsilon`` with the secret seed ``seed`` (:meth:`Randomness.seed`; :func:`dpopt.tuning.tune`,
+    """A bench job (:class:`~dpopt.jobs.Job`): ``method`` tuned privately at
+    ``epsilon`` with the secret seed ``seed`` (:meth:`Randomness.seed`; :func:`dpopt.tuning.task.tune_task`,
     ``trials`` trials on average); its result (:class:`Tuned`) is the test metric of the selected θ
     under ``test_error`` and, with ``diagnostics`` (NOT PRIVATE), the trials run and the wall time.
     What it claims is not in its result: :meth:`planned`."""
@@ -228,10 +228,9 @@ class Tuning:
     def run(self, task: Task) -> Tuned:
         clock = time.perf_counter()
         method = self.method
-        tuned = tune(builder(method.algorithm, task.oracle.n, method.fixed), task.oracle, space=method.space,
-                     trials=self.trials, epsilon=self.epsilon, delta=self.delta, steps=method.steps,
-                     score=task.validation_error, seed=self.seed, theta0=task.theta0, test_error=task.test_error,
-                     diagnostics=self.diagnostics, allow_large_delta=self.allow_large_delta)
+        tuned = tune_task(task, method.algorithm, method.fixed, space=method.space, trials=self.trials,
+                          epsilon=self.epsilon, delta=self.delta, steps=method.steps, seed=self.seed,
+                          diagnostics=self.diagnostics, allow_large_delta=self.allow_large_delta)
         result: Tuned = {"test_error": tuned.final.get("test_error", math.nan)}
         if tuned.diagnostics is not None:
             result["trials_run"] = int(tuned.diagnostics["trials_run"])
@@ -419,7 +418,7 @@ def cell(epsilon: float, runs: Mapping[str, Sequence[Tuned]], planned: Mapping[s
     runner-up (the next lowest mean), unless methods tie: a mean within a relative :data:`TIE` of
     the lowest (e.g. every method at the majority class's error). Then no method wins: ``tied``
     names the methods at the lowest mean, and the winner, runner-up and p-value are None."""
-    from ..experiments._runner import one_sided_p
+    from ..jobs.statistics import one_sided_p
 
     errors = {name: [r["test_error"] for r in rs] for name, rs in runs.items()}
     means = {name: summarise(values)["mean"] for name, values in errors.items()}
@@ -457,11 +456,11 @@ def run_bench(chosen: Sequence[Problem], *, out: Path, workers: int, seed: int |
     is saved in ``out``/runs as it completes, authenticated under the user's checkpoint key: run
     again, the same command loads them instead of running them (an interrupted bench resumes, with
     the secret :func:`randomness` kept in the state folder; ``seed``: the user's, or None); a saved
-    job that is not authenticated is refused (:class:`~dpopt.experiments._runner.Saved`).
+    job that is not authenticated is refused (:class:`~dpopt.jobs.Saved`).
     ``command``: the command line as the outputs show it (:func:`shown_command`). ``progress``: each
     cell's result on standard error as it completes. ``diagnostics``: the NOT PRIVATE trial counts
     and wall times in the result and the outputs (they reveal K)."""
-    from ..experiments._runner import Pool, Saved, running, source_digest, writable
+    from ..jobs import Pool, Saved, running, source_digest, writable
     from .tables import figures, markdown
 
     _validate.positive_int("workers", workers)

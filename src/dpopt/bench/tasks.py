@@ -9,15 +9,16 @@ arguments. The problems reuse the reproductions' data and model code:
 * ``classifier``: an image classifier of :mod:`dpopt.models` (the DP-SRM reproduction's MNIST
   CNN) with per-record cross-entropy, its first ``records`` training images; test error;
 * ``mlp-regression``: the DIFF2 paper's one-hidden-layer MLP with squared loss on a tabular data
-  set (:func:`dpopt.models.mlp_oracle`); the metric is the test loss, the mean of (f(x) − y)² on
-  the prepared data. Splitting it over clients is the algorithm's business (DIFF2's ``clients``);
+  set; the metric is the test loss, the mean of (f(x) − y)² on the prepared data. Splitting it
+  over clients is the algorithm's business (DIFF2's ``clients``);
 * ``heavy-tailed``: the AClip paper's synthetic GLM data (:func:`dpopt.data.synthetic.heavy_tailed`);
 * ``truncated-absolute``: the O2NC reproduction's nonsmooth robust regression
   (:func:`dpopt.experiments.o2nc_nonsmooth.synthetic`, loss min(|⟨x, θ⟩ − y|, cap)); the metric is
   the test mean absolute error.
 
+The oracles of the first four are built by model name (:func:`dpopt.building.oracle_for`).
 Each kind declares how its data are prepared (:func:`preparation`, a value of
-:mod:`dpopt.experiments.preparation`): the first three read a registered data set, prepared by the
+:mod:`dpopt.jobs.preparation`): the first three read a registered data set, prepared by the
 public bounds it declares (a data set that declares none is refused), the last two draw synthetic
 data. Nothing is computed from the data before training: the bench's ε hold for the raw records.
 """
@@ -29,13 +30,12 @@ import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from torch import Tensor
-
 from .. import _validate
-from ..base import Oracle
+from ..building import metric_of, oracle_for
 from ..data.bounds import Preparation
-from ..experiments.preparation import SYNTHETIC, registered
-from ..tuning.task import METRICS, Task, glm_task, held_out_task
+from ..jobs.preparation import SYNTHETIC, registered
+from ..names import GLMS, MLP
+from ..tuning.task import Task, glm_task, held_out_task
 
 
 def glm(*, dataset: str, model: str, reg: float, validation_fraction: float, data_dir: str | None,
@@ -50,12 +50,13 @@ def classifier(*, dataset: str, model: str, records: int, microbatch_size: int, 
     """``model`` (:func:`dpopt.models.make_model`, seed 0: θ0, the same for every run) on the first
     ``records`` training images of ``dataset`` (all test images); the metric is the test error."""
     from ..data import load
-    from ..experiments._torch import classifier_oracle
+    from ..models import NETWORKS
 
+    _validate.one_of("model", model, NETWORKS)
     loaded = preparation.prepare(load(dataset, data_dir))
     cut = slice(_validate.positive_int("records", records, maximum=len(loaded.X_train),
                                        maximum_name="the training images"))
-    task = held_out_task(lambda X, y: classifier_oracle(model, X, y, microbatch_size=microbatch_size),
+    task = held_out_task(lambda X, y: oracle_for(model, X, y, microbatch_size=microbatch_size),
                          loaded.X_train[cut], loaded.y_train[cut], loaded.X_test, loaded.y_test,
                          validation_fraction=validation_fraction)
     return dataclasses.replace(task, theta0=task.oracle.flat_params().double())
@@ -65,17 +66,12 @@ def mlp_regression(*, dataset: str, validation_fraction: float, data_dir: str | 
                    preparation: Preparation) -> Task:
     """The MLP (10 softplus units, squared loss, seed-0 initialisation: θ0) on ``dataset``."""
     from ..data import load
-    from ..models import mlp_oracle
 
     loaded = preparation.prepare(load(dataset, data_dir))
-    task = held_out_task(mlp_oracle, loaded.X_train, loaded.y_train, loaded.X_test, loaded.y_test,
-                         validation_fraction=validation_fraction, metric="test_loss",
-                         measure=lambda oracle, X, y: _mean_loss(mlp_oracle(X, y)))
+    task = held_out_task(lambda X, y: oracle_for(MLP, X, y), loaded.X_train, loaded.y_train, loaded.X_test,
+                         loaded.y_test, validation_fraction=validation_fraction, metric="test_loss",
+                         measure=lambda oracle, X, y: metric_of(MLP, oracle, X, y))
     return dataclasses.replace(task, theta0=task.oracle.flat_params())
-
-
-def _mean_loss(oracle: Oracle) -> Callable[[Tensor], float]:
-    return lambda theta: float(oracle.loss(theta))
 
 
 #: The heavy-tailed data's labels for each model it fits: responses, or their signs.
@@ -87,12 +83,11 @@ def heavy_tailed(*, noise: str, model: str, n: int, dim: int, reg: float, valida
     """GLM ``model`` (ridge: the paper's regression; logistic) on the heavy-tailed synthetic data,
     ``n`` records in all (the last fifth for testing), seed 0."""
     from ..data.synthetic import heavy_tailed as draw
-    from ..oracles import make
 
     _validate.one_of("model", model, LABELS)
     data, _ = draw(noise, LABELS[model], n=n, dim=dim, seed=0, test_fraction=0.2)
-    return held_out_task(lambda X, y: make(model, X, y, reg=reg), data.X_train, data.y_train, data.X_test,
-                         data.y_test, validation_fraction=validation_fraction, metric=METRICS[model])
+    return held_out_task(lambda X, y: oracle_for(model, X, y, reg=reg), data.X_train, data.y_train, data.X_test,
+                         data.y_test, validation_fraction=validation_fraction, metric=GLMS[model])
 
 
 def truncated_absolute(*, dim: int, n: int, cap: float, validation_fraction: float, data_dir: str | None) -> Task:
@@ -129,8 +124,8 @@ def _kind(settings: Mapping[str, object]) -> Kind:
 
 def preparation(settings: Mapping[str, object]) -> Preparation:
     """How the task ``settings`` declare prepares its data: by the public bounds its registered data
-    set declares (:func:`~dpopt.experiments.preparation.registered`: refused if it declares none),
-    or :data:`~dpopt.experiments.preparation.SYNTHETIC`."""
+    set declares (:func:`~dpopt.jobs.preparation.registered`: refused if it declares none),
+    or :data:`~dpopt.jobs.preparation.SYNTHETIC`."""
     return registered(str(settings.get("dataset"))) if _kind(settings).registered else SYNTHETIC
 
 

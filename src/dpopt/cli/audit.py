@@ -15,9 +15,7 @@ from .output import Output
 if TYPE_CHECKING:
     from ..audit import BoundKind, Engine, ThreatModel
 
-#: The hyper-parameters ``audit`` sets (flags of the same names), and their defaults there.
-KNOBS = ("batch_size", "sampling", "lr", "clip", "noise", "bands", "clip_quantile", "clip_lr", "count_noise",
-         "optimizer", "adam_gamma")
+#: The audit's own defaults of hyper-parameters it sets (flags of the same names).
 DEFAULTS = {"batch_size": 50, "lr": 1.0}
 
 
@@ -50,7 +48,7 @@ class AuditRequest(Request):
         seed = seed_of(args)
         return cls(algorithm=args.algorithm, epsilon=_validate.positive("epsilon", args.epsilon), delta=args.delta,
                    steps=args.steps, dataset_size=_validate.positive_int("dataset_size", args.dataset_size),
-                   knobs=knobs_of(args, KNOBS), runs=args.runs,
+                   knobs=knobs_of(args, "audit"), runs=args.runs,
                    threat_model=audit.THREAT_MODELS[_validate.one_of("threat_model", args.threat_model,
                                                                      audit.THREAT_MODELS)],
                    bound=audit.KINDS[_validate.one_of("bound", args.bound, audit.KINDS)],
@@ -99,7 +97,7 @@ def add_parser(commands: Subcommands) -> None:
     sub.add_argument("--delta", type=float, default=1e-5, help="the δ of the claim")
     sub.add_argument("--steps", type=int, default=20, help="training steps of every run")
     sub.add_argument("--dataset-size", type=int, default=99, help="background records (the canary is one more)")
-    add_knobs(sub, KNOBS, defaults=DEFAULTS)
+    add_knobs(sub, "audit", defaults=DEFAULTS)
     sub.add_argument("--runs", type=int, default=10_000, help="canaries audited on each of D and D plus the canary")
     sub.add_argument("--threat-model", default="releases", help="releases (the adversary sees every noised "
                      "release) or final (only the output)")

@@ -1,6 +1,6 @@
 """What the commands share: the parser (one-line errors, values that start with a minus sign,
-defaults in ``--help``), the request every command parses its arguments into, and the flags of an
-algorithm's hyper-parameters (one per :class:`~dpopt.algorithms.registry.Knobs` field).
+defaults in ``--help``), the request every command parses its arguments into, and the flags of the
+algorithms' hyper-parameters (one per field of their parameter dataclasses, :mod:`dpopt.algorithms.params`).
 
 Nothing heavy is imported here: building the parser needs neither torch nor dp_accounting.
 """
@@ -8,17 +8,15 @@ Nothing heavy is imported here: building the parser needs neither torch nor dp_a
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, NoReturn, TypeAlias, TypeVar
 
 from .. import _validate, journal
 from ..algorithms import registry
-from ..names import NOISES
 from .output import Output
 
 #: A value that starts with a minus sign (``-5:5``, ``-1e-3``, ``-.5``), never an option: argparse
@@ -98,7 +96,7 @@ def subcommand(commands: Subcommands, name: str, command: Command[R], help_text:
 
 
 def algorithm_help() -> str:
-    return f"one of: {', '.join(registry.NAMES)}"
+    return f"one of: {', '.join(registry.REGISTRY.names)}"
 
 
 def add_data_dir(sub: argparse.ArgumentParser, *, existing: bool = True) -> None:
@@ -115,66 +113,30 @@ def existing_directory(value: str) -> str:
     return value
 
 
-#: The flag of each algorithm hyper-parameter the command line sets: ``--name-with-dashes`` of the
-#: :class:`~dpopt.algorithms.registry.Knobs` field ``name``, with its help.
-KNOB_FLAGS: dict[str, str] = {
-    "batch_size": "expected batch size b (DP-SRM's and STORM's first batch: 2b; O2NC's period; DIFF2-BVR's local "
-                  "batch)",
-    "sampling": "how batches are drawn",
-    "lr": "step size η",
-    "clip": "clip norm C (DP-SRM's and DIFF2's C1; AClip's λ)",
-    "clip_diff": "DP-SRM's and DIFF2's C2",
-    "clients": "DIFF2's P (an i.i.d. equal split)",
-    "restart": "DIFF2's restart interval T",
-    "local_steps": "DIFF2-BVR-L-SGD's K",
-    "gamma": "DP-SRM/STORM momentum γ",
-    "noise_ratio": "DP-SRM's σ0/σ, DPSUR's σ_v/σ, fixed while calibrating",
-    "obj_clip": "DP-AGD's clip of per-record losses, DPSUR's clip C_v of per-record loss changes",
-    "noise": "noise source: the run's seeded generator (torch), the OS CSPRNG (secure), or the exact discrete "
-             "Gaussian (discrete; full-batch dp-gd only)",
-    "bands": "banded matrix factorisation's b >= 1: correlated noise over cyclic Poisson batches (dp-sgd, rrpsgd, "
-             "aclip, dp-bandmf; default 1, dp-bandmf 4)",
-    "clip_quantile": "adaptive clipping's target quantile γ in (0, 1): the clip follows a private quantile of the "
-                     "gradient norms, --clip the first step's (DP-SGD; default off)",
-    "clip_lr": "adaptive clipping's step η > 0: C <- C·exp(−η(b̂ − γ))",
-    "count_noise": "adaptive clipping's count noise σ_b > 0 (default: batch size / 20)",
-    "optimizer": "the update rule: the algorithm's own (sgd), or DP-AdamBC on its private gradient (adambc: --lr "
-                 "is Adam's step size)",
-    "adam_gamma": "DP-AdamBC's floor γ > 0 of its bias-corrected second moment",
-    "val_rate": "DPSUR's Poisson rate q_v in (0, 1] of its validation test (default: batch size / n)",
-    "threshold": "DPSUR's β: a candidate step is kept iff its noised mean loss change is below β",
-}
-_CHOICES = {"sampling": registry.SAMPLINGS, "noise": NOISES, "optimizer": tuple(registry.OPTIMIZERS)}
-#: The type of the flags whose Knobs default is None (off, or the algorithm's own default).
-_TYPES: dict[str, type] = {"bands": int, "clip_quantile": float, "count_noise": float, "val_rate": float}
-#: The allowed range of the flags whose range the library checks only when it builds the algorithm, checked
-#: when the command line is read (``--bands 0`` is refused before any data is read).
-_RANGES: dict[str, Callable[..., object]] = {
-    "bands": _validate.positive_int, "clip_quantile": _validate.open_unit, "clip_lr": _validate.positive,
-    "count_noise": _validate.positive, "adam_gamma": _validate.positive, "val_rate": _validate.unit_interval}
-
-
-def add_knobs(sub: argparse.ArgumentParser, names: Sequence[str], *, helps: Mapping[str, str] | None = None,
+def add_knobs(sub: argparse.ArgumentParser, command: str, *, helps: Mapping[str, str] | None = None,
               defaults: Mapping[str, object] | None = None) -> None:
-    """One flag per hyper-parameter in ``names`` (:data:`KNOB_FLAGS`), typed and defaulted as
-    :class:`~dpopt.algorithms.registry.Knobs` declares it; ``defaults`` and ``helps`` override
-    (e.g. the audit's smaller batches)."""
-    declared = {field.name: field.default for field in dataclasses.fields(registry.Knobs)}
-    for name in names:
-        default = (defaults or {}).get(name, declared[name])
-        choices = _CHOICES.get(name)
-        kind = str if choices else _TYPES.get(name, type(default))
-        sub.add_argument(f"--{name.replace('_', '-')}", type=kind, choices=choices,
-                         default=default, help=(helps or {}).get(name, KNOB_FLAGS[name]))
+    """One flag, ``--name-with-dashes``, per hyper-parameter that ``command`` sets
+    (:meth:`~dpopt.algorithms.registry.Registry.flags` of the registry in use), typed, defaulted and
+    explained as its parameter dataclass declares it (:func:`~dpopt.algorithms.params.knob`);
+    ``defaults`` and ``helps`` override (e.g. the audit's smaller batches)."""
+    for name, field in registry.REGISTRY.flags(command).items():
+        declared = field.metadata
+        default = (defaults or {}).get(name, field.default)
+        choices = declared["choices"]
+        kind = str if choices else declared["kind"] or type(field.default)
+        sub.add_argument(f"--{name.replace('_', '-')}", type=kind, choices=choices, default=default,
+                         help=(helps or {}).get(name, declared["help"]))
 
 
-def knobs_of(args: argparse.Namespace, names: Sequence[str]) -> dict[str, object]:
-    """The hyper-parameters ``names`` as the command line gave them, by their Knobs names; a value out
-    of its range (:data:`_RANGES`; None: off or the default) is refused naming its flag."""
-    given = {name: getattr(args, name) for name in names}
+def knobs_of(args: argparse.Namespace, command: str) -> dict[str, object]:
+    """The hyper-parameters ``command`` sets, as the command line gave them, by their names; a value
+    out of its declared range (None: off or the algorithm's default) is refused naming its flag."""
+    flags = registry.REGISTRY.flags(command)
+    given = {name: getattr(args, name) for name in flags}
     for name, value in given.items():
-        if name in _RANGES and value is not None:
-            _RANGES[name](f"--{name.replace('_', '-')}", value)
+        check = flags[name].metadata["check"]
+        if check is not None and value is not None:
+            check(f"--{name.replace('_', '-')}", value)
     return given
 
 

@@ -2,8 +2,8 @@
 data-parallel processes, or as one rank of torchrun's group.
 
 The request holds everything checked before any work: the algorithm (by the registry), the data
-(:mod:`dpopt.cli.sources`), its hyper-parameters by their :class:`~dpopt.algorithms.registry.Knobs`
-names, and the output folder. The plan (:func:`dpopt.plan.plan_for`) is built once, when the
+(:mod:`dpopt.cli.sources`), its hyper-parameters by name (the flags the algorithms' parameter
+dataclasses declare for ``run``), and the output folder. The plan (:func:`dpopt.plan.plan_for`) is built once, when the
 number of records is known, and checks δ, the steps and n; :func:`dpopt.train.train` runs it.
 
 ``--out``: a finished run (its ``history.json``) is never run again nor overwritten; a run
@@ -16,7 +16,6 @@ there.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,23 +23,17 @@ from typing import TYPE_CHECKING, TypeVar
 
 from .. import _validate, atomic, report
 from ..algorithms import registry
-from ..names import ACCOUNTANTS
+from ..names import ACCOUNTANTS, TABULAR
 from .common import (Command, add_delta, add_knobs, add_seed, algorithm_help, knobs_of, seed_of, Subcommands,
                      subcommand)
 from .output import EXIT_DIVERGED, Output, cell
-from .sources import Source, TrainingRequest, add_flags, fits
+from .sources import Source, TrainingRequest, add_flags
 
 if TYPE_CHECKING:
     from ..data.own import Described
-    from ..oracles.glm import GLM
     from ..plan import Plan
     from ..train import History
 
-MODELS = ("logistic", "nonconvex-logistic", "ridge", "mlp")
-#: The hyper-parameters ``run`` sets (flags of the same names, dashed).
-KNOBS = ("batch_size", "sampling", "lr", "clip", "clip_diff", "clients", "restart", "local_steps", "gamma",
-         "noise_ratio", "obj_clip", "noise", "bands", "clip_quantile", "clip_lr", "count_noise", "optimizer",
-         "adam_gamma", "val_rate", "threshold")
 BACKENDS = ("local", "torch")
 S = TypeVar("S")
 
@@ -48,7 +41,7 @@ S = TypeVar("S")
 @dataclass(frozen=True, kw_only=True)
 class RunRequest(TrainingRequest):
     """One run of the algorithm (a private one), its noise calibrated to the target, with the
-    hyper-parameters ``knobs`` (by their Knobs names); results in ``out``; ``nproc`` processes
+    hyper-parameters ``knobs`` (by name); results in ``out``; ``nproc`` processes
     (``backend`` "torch": a federated algorithm's clients on ranks 1.., the server on rank 0)."""
 
     knobs: dict[str, object]
@@ -65,6 +58,7 @@ class RunRequest(TrainingRequest):
     @classmethod
     def parse(cls, args: argparse.Namespace) -> RunRequest:
         from .. import distributed
+        from ..building import private_entry
 
         entry = registry.entry(args.algorithm)
         nproc = _validate.positive_int("nproc", args.nproc)
@@ -78,7 +72,7 @@ class RunRequest(TrainingRequest):
         _validate.one_of("backend", args.backend, BACKENDS)
         if args.backend == "torch" and not entry.federated:
             raise _validate.DpoptError(f"backend='torch' runs the federated algorithms "
-                                       f"({', '.join(registry.FEDERATED)}); "
+                                       f"({', '.join(registry.REGISTRY.federated)}); "
                                        f"algorithm={args.algorithm!r} is data-parallel with --nproc alone")
         if args.backend == "torch" and nproc == 1 and distributed.world_size() == 1:
             raise _validate.DpoptError("nproc=1 must be >= 2 with backend='torch' (rank 0 is the server)")
@@ -88,11 +82,8 @@ class RunRequest(TrainingRequest):
         if args.max_epsilon is not None:
             _validate.positive("max_epsilon", args.max_epsilon)
         data = Source.parse(args)
-        if not entry.private:
-            raise _validate.DpoptError(f"algorithm={args.algorithm!r} is not private (ε = ∞) and cannot meet "
-                                       f"epsilon={args.epsilon!r}: train it in Python (dpopt.run) as a non-private "
-                                       "reference")
-        return cls(**cls.given(args, data), knobs=knobs_of(args, KNOBS), backend=args.backend,
+        private_entry(args.algorithm, args.epsilon)
+        return cls(**cls.given(args, data), knobs=knobs_of(args, "run"), backend=args.backend,
                    accountant=args.accountant, seed=seed_of(args), diagnostics=args.diagnostics,
                    max_epsilon=args.max_epsilon, checkpoint_every=args.checkpoint_every,
                    out=Path(args.out or f"results/run-{args.algorithm}-{data.name}"), nproc=nproc,
@@ -166,9 +157,8 @@ def train_and_write(request: RunRequest) -> Output | None:
     import torch
 
     from .. import distributed
+    from ..building import fits, metric_of, oracle_for
     from ..mechanisms import source_named
-    from ..models import logistic_loss, mlp_oracle
-    from ..oracles import make as make_oracle
     from ..oracles.torch_model import TorchModel
     from ..plan import plan_for
     from ..train import Options, OsSeed, train
@@ -177,17 +167,9 @@ def train_and_write(request: RunRequest) -> Output | None:
     described = request.data.prepared()
     dataset = described.dataset
     fits(request.model, dataset)
-    X_test, y_test = torch.as_tensor(dataset.X_test), torch.as_tensor(dataset.y_test)
-    oracle: GLM | TorchModel
-    if request.model == "mlp":  # the DIFF2 paper's network; a binary task: one logit, logistic loss
-        oracle = mlp_oracle(torch.as_tensor(dataset.X_train), torch.as_tensor(dataset.y_train),
-                            classes=described.classes, loss=logistic_loss if dataset.task == "binary" else None)
-        test_error = (mlp_oracle(X_test, y_test).loss if dataset.task == "regression"
-                      else lambda theta: oracle.error(theta, X_test, y_test))
-    else:
-        oracle = make_oracle(request.model, torch.as_tensor(dataset.X_train), torch.as_tensor(dataset.y_train),
-                             reg=request.reg)
-        test_error = functools.partial(oracle.error, X=X_test, y=y_test)
+    oracle = oracle_for(request.model, torch.as_tensor(dataset.X_train), torch.as_tensor(dataset.y_train),
+                        task=dataset.task, classes=described.classes, reg=request.reg)
+    test_error = metric_of(request.model, oracle, dataset.X_test, dataset.y_test, task=dataset.task)
     processes = distributed.world_size()
     trained = distributed.Sharded(oracle) if processes > 1 and request.backend == "local" else oracle
     knobs = registry.Knobs.of(oracle.n, **request.knobs, backend=distributed.backend(request.backend))
@@ -197,8 +179,8 @@ def train_and_write(request: RunRequest) -> Output | None:
     seed = request.seed if request.seed is not None or processes == 1 else OsSeed(distributed.shared_secret_seed())
     with distributed.resumable(request.checkpoint) as checkpoint_path:  # rank 0 alone writes out/
         theta0 = oracle.flat_params() if isinstance(oracle, TorchModel) else None  # the network's initialisation
-        options = Options(seed=seed, noise_source=source_named(knobs.noise),
-                          test_error=(lambda theta: float(test_error(theta))) if lead else None,
+        options = Options(seed=seed, noise_source=source_named(str(request.knobs["noise"])),
+                          test_error=test_error if lead else None,
                           checkpoint_path=checkpoint_path, checkpoint_every=request.checkpoint_every if lead else None,
                           max_epsilon=request.max_epsilon, progress=lead and not request.json,
                           diagnostics=request.diagnostics)
@@ -289,14 +271,14 @@ def add_parser(commands: Subcommands) -> None:
     sub.add_argument("--algorithm", required=True, help=algorithm_help())
     add_flags(sub, "a registered data set (`dpopt data list`; default adult), prepared from the public bounds it "
                    "declares (`dpopt data info NAME`)")
-    sub.add_argument("--model", choices=MODELS, default="logistic", help="mlp: the DIFF2 paper's network (binary: "
+    sub.add_argument("--model", choices=TABULAR, default="logistic", help="mlp: the DIFF2 paper's network (binary: "
                      "one logit and the logistic loss; multiclass: K logits and cross-entropy; regression: squared "
                      "loss)")
     sub.add_argument("--reg", type=float, default=1e-3, help="regularisation λ")
     sub.add_argument("--epsilon", type=float, required=True, help="the target ε of the run")
     add_delta(sub)
     sub.add_argument("--steps", type=int, default=500, help="training steps")
-    add_knobs(sub, KNOBS)
+    add_knobs(sub, "run")
     sub.add_argument("--backend", default="local", help="local, or torch: DIFF2's clients on ranks 1..K-1 of "
                      "--nproc K processes (or torchrun's), the server on rank 0")
     sub.add_argument("--accountant", choices=ACCOUNTANTS, default="pld", help="privacy loss distributions "

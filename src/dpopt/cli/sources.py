@@ -13,7 +13,6 @@ from .. import _validate
 from .common import Request, add_data_dir
 
 if TYPE_CHECKING:
-    from ..data import Dataset
     from ..data.bounds import Preparation
     from ..data.own import Described, Schema
 
@@ -144,14 +143,6 @@ class Source:
             return self.declared()
         target = None if self.target_bounds is None else Range.parse("target_bounds", self.target_bounds)
         return PublicBounds(feature_ranges(self.feature_bounds, columns), target, self.row_norm)
-
-
-def fits(model: str, dataset: Dataset) -> None:
-    """``model`` must be able to learn ``dataset``'s task."""
-    needed = {"ridge": ("regression",), "mlp": ("regression", "multiclass", "binary")}.get(model, ("binary",))
-    if dataset.task not in needed:
-        raise _validate.DpoptError(f"dataset={dataset.name!r} is a {dataset.task} task; model={model!r} "
-                                   f"needs a {' or '.join(needed)} data set")
 
 
 class Given(TypedDict):

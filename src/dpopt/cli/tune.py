@@ -12,18 +12,15 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from .. import _validate, report
+from ..names import GLMS
 from .common import (Command, add_delta, add_knobs, add_seed, algorithm_help, knobs_of, seed_of, Subcommands,
                      subcommand)
 from .output import Output
-from .sources import Source, TrainingRequest, add_flags, fits
+from .sources import Source, TrainingRequest, add_flags
 
 if TYPE_CHECKING:
     from ..tuning import Space, Trials, Tuned
 
-MODELS = ("logistic", "nonconvex-logistic", "ridge")
-#: The hyper-parameters every trial shares unless the space varies them (flags of the same names).
-FIXED = ("batch_size", "sampling", "lr", "clip", "clip_diff", "gamma", "bands", "clip_quantile", "clip_lr",
-         "count_noise", "optimizer", "adam_gamma")
 #: What ``tuned.json`` and the summary say of the validation split (its share of the training file).
 UNPROTECTED = ("the validation split ({share:.0%} of the training file, a fixed public permutation) is not protected "
                "by the guarantee: the selected candidate's exact score on it (validation_score) is released")
@@ -37,33 +34,58 @@ def _numbers(name: str, text: str) -> list[float]:
 
 
 def _grid_values(name: str, text: str) -> tuple[float | int | str, ...]:
-    """``--grid NAME=V1,V2``'s values: update rules by name for ``optimizer``, integers >= 1 for
-    ``bands``, numbers otherwise."""
-    from ..algorithms.registry import OPTIMIZERS
+    """``--grid NAME=V1,V2``'s values, as the hyper-parameter ``name`` declares them: names for one
+    with choices (e.g. ``optimizer``), integers >= 1 for an integer one (e.g. ``bands``), numbers
+    otherwise."""
+    from ..algorithms.registry import REGISTRY
 
-    if name == "optimizer":
-        return tuple(_validate.one_of("grid optimizer", value, OPTIMIZERS) for value in text.split(","))
+    field = REGISTRY.declared()[name]
+    choices = field.metadata["choices"]
+    if choices:
+        return tuple(_validate.one_of(f"grid {name}", value, choices) for value in text.split(","))
     numbers = _numbers(f"grid {name}", text)
-    if name == "bands":
+    if _integer(name):
         if not all(number.is_integer() for number in numbers):
-            raise _validate.DpoptError(f"grid bands={text!r} must be comma-separated integers >= 1")
-        return tuple(_validate.positive_int("grid bands", int(number)) for number in numbers)
+            raise _validate.DpoptError(f"grid {name}={text!r} must be comma-separated integers >= 1")
+        return tuple(_validate.positive_int(f"grid {name}", int(number)) for number in numbers)
     return tuple(numbers)
+
+
+def _integer(name: str) -> bool:
+    """Whether the hyper-parameter ``name`` takes integers (a grid of them, never a range)."""
+    from ..algorithms.registry import REGISTRY
+
+    field = REGISTRY.declared()[name]
+    return (field.metadata["kind"] or type(field.default)) is int
+
+
+def _grid_help() -> str:
+    """``--grid``'s help: the names a trial may vary, by the kind of value each takes."""
+    from ..algorithms.registry import REGISTRY
+
+    declared, names = REGISTRY.declared(), REGISTRY.tunable()
+    numbers = [name for name in names if not declared[name].metadata["choices"] and not _integer(name)]
+    kinds = [f"{name}: integers, the first the reference the noise is calibrated on" for name in names
+             if _integer(name)]
+    kinds += [f"{name}: {','.join(declared[name].metadata['choices'])}" for name in names
+              if declared[name].metadata["choices"]]
+    return f"every trial draws one of these values ({'; '.join([', '.join(numbers), *kinds])})"
 
 
 def space_of(grid: list[str], ranges: list[str]) -> Space:
     """``--grid lr=0.1,0.3`` (one of the values) and ``--range clip=0.1,10`` (log-uniform) as a Space."""
-    from ..tuning.space import TUNABLE, Choice, Dimension, LogUniform, Space
+    from ..algorithms.registry import REGISTRY
+    from ..tuning.space import Choice, Dimension, LogUniform, Space
 
     dimensions: dict[str, Dimension] = {}
     for option, specs in (("grid", grid), ("range", ranges)):
         for spec in specs:
             name, _, values = spec.partition("=")
-            _validate.one_of(option, name, TUNABLE)
+            _validate.one_of(option, name, REGISTRY.tunable())
             if option == "grid":
                 dimensions[name] = Choice(_grid_values(name, values))
                 continue
-            if name in ("bands", "optimizer"):
+            if _integer(name) or REGISTRY.declared()[name].metadata["choices"]:
                 raise _validate.DpoptError(f"range {name}: {name} takes --grid values, not a log-uniform range")
             numbers = _numbers(f"{option} {name}", values)
             if len(numbers) != 2:
@@ -102,9 +124,8 @@ class TuneRequest(TrainingRequest):
                     raise _validate.DpoptError(f"--{bound.replace('_', '-')} is for --data: tune runs on a registered "
                                                "data set as it is registered")
         space, trials = space_of(args.grid, args.range), trials_of(args.trials_mean, args.trials_shape)
-        _validate.one_of("algorithm", args.algorithm, [name for name, entry in registry.REGISTRY.items()
-                                                       if entry.private])
-        return cls(**cls.given(args, data), fixed=knobs_of(args, FIXED), space=space, trials=trials,
+        _validate.one_of("algorithm", args.algorithm, registry.REGISTRY.private)
+        return cls(**cls.given(args, data), fixed=knobs_of(args, "tune"), space=space, trials=trials,
                    validation_fraction=args.validation_fraction, seed=seed_of(args), diagnostics=args.diagnostics,
                    out=Path(args.out or f"results/tune-{args.algorithm}-{data.name}"))
 
@@ -112,8 +133,8 @@ class TuneRequest(TrainingRequest):
 def handle(request: TuneRequest) -> Output:
     """Tune privately (:func:`dpopt.tuning.tune`, whose plan checks δ, the steps and n) and write
     ``tuned.json``; a finished tuning's ``--out`` is refused before any work."""
-    from ..tuning import tune
-    from ..tuning.task import builder, glm_task
+    from ..building import fits
+    from ..tuning.task import glm_task, tune_task
 
     out = request.out
     if (out / "tuned.json").exists():
@@ -127,10 +148,9 @@ def handle(request: TuneRequest) -> Output:
     task = glm_task(request.data.name if described is None else described.dataset, request.model, reg=request.reg,
                     validation_fraction=request.validation_fraction, data_dir=request.data.data_dir)
     n = task.oracle.n
-    tuned = tune(builder(request.algorithm, n, request.fixed), task.oracle, space=request.space,
-                 trials=request.trials, epsilon=request.epsilon, delta=request.delta, steps=request.steps,
-                 score=task.validation_error, seed=request.seed, test_error=task.test_error,
-                 diagnostics=request.diagnostics, allow_large_delta=request.allow_large_delta)
+    tuned = tune_task(task, request.algorithm, request.fixed, space=request.space, trials=request.trials,
+                      epsilon=request.epsilon, delta=request.delta, steps=request.steps, seed=request.seed,
+                      diagnostics=request.diagnostics, allow_large_delta=request.allow_large_delta)
     stated = {} if described is None else {
         "protected_records": f"{described.protected}, less the validation rows held out of them: {n} rows",
         "test_data": described.test_data}
@@ -173,18 +193,16 @@ def add_parser(commands: Subcommands) -> None:
                      "training in one guarantee (Papernot & Steinke 2022)")
     sub.add_argument("--algorithm", required=True, help=algorithm_help())
     add_flags(sub, "a registered data set (`dpopt data list`; default adult), as registered")
-    sub.add_argument("--model", choices=MODELS, default="logistic", help="a generalised linear model")
+    sub.add_argument("--model", choices=tuple(GLMS), default="logistic", help="a generalised linear model")
     sub.add_argument("--reg", type=float, default=1e-3, help="regularisation λ")
     sub.add_argument("--epsilon", type=float, required=True, help="total ε of tuning and training")
     add_delta(sub)
     sub.add_argument("--steps", type=int, default=500, help="steps of every trial")
     sub.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2,...",
-                     help="every trial draws one of these values (lr, clip, clip_diff, gamma, obj_clip, "
-                     "clip_quantile, clip_lr, adam_gamma; bands: integers, the first the reference the noise is "
-                     "calibrated on; optimizer: sgd,adambc)")
+                     help=_grid_help())
     sub.add_argument("--range", action="append", default=[], metavar="NAME=LOW,HIGH",
                      help="every trial draws this hyper-parameter log-uniformly in [LOW, HIGH]")
-    add_knobs(sub, FIXED, helps={"lr": "the step size where it is not tuned", "clip": "the clip norm where it is "
+    add_knobs(sub, "tune", helps={"lr": "the step size where it is not tuned", "clip": "the clip norm where it is "
                                  "not tuned", "clip_diff": "DP-SRM's C2 where it is not tuned",
                                  "gamma": "DP-SRM's γ where it is not tuned"})
     sub.add_argument("--trials-mean", type=float, default=8.0, help="mean number of trials (>= 1)")

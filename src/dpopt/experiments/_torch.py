@@ -9,23 +9,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._validate import DpoptError
+from ..building import classifier_oracle
 from ..json_types import JsonValue
-from ..models import cross_entropy, make_model
-from ..oracles import TorchModel
+from ..models import cross_entropy
 from ..train import History
 from ._runner import Problem
-
-
-def classifier_oracle(model: str, X: np.ndarray | Tensor, y: np.ndarray | Tensor, *, microbatch_size: int,
-                      loss: Callable[[Tensor, Tensor], Tensor] = cross_entropy, **options: JsonValue) -> TorchModel:
-    """The per-record ``loss`` (default cross-entropy) of ``make_model(model, seed=0, **options)``
-    on float32 rows ``X``, labels ``y``."""
-    activation = options.pop("activation", None)  # the one option make_model names (a string)
-    if activation is not None and not isinstance(activation, str):
-        raise DpoptError(f"activation={activation!r} must be the name of an activation")
-    return TorchModel(make_model(model, seed=0, activation=activation, **options), loss,
-                      torch.as_tensor(X, dtype=torch.float32), torch.as_tensor(y), microbatch_size=microbatch_size)
 
 
 def classifier_problem(model: str, X: np.ndarray, y: np.ndarray, X_test: np.ndarray, y_test: np.ndarray, *,

@@ -45,7 +45,7 @@ from . import declared
 from ._runner import Params, Problem
 from .declared import Settings, number, text
 from .payload import Payload, ProblemKey, named, problem_facts
-from .preparation import SYNTHETIC as DRAWN, NotPrivate, registered
+from ..jobs.preparation import SYNTHETIC as DRAWN, NotPrivate, registered
 from .preset import Build, Experiment, declared_experiment, declared_methods
 
 SYNTHETIC_DATA_FILE = declared.load("aclip-synthetic")

@@ -20,7 +20,7 @@ from ._runner import Params, Problem
 from ._torch import classifier_problem
 from .declared import Settings, number
 from .payload import ProblemKey, named
-from .preparation import registered
+from ..jobs.preparation import registered
 from .preset import Build, declared_experiment, declared_methods
 
 DATA = declared.load("aclip-cifar10")

@@ -58,7 +58,7 @@ from . import declared
 from ._runner import Method, Params, Problem
 from .declared import Settings
 from .payload import ProblemKey, named
-from .preparation import NotPrivate
+from ..jobs.preparation import NotPrivate
 from .preset import Build, MakeMethods, Tuning, declared_experiment, declared_methods
 
 REGRESSION_DATA = declared.load("diff2-regression")

@@ -47,7 +47,7 @@ from ._runner import Method, Params, Problem, steps_for_passes, time_to_target
 from ._torch import classifier_problem
 from .declared import Settings, number
 from .payload import Payload, ProblemKey, named
-from .preparation import SYNTHETIC, registered
+from ..jobs.preparation import SYNTHETIC, registered
 from .preset import Build, MakeMethods, Tuning, declared_experiment, declared_methods
 
 MNIST_DATA = declared.load("dp-srm-mnist")

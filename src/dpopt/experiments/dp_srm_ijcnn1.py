@@ -19,7 +19,7 @@ from ..json_types import JsonObject
 from ..oracles import NonconvexLogistic
 from . import declared
 from ._runner import Params, Problem, steps_for_passes
-from .preparation import registered
+from ..jobs.preparation import registered
 from .declared import Settings, number
 from .payload import ProblemKey
 from .preset import Build, declared_experiment, declared_methods

@@ -55,7 +55,7 @@ from . import declared
 from ._runner import Method, Params, Problem, time_to_target
 from ._torch import classifier_problem
 from .optimizer_loop import OptimizerLoop, optimizer_class
-from .preparation import registered
+from ..jobs.preparation import registered
 from .payload import Payload, ProblemKey, named
 from .preset import Tuning, declared_experiment
 
@@ -67,7 +67,7 @@ SCATTERING = Scattering2D((28, 28), J=2, L=8)
 
 @dataclass(frozen=True)
 class Setting:
-    """One problem as the preset file declares it: ``model`` (a name of :data:`dpopt.models.MODELS`,
+    """One problem as the preset file declares it: ``model`` (a name of :data:`dpopt.models.NETWORKS`,
     with ``model_options``) on MNIST's pixels or, with ``scattering``, on their scattering features,
     GroupNorm-normalised in ``feature_groups`` groups if given; the first ``records`` training and
     test records (None: all); the error the time to target is measured at; the engine's chunk size;

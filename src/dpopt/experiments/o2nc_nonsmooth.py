@@ -65,7 +65,7 @@ from . import declared
 from ._runner import Method, Params, Problem, mean_curve
 from .declared import Settings, number, text
 from .payload import Payload, ProblemKey, Row, Tuned, named, problem_facts
-from .preparation import SYNTHETIC, registered
+from ..jobs.preparation import SYNTHETIC, registered
 from .preset import Build, declared_experiment, declared_methods
 
 DATA = declared.load("o2nc-nonsmooth")
@@ -228,7 +228,8 @@ def select_constants(data_dir: str | None = None, workers: int = 2) -> dict[str,
     """Re-select the tuned constants: every point of its grid for each O2NC method on the
     ``tuning_problem`` and tuning seeds of the preset file, scored by :func:`~dpopt.experiments._runner.tune`
     (mean final training objective), at ε = 1. Tuning is not privacy-accounted."""
-    from ._runner import Pool, tune
+    from ..jobs import Pool
+    from ._runner import tune
     from .reproduce import _problem_of
 
     problem_ = problem(TUNING_PROBLEM, data_dir)[0]

@@ -33,7 +33,8 @@ from ..base import S
 from ..outputs import NOT_PRIVATE
 from ..plan import Plan
 from ..progress import bar as progress_bar
-from ._runner import Method, Params, Pool, Problem, grid_points
+from ..jobs import Pool
+from ._runner import Method, Params, Problem, grid_points
 from .payload import Tuned
 
 #: η = 0.5^i, i = 0 … 9, from large to small.

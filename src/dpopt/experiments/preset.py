@@ -46,7 +46,7 @@ class Experiment:
     ``make_problem(key, data_dir)``, ``make_methods(key, epochs, tuned, epsilon)``, ``delta_of(key)``,
     ``describe(payload)`` (the report's notes) and ``draw(out_dir, payload)`` (a preset's own
     figures, if any) build the rest. ``preparation(key)`` declares how problem ``key``'s data are
-    prepared (:mod:`dpopt.experiments.preparation`; ``make_problem`` prepares them so), which the
+    prepared (:mod:`dpopt.jobs.preparation`; ``make_problem`` prepares them so), which the
     report shows, labelled NOT PRIVATE where it reads the data."""
 
     NAME: str

@@ -12,7 +12,7 @@ of running them again, with the same results; runs saved by other code are not r
 Randomness: the runs use the published seeds 0, 1, … (and the tunings theirs), so that anyone can
 rerun them; the report says so (:data:`PUBLISHED`): an ε here is what a method's mechanism spends,
 not a guarantee for these runs. Data preparation: each problem's, as its preset declares it
-(:mod:`dpopt.experiments.preparation`), is stated in results.json's facts and results.md, and a
+(:mod:`dpopt.jobs.preparation`), is stated in results.json's facts and results.md, and a
 preparation that reads the data is labelled NOT PRIVATE there and in the figures' titles.
 
 A preset is an :class:`~dpopt.experiments.preset.Experiment` (its fields are documented there).
@@ -33,11 +33,11 @@ from .. import _validate, atomic, outputs, report
 from ..json_types import JsonObject, JsonValue
 from ..report import Curve
 from ..train import History
-from ._runner import (Method, Params, Pool, Problem, Saved, mean_curve, metrics, one_sided_p, running, source_digest,
-                      start_seeds, tune, writable)
+from ..jobs import Pool, Saved, one_sided_p, running, source_digest, writable
+from ._runner import Method, Params, Problem, mean_curve, metrics, start_seeds, tune
 from .declared import PaperEntry
 from .payload import ClassifiedRow, PaperRow, Payload, ProblemKey, Results, Row, TTest, Tuned
-from .preparation import LABEL, described, is_public
+from ..jobs.preparation import LABEL, described, is_public
 from .preset import Experiment
 
 

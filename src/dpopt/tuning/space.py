@@ -17,14 +17,6 @@ import numpy as np
 
 from .. import _validate
 
-#: Hyper-parameters (by their :class:`~dpopt.algorithms.registry.Knobs` names) a private tuning may
-#: vary: they leave the privacy event unchanged, or (``bands``) change it at the same expected
-#: batches, and the trial's noise is raised until the reference's Rényi curve dominates its own
-#: (:mod:`dpopt.tuning.dominance`).
-TUNABLE = ("lr", "clip", "clip_diff", "gamma", "obj_clip", "bands", "clip_quantile", "clip_lr", "optimizer",
-           "adam_gamma")
-
-
 #: A hyper-parameter's value: a number, a name (e.g. an update rule), or None (off).
 Value: TypeAlias = float | str | None
 

@@ -11,22 +11,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeAlias
+from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from .. import _validate, data
 from ..algorithms import registry
-from ..base import Algorithm, Oracle
+from ..base import Algorithm
+from ..building import Records, Scored, oracle_for
 from ..data.bounds import Preparation
-from ..oracles import make
-from .space import Value
-
-#: The GLM models a task may use, each with the metric its ``error`` computes.
-METRICS = {"logistic": "test_error", "nonconvex-logistic": "test_error", "ridge": "test_mse"}
-MODELS = tuple(METRICS)
+from ..names import GLMS
+from .private import Tuned, tune
+from .space import Space, Value
+from .trials import Trials
 
 
 @dataclass(frozen=True)
@@ -68,17 +66,6 @@ def by_content(X: Tensor, y: Tensor, fraction: float) -> tuple[Tensor, Tensor, T
     return X[~held], y[~held], X[held], y[held]
 
 
-class Scored(Oracle, Protocol):
-    """An oracle that also measures θ's error on records outside it (a misclassification rate, or
-    the model's regression error)."""
-
-    def error(self, theta: Tensor, X: Tensor, y: Tensor) -> float: ...
-
-
-#: Records as a tensor or an array (rows of features, or targets).
-Records: TypeAlias = "Tensor | np.ndarray"
-
-
 def _error(oracle: Scored, X: Tensor, y: Tensor) -> Callable[[Tensor], float]:
     """θ ↦ ``oracle.error(θ, X, y)``."""
     return lambda theta: oracle.error(theta, X, y)
@@ -99,24 +86,35 @@ def held_out_task(oracle_on: Callable[[Tensor, Tensor], Scored], X: Records, y: 
 
 def glm_task(dataset: str | data.Dataset, model: str, *, reg: float, validation_fraction: float,
              data_dir: str | None = None, preparation: Preparation | None = None) -> Task:
-    """A GLM ``model`` (:data:`MODELS`) on registered ``dataset`` (a name; prepared by
+    """A GLM ``model`` (:data:`dpopt.building.GLMS`) on registered ``dataset`` (a name; prepared by
     ``preparation``, a per-record map of public bounds; None: as loaded), split as the module says,
     or on a loaded file of one's own (a :class:`~dpopt.data.Dataset`, already prepared, split
     :func:`by_content`); its metric is the misclassification rate (logistic models) or the mean
     squared error (ridge)."""
     if isinstance(dataset, str):
         _validate.one_of("dataset", dataset, data.names())
-    _validate.one_of("model", model, MODELS)
+    _validate.one_of("model", model, GLMS)
     loaded, split_by = (data.load(dataset, data_dir), split) if isinstance(dataset, str) else (dataset, by_content)
     if preparation is not None:
         loaded = preparation.prepare(loaded)
-    return held_out_task(lambda X, y: make(model, X, y, reg=reg), loaded.X_train, loaded.y_train, loaded.X_test,
-                         loaded.y_test, validation_fraction=validation_fraction,
-                         metric=METRICS[model], split_by=split_by)
+    return held_out_task(lambda X, y: oracle_for(model, X, y, reg=reg), loaded.X_train, loaded.y_train,
+                         loaded.X_test, loaded.y_test, validation_fraction=validation_fraction,
+                         metric=GLMS[model], split_by=split_by)
 
 
 def builder(algorithm: str, n: int, fixed: Mapping[str, object]) -> Callable[[Mapping[str, Value]], Algorithm[object]]:
     """candidate ↦ the private algorithm ``algorithm`` (by name, :mod:`dpopt.algorithms.registry`) for n
     records with the ``fixed`` settings, the candidate's on top."""
-    _validate.one_of("algorithm", algorithm, [name for name, entry in registry.REGISTRY.items() if entry.private])
+    _validate.one_of("algorithm", algorithm, registry.REGISTRY.private)
     return lambda candidate: registry.build(algorithm, n=n, **(dict(fixed) | dict(candidate)))
+
+
+def tune_task(task: Task, algorithm: str, fixed: Mapping[str, object], *, space: Space, trials: Trials,
+              epsilon: float, delta: float, steps: int, seed: int | None = None, diagnostics: bool = False,
+              allow_large_delta: bool = False) -> Tuned:
+    """The registered ``algorithm`` with the ``fixed`` settings tuned privately on ``task``
+    (:func:`dpopt.tuning.tune`; :func:`builder`): every trial starts at the task's θ0, candidates
+    are scored by its validation error and the selected θ reports its test metric."""
+    return tune(builder(algorithm, task.oracle.n, fixed), task.oracle, space=space, trials=trials, epsilon=epsilon,
+                delta=delta, steps=steps, score=task.validation_error, seed=seed, theta0=task.theta0,
+                test_error=task.test_error, diagnostics=diagnostics, allow_large_delta=allow_large_delta)
