@@ -28,13 +28,13 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 DESIGN = SRC.parent / "docs" / "design.md"
 
 #: Lines a source file may have.
-MAX_LINES = 600
+MAX_LINES = 450
 
 #: Function signatures (parameters and return) in ``src/`` that may mention ``Any``: where the type
 #: is truly open (what a checkpoint decodes to, a module's lazy ``__getattr__``, an algorithm whose
 #: state type depends on its name in the registry). An alias of ``Any`` counts as ``Any`` only where
 #: it is spelt so; write the precise type instead.
-MAX_ANY_SIGNATURES = 30
+MAX_ANY_SIGNATURES = 19
 
 #: Import circles not yet broken (each as the set of modules of one strongly connected component).
 ALLOWED_CYCLES: dict[frozenset[str], str] = {}

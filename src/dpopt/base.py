@@ -211,16 +211,16 @@ class NoiseVariance(Protocol[S_in]):
 
 
 @runtime_checkable
-class Wrapper(Protocol):
+class Wrapper(Protocol[S]):
     """An algorithm that runs another's releases and only post-processes them (an update rule of
-    its own): ``inner`` is that algorithm, whose noise multipliers (``NOISE_FIELDS``) and planned
-    event are the wrapper's; ``around(inner)`` is the same wrapper around another (e.g. the inner
-    with calibrated noise)."""
+    its own): ``inner`` is that algorithm (of state ``S``), whose noise multipliers
+    (``NOISE_FIELDS``) and planned event are the wrapper's; ``around(inner)`` is the same wrapper
+    around another (e.g. the inner with calibrated noise)."""
 
     @property
-    def inner(self) -> Algorithm[Any]: ...
+    def inner(self) -> Algorithm[S]: ...
 
-    def around(self, inner: Algorithm[Any]) -> Self: ...
+    def around(self, inner: Algorithm[S]) -> Self: ...
 
 
 @runtime_checkable

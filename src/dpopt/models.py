@@ -76,7 +76,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import torch
@@ -272,7 +271,7 @@ def mlp_oracle(X: torch.Tensor | np.ndarray, y: torch.Tensor | np.ndarray, *, cl
     return TorchModel(model, loss, X, y, engine="ghost", microbatch_size=max(1, len(X)))
 
 
-def make_model(name: str, *, activation: str | None = None, seed: int | None = None, **options: Any) -> nn.Module:
+def make_model(name: str, *, activation: str | None = None, seed: int | None = None, **options: object) -> nn.Module:
     """A fresh float32 model ``name`` (one of :data:`NETWORKS`) on the CPU.
 
     ``activation``: "tanh" or "relu"; ``None`` is the model's own default (tanh for the DP-SRM

@@ -97,7 +97,7 @@ from .oracles import TorchModel, ghost, hf, records
 from .oracles.loaded import Loaded
 from .outputs import NOT_PRIVATE
 from .plan import plan_for, steps_for_epochs
-from .train import randomness
+from .seeding import randomness
 from .watched import Watched
 
 class LossToWatch(TypedDict):
@@ -152,7 +152,7 @@ class Private:
                  seed: int | None = None, accountant: str = "pld", engine: str = "ghost", microbatch_size: int = 512,
                  known_layers: ghost.Registry = ghost.KNOWN_LAYERS, noise_source: NoiseSource | None = None,
                  allow_large_delta: bool = False, split: Callable[..., tuple[Tensor, Tensor]] | None = None,
-                 inputs: tuple[str, ...] | None = None, **options: Any) -> None:
+                 inputs: tuple[str, ...] | None = None, **options: object) -> None:
         if (epochs is None) == (steps is None):
             raise _validate.DpoptError(f"epochs={epochs!r}, steps={steps!r}: give exactly one of them")
         if split is not None and not isinstance(data, DataLoader):
@@ -198,7 +198,7 @@ class Private:
         self._own_update: bool | None = None  # step() (True) or backward() (False), fixed by the first call
 
     @property
-    def algorithm(self) -> Algorithm[Any]:
+    def algorithm(self) -> Algorithm[object]:
         """The plan's algorithm, its noise calibrated."""
         return self.plan.algorithm
 

@@ -21,6 +21,7 @@ from . import atomic
 if TYPE_CHECKING:  # numpy and matplotlib are imported where used: the command line's parser starts without them
     import numpy as np
     from matplotlib.axes import Axes
+    from matplotlib.axis import Axis
     from matplotlib.figure import Figure
     from numpy.typing import ArrayLike
 
@@ -222,7 +223,7 @@ def lower_ends(ax: Axes, mean: Sequence[float], spread: Sequence[float]) -> np.n
     return np.where((low > 0) | (ax.get_yscale() == "linear"), low, centre)
 
 
-def readable_log_ticks(axis: Any, values: Sequence[ArrayLike]) -> None:
+def readable_log_ticks(axis: Axis, values: Sequence[ArrayLike]) -> None:
     """On a log ``axis`` whose drawn ``values`` span less than two decades: ticks at 1, 2 and 5 ×
     10^k labelled as plain numbers (``%g``), minor ticks unlabelled. There matplotlib labels every
     minor tick in "a×10^b" form and neighbours (3×10⁰, 4×10⁰) overlap; over more decades its

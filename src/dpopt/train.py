@@ -23,14 +23,11 @@ import dataclasses
 import functools
 import hashlib
 import math
-import os
-import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Self, cast
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -42,7 +39,10 @@ from .json_types import JsonObject
 from .mechanisms import Discrete, SeededNoise
 from .outputs import NOT_PRIVATE
 from .progress import bar as progress_bar
+from .clock import StepClock
 from .plan import Plan
+from .seeding import FROM_OS as FROM_OS, SEEDED as SEEDED, SYSTEM as SYSTEM, OsSeed as OsSeed  # train's names too
+from .seeding import randomness
 from .snapshot import Progress, Snapshot
 
 @dataclasses.dataclass
@@ -80,41 +80,6 @@ class History:
 
 #: Training records the diagnostics F(θ) and ‖∇F(θ)‖ are measured on by default (spread evenly).
 DIAGNOSTIC_SAMPLE = 10_000
-
-SEEDED = "seeded by the user: the run is reproducible and its guarantee rests on the seed staying secret"
-FROM_OS = "seeded from the operating system (secret; saved in checkpoints, which are secret too)"
-SYSTEM = "release noise from the operating system's CSPRNG"
-
-
-class OsSeed(int):
-    """A seed drawn from the operating system (secret) and handed on as a seed, e.g. by the first
-    process of a data-parallel run to every other (:func:`dpopt.distributed.shared_secret_seed`):
-    a run derives its generators from it as from a user's seed, and says that its randomness comes
-    from the operating system (:func:`origin`)."""
-
-
-def origin(seed: int | None) -> str:
-    """Where the randomness of a run or tuning with ``seed`` comes from: :data:`SEEDED` for a user's
-    seed, :data:`FROM_OS` for None (drawn from the operating system) or an :class:`OsSeed`."""
-    return FROM_OS if seed is None or isinstance(seed, OsSeed) else SEEDED
-
-
-def randomness(seed: int | None, noise_source: NoiseSource | None = None) -> tuple[torch.Generator, NoiseSource, str]:
-    """The run's sampling generator, noise source and the sentence saying where they come from.
-
-    With ``seed``, both are derived from it (reproducible). Without, from the operating system:
-    a predictable seed would let anyone who reruns the public configuration subtract the noise
-    and replay the Poisson sample that amplification by sampling assumes secret."""
-    if seed is not None:
-        _validate.non_negative("seed", seed)
-    root = np.random.SeedSequence(seed if seed is not None else int.from_bytes(os.urandom(16), "little"))
-    sample_seed, noise_seed = root.generate_state(2, dtype=np.uint64)
-    sample_gen = torch.Generator().manual_seed(int(sample_seed))
-    if noise_source is not None:
-        batches = "the operating system" if origin(seed) == FROM_OS else "the user's seed, which must stay secret"
-        return sample_gen, noise_source, f"{SYSTEM}; batches sampled from {batches}"
-    return sample_gen, SeededNoise(int(noise_seed)), origin(seed)
-
 
 def step(algorithm: Algorithm[S], oracle: Oracle, state: S, t: int, ledger: Ledger,
          sample_gen: torch.Generator, source: NoiseSource, *, inference: bool | None = None,
@@ -168,35 +133,6 @@ def all_finite(theta: Tensor) -> bool:
     return math.isfinite(total) or bool(torch.isfinite(theta).all())
 
 
-class StepClock:
-    """The CPU and wall seconds of a run's steps: the training loop's time, less the time it is
-    :meth:`paused` for (logging, checkpoints). The clocks are read around those pauses, not
-    around every step: reading the process's CPU clock is a system call (~2 µs, a few per cent
-    of a GLM step)."""
-
-    def __init__(self, cpu: float = 0.0, wall: float = 0.0) -> None:
-        self.cpu, self.wall = cpu, wall
-        self._start()
-
-    def _start(self) -> None:
-        self._since = (time.process_time(), time.perf_counter())
-
-    def stop(self) -> None:
-        """Add the time since the clock last started (or resumed)."""
-        cpu, wall = self._since
-        self.cpu += time.process_time() - cpu
-        self.wall += time.perf_counter() - wall
-
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """Time not counted: the clock stops on entry and restarts on exit."""
-        self.stop()
-        try:
-            yield
-        finally:
-            self._start()
-
-
 @dataclasses.dataclass
 class Stepper:
     """The moving parts of one run of ``plan``: the algorithm's state, the oracle, the ledger, the
@@ -229,7 +165,7 @@ class Stepper:
         return cls(plan, oracle, state, plan.ledger(), sample_gen, source, origin)
 
     @property
-    def algorithm(self) -> Algorithm[Any]:
+    def algorithm(self) -> Algorithm[object]:
         return self.plan.algorithm
 
     @property

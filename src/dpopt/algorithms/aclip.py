@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, TypedDict
 
 import dp_accounting as dpa
 import torch
@@ -253,8 +253,33 @@ class RestartedAClip:
             for stage in self.stages])
 
 
+class NoiseRow(TypedDict):
+    """One sensitivity of :func:`paper_noise`: its noise multiplier and the exact ε it gives."""
+
+    sensitivity: str
+    noise_multiplier: float
+    epsilon: float
+
+
+class PaperNoise(TypedDict):
+    """What :func:`paper_noise` returns."""
+
+    explain: str
+    claimed_epsilon: float
+    delta: float
+    restarts: int
+    stage_epsilon: float
+    stage_delta: float
+    steps_per_stage: int
+    sampling_rate: float
+    sigma_over_lambda: float
+    rows: list[NoiseRow]
+    accountant: str
+    neighboring_relation: str
+
+
 def paper_noise(*, epsilon: float, delta: float, n: int, batch_size: int, steps: int,
-                restarts: int = 1) -> dict[str, Any]:
+                restarts: int = 1) -> PaperNoise:
     """What the paper's noise formula really gives, accounted exactly.
 
     The paper's Theorem 2 (with the constant c = 1 of its Theorems 3 and 4) sets
@@ -283,7 +308,7 @@ def paper_noise(*, epsilon: float, delta: float, n: int, batch_size: int, steps:
         return accounting.epsilon_of(dpa.SelfComposedDpEvent(step, steps * restarts), delta,
                                      dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
 
-    rows = [{"sensitivity": "λ (the paper's proof)", "noise_multiplier": per_unit_clip,
+    rows: list[NoiseRow] = [{"sensitivity": "λ (the paper's proof)", "noise_multiplier": per_unit_clip,
              "epsilon": spent(per_unit_clip)},
             {"sensitivity": "2λ (honest)", "noise_multiplier": per_unit_clip / 2, "epsilon": spent(per_unit_clip / 2)}]
     return {"explain": "aclip", "claimed_epsilon": epsilon, "delta": delta, "restarts": restarts,

@@ -54,8 +54,13 @@ class Banded(NamedTuple):
 def start(like: Tensor, bands: int, steps: int, gen: torch.Generator) -> Banded:
     """The state before step 0 of a ``steps``-step run: the key drawn from ``gen`` (the run's secret
     sampling generator) and an empty ring of values shaped like ``like`` (its dtype and device)."""
-    strategy = BandedToeplitz.optimal(min(bands, steps), steps)
-    return Banded(CyclicPoisson.secret_key(gen), banded_noise(like, strategy))
+    return Banded(CyclicPoisson.secret_key(gen), ring(like, bands, steps))
+
+
+def ring(like: Tensor, bands: int, steps: int) -> BandedNoise:
+    """An empty noise ring of the strategy for a ``steps``-step run (min(b, T) bands), of values shaped
+    like ``like``."""
+    return banded_noise(like, BandedToeplitz.optimal(min(bands, steps), steps))
 
 
 def sampler(plain: BatchSampling, n: int, batch_size: int, bands: int, t: int, state: Banded | None = None) -> Sampler:

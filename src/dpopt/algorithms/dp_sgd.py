@@ -1,31 +1,41 @@
-"""DP-SGD (Abadi et al. 2016), its special cases DP-GD and RRPSGD, and its two options beyond
-independent noise at a fixed clip: banded matrix factorisation and quantile adaptive clipping.
+"""DP-SGD (Abadi et al. 2016), its special cases DP-GD and RRPSGD, and its variants beyond
+independent noise at a fixed clip (banded matrix factorisation, quantile adaptive clipping), as a
+composition of parts (:mod:`~dpopt.algorithms.parts`).
 
-Step t, on a batch B_t from the sampler:
+Step t, on a batch B_t from the selection:
 
-    g̃_t = ( Σ_{i∈B_t} clip(∇f_i(θ_t), C) + N(0, (z·Δ)² I) ) / b,     θ_{t+1} = θ_t − η g̃_t
+    g̃_t = ( Σ_{i∈B_t} clip(∇f_i(θ_t), C_t) + noise ) / b,     θ_{t+1} = θ_t − η g̃_t
 
-with b the sampler's public expected batch size and Δ the clipped sum's sensitivity (C under
-add/remove-one, 2C under replace-one). Privacy event per step: ``sampler.wrap(Gaussian(z))``.
+with b the sampler's public expected batch size, Δ_t = f·C_t the clipped sum's sensitivity (C_t
+under add/remove-one, 2C_t under replace-one) and the noise N(0, (z·Δ_t)² I) for independent noise.
+Privacy event per step: ``sampler.wrap(Gaussian(z))`` for independent noise at a fixed clip; in
+general the parts' composition (:class:`~dpopt.algorithms.parts.Parts`).
+
+:class:`ComposedSGD` is DP-SGD of any parts; :class:`DPSGD` takes today's hyper-parameters and picks
+the parts they name:
+
+* selection: ``sampling`` (:class:`~dpopt.algorithms.parts.Sampled`), or with ``bands`` = b > 1 cyclic
+  Poisson over b secret groups (:class:`~dpopt.algorithms.parts.CyclicGroups`, group t mod b at rate
+  b·B/n; the run's event is ⌈T/b⌉ rounds of PoissonSampled(b·B/n, Gaussian(z)));
+* clipping rule: ``clip`` (:class:`~dpopt.algorithms.parts.FixedClip`), or with ``clip_quantile`` = γ
+  the clip C_t following the γ-quantile of the gradient norms through a noised count
+  (:class:`~dpopt.algorithms.parts.QuantileClip`): z is the pair's multiplier, the gradient noised at
+  z_grad = (z⁻² − z_count⁻²)^(−1/2);
+* noise: independent (:class:`~dpopt.algorithms.parts.Independent`, of kind ``noise``), or with
+  b > 1 banded correlated noise z·Δ·(C⁻¹Z)_t (:class:`~dpopt.algorithms.parts.Correlated`). b = 1 is
+  DP-SGD exactly (the same draws, θ and ledger).
 
 * DP-GD: ``sampling=FullBatch`` (replace-one, no amplification).
 * RRPSGD (Zhang et al. 2017, "random round private SGD"): DP-SGD whose output is θ^R for R
   uniform on {0, …, T−1}; R is drawn before training, so it costs no privacy, and all T
   steps are accounted (their noise was calibrated for T).
-* ``bands`` = b > 1 (banded matrix factorisation, :mod:`~dpopt.algorithms.banded`): the noise is
-  z·Δ·(C⁻¹Z)_t for a b-banded strategy C and the batches are cyclic Poisson (group t mod b at
-  rate b·B/n); the run's event is ⌈T/b⌉ rounds of PoissonSampled(b·B/n, Gaussian(z)). b = 1 is
-  DP-SGD exactly (the same draws, θ and ledger).
-* ``clip_quantile`` = γ (adaptive clipping, :mod:`~dpopt.algorithms.quantile`): the clip C_t
-  follows the γ-quantile of the gradient norms through a noised count; z is the pair's
-  multiplier, the gradient noised at z_grad = (z⁻² − z_count⁻²)^(−1/2).
 With z = 0 and C = ∞ this is plain minibatch SGD.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -46,6 +56,7 @@ from ._common import (
     output_track,
     output_value,
 )
+from .parts import Correlated, CyclicGroups, FixedClip, Independent, Parts, QuantileClip, Sampled
 
 if TYPE_CHECKING:
     from .params import DPSGDParams, Params
@@ -61,117 +72,55 @@ class DPSGDState(NamedTuple):
     clip: float | None = None  # clip_quantile: C_t, the clip of the next step (a released value)
 
 
-@dataclass(frozen=True)
-class DPSGD:
-    """Keyword-only hyper-parameters: step size ``lr`` (η), clip norm ``clip`` (C; with
-    ``clip_quantile``, the first step's), ``noise_multiplier`` (z), ``batch_size`` (b, expected size
-    under Poisson), ``sampling`` (:class:`~dpopt.sampling.Poisson`, :class:`~dpopt.sampling.FixedSize`
-    or :class:`~dpopt.sampling.FullBatch`, the class), ``output_rule`` ("last" or "uniform"),
-    ``noise`` (the kind of noise, :data:`dpopt.mechanisms.Noise`), ``bands`` (b ≥ 1: banded matrix
-    factorisation with cyclic Poisson batches for b > 1; continuous noise, ``sampling=Poisson``) and
-    adaptive clipping: ``clip_quantile`` (γ in (0, 1), None: off), ``clip_lr`` (η_C) and
-    ``count_noise`` (σ_b, the count's noise std; None: ``batch_size``/20). See the module docstring."""
+class _Steps:
+    """The step of DP-SGD from its parts (``composition()``), shared by :class:`DPSGD` and
+    :class:`ComposedSGD`: the sampler, state, release and event of each part, in that order."""
 
     lr: float
-    clip: float
     noise_multiplier: float
-    batch_size: int = 1
-    sampling: sampling.BatchSampling = sampling.Poisson
-    output_rule: str = "last"
-    noise: mechanisms.Noise = mechanisms.CONTINUOUS
-    bands: int = 1
-    clip_quantile: float | None = None
-    clip_lr: float = 0.2
-    count_noise: float | None = None
+    output_rule: str
 
     NOISE_FIELDS = ("noise_multiplier",)
     noise_ratios = (1.0,)
 
-    def __post_init__(self) -> None:
-        _validate.positive("lr", self.lr)
-        _validate.positive("clip", self.clip, allow_inf=True)
-        _validate.non_negative("noise_multiplier", self.noise_multiplier)
-        _validate.positive_int("batch_size", self.batch_size)
-        sampling.check("sampling", self.sampling)
-        _validate.one_of("output_rule", self.output_rule, OUTPUT_RULES)
-        check_noise(self.noise, self.sampling)
-        _validate.positive_int("bands", self.bands)
-        if self.bands > 1:
-            self._check_banded()
-        if self.clip_quantile is not None:
-            self._check_adaptive(self.clip_quantile)
-
-    def _check_banded(self) -> None:
-        why = None
-        if self.sampling is not sampling.Poisson:
-            why = f"sampling={self.sampling!r}: its batches are cyclic Poisson (sampling=Poisson)"
-        elif self.noise is not mechanisms.CONTINUOUS:
-            why = f"noise={self.noise!r}: it correlates continuous Gaussian noise (noise=CONTINUOUS)"
-        elif self.clip_quantile is not None:
-            why = (f"clip_quantile={self.clip_quantile!r}: correlated noise needs the same sensitivity at every step, "
-                   "and adaptive clipping changes it")
-        if why is not None:
-            raise _validate.DpoptError(f"bands={self.bands} (banded matrix factorisation) is refused with {why}")
-
-    def _check_adaptive(self, clip_quantile: float) -> None:
-        _validate.open_unit("clip_quantile", clip_quantile)
-        _validate.positive("clip_lr", self.clip_lr)
-        _validate.positive("count_noise", self.count_std)
-        if not math.isfinite(self.clip):
-            raise _validate.DpoptError(f"clip={self.clip!r} must be finite with clip_quantile: it is the first step's "
-                                       "clip, which adaptive clipping scales from")
-        if self.sampling is sampling.FullBatch:
-            raise _validate.DpoptError(f"sampling={self.sampling!r} is refused with clip_quantile="
-                                       f"{self.clip_quantile!r}: the count and the gradient sum are accounted as one "
-                                       "Gaussian on the step's sampled batch (sampling=Poisson or FixedSize)")
-        quantile.check(self.noise_multiplier, self.count_std, self.sampling.relation)
-
-    @property
-    def count_std(self) -> float:
-        """σ_b: ``count_noise``, or the expected batch size / 20."""
-        return self.batch_size / quantile.COUNT_NOISE_DIVISOR if self.count_noise is None else self.count_noise
+    def composition(self) -> Parts:
+        raise NotImplementedError
 
     def relation(self) -> dpa.NeighboringRelation:
-        return self.sampling.relation
+        return self.composition().selection.relation
 
     def sampler(self, t: int, n: int) -> Sampler:
-        """Step t's sampler for planning; with bands > 1 it cannot draw (:meth:`batch_sampler` can)."""
-        return banded.sampler(self.sampling, n, self.batch_size, self.bands, t)
+        """Step t's sampler for planning; with a secret key (cyclic groups) it cannot draw
+        (:meth:`batch_sampler` can)."""
+        return self.composition().selection.sampler(n, t)
 
     def batch_sampler(self, state: DPSGDState, t: int, n: int) -> Sampler:
-        """Step t's sampler: with bands > 1, cyclic Poisson over the groups of the state's key."""
-        return banded.sampler(self.sampling, n, self.batch_size, self.bands, t, state.banded)
+        """Step t's sampler: with cyclic groups, over the groups of the state's key."""
+        return self.composition().selection.sampler(n, t, None if state.banded is None else state.banded.key)
 
     def init(self, theta0: Tensor, steps: int, gen: torch.Generator) -> DPSGDState:
+        """The output rule's pick, then the selection's key, from ``gen``; the noise's ring and the rule's clip."""
+        parts = self.composition()
         out = output_init(self.output_rule, theta0, steps, gen)
-        ring = banded.start(theta0, self.bands, steps, gen) if self.bands > 1 else None
-        clip = self.clip if self.clip_quantile is not None else None
-        return DPSGDState(theta0.clone(), out, torch.zeros_like(theta0), 1.0, 0.0, ring, clip)
+        key, ring = parts.selection.start(gen), parts.noise.start(theta0, steps)
+        keyed = None if key is None or ring is None else banded.Banded(key, ring)
+        return DPSGDState(theta0.clone(), out, torch.zeros_like(theta0), 1.0, 0.0, keyed, parts.clipping.start())
 
     def step(self, state: DPSGDState, batch: Batch, oracle: Oracle,
              source: NoiseSource) -> tuple[DPSGDState, dpa.DpEvent]:
+        """Clip at the rule's C_t, noise at its gradient multiplier, then the rule's own releases;
+        the event is theirs, wrapped by the batch's sampler."""
+        parts = self.composition()
         rows = oracle.per_record(state.theta, batch.indices)
         relation = batch.sampler.relation
-        clip = self.clip if state.clip is None else state.clip
+        clip = parts.clipping.current(state.clip)
         clipped, _ = clipping.clip_sum([clipping.Term(1.0, rows, clip)], relation)
         b = batch.sampler.expected_size  # a public constant: θ − η·(release / b) in one operation
-        ring, next_clip = state.banded, state.clip
-        if ring is not None:
-            noised, ring, event = banded.release(clipped, self.noise_multiplier, ring, source, batch.t)
-            std = _std(self.noise_multiplier, clipped) * banded.noise_scale(ring, batch.t)
-        elif next_clip is not None:
-            assert self.clip_quantile is not None  # (the state carries a clip only with it)
-            z_grad = quantile.gradient_multiplier(self.noise_multiplier, self.count_std, relation)
-            noised, gradient_event = mechanisms.gaussian(clipped, z_grad, source, self.noise)
-            count = clipping.count_within(rows, clip, relation)
-            z_count = quantile.count_multiplier(self.count_std, relation)
-            noised_count, count_event = mechanisms.gaussian(count, z_count, source, self.noise)
-            next_clip = quantile.next_clip(clip, float(noised_count), b, self.clip_quantile, self.clip_lr)
-            event, std = dpa.ComposedDpEvent([gradient_event, count_event]), _std(z_grad, clipped)
-        else:
-            noised, event = mechanisms.gaussian(clipped, self.noise_multiplier, source, self.noise)
-            std = _std(self.noise_multiplier, clipped)
+        z = parts.clipping.multiplier(self.noise_multiplier, relation)
+        noised, ring, event, scale = parts.noise.release(clipped, z, state.banded, source, batch.t)
+        next_clip, event = parts.clipping.after(rows, clip, b, event, parts.noise, relation, source)
         out = output_track(state.out, batch.t, state.theta)
+        std = _std(z, clipped) * scale
         return (DPSGDState(state.theta.add(noised, alpha=-self.lr / b), out, noised, b, std, ring, next_clip),
                 batch.sampler.wrap(event))
 
@@ -195,15 +144,102 @@ class DPSGD:
         return output_value(state.out, state.theta)
 
     def planned_event(self, n: int, steps: int) -> dpa.DpEvent:
-        """Written from the hyper-parameters: ⌈T/b⌉ rounds of the banded event for bands > 1, else T
-        times ``wrap(Gaussian(z))``, or with ``clip_quantile`` T times ``wrap(Composed([Gaussian(z_grad),
-        Gaussian(z_count)]))``."""
-        if self.bands > 1:
-            return banded.planned_event(self.noise_multiplier, n, self.batch_size, self.bands, steps)
-        sampler = self.sampler(0, n)
-        release = (self.noise.event(self.noise_multiplier) if self.clip_quantile is None
-                   else quantile.step_event(self.noise_multiplier, self.count_std, sampler.relation))
-        return dpa.SelfComposedDpEvent(sampler.wrap(release), steps)
+        """Written from the hyper-parameters (:meth:`Parts.planned_event`): T times
+        ``wrap(Gaussian(z))`` at a fixed clip with independent noise; ``wrap(Composed([Gaussian(z_grad),
+        Gaussian(z_count)]))`` with ``clip_quantile``; ⌈T/b⌉ rounds of the group's Poisson-sampled
+        Gaussian with bands > 1."""
+        return self.composition().planned_event(self.noise_multiplier, n, steps)
+
+
+@dataclass(frozen=True)
+class DPSGD(_Steps):
+    """Keyword-only hyper-parameters: step size ``lr`` (η), clip norm ``clip`` (C; with
+    ``clip_quantile``, the first step's), ``noise_multiplier`` (z), ``batch_size`` (b, expected size
+    under Poisson), ``sampling`` (:class:`~dpopt.sampling.Poisson`, :class:`~dpopt.sampling.FixedSize`
+    or :class:`~dpopt.sampling.FullBatch`, the class), ``output_rule`` ("last" or "uniform"),
+    ``noise`` (the kind of noise, :data:`dpopt.mechanisms.Noise`), ``bands`` (b ≥ 1: banded matrix
+    factorisation with cyclic Poisson batches for b > 1; continuous noise, ``sampling=Poisson``) and
+    adaptive clipping: ``clip_quantile`` (γ in (0, 1), None: off), ``clip_lr`` (η_C) and
+    ``count_noise`` (σ_b, the count's noise std; None: ``batch_size``/20). They pick the parts
+    (:meth:`composition`); see the module docstring."""
+
+    lr: float
+    clip: float
+    noise_multiplier: float
+    batch_size: int = 1
+    sampling: sampling.BatchSampling = sampling.Poisson
+    output_rule: str = "last"
+    noise: mechanisms.Noise = mechanisms.CONTINUOUS
+    bands: int = 1
+    clip_quantile: float | None = None
+    clip_lr: float = 0.2
+    count_noise: float | None = None
+
+    def __post_init__(self) -> None:
+        _validate.positive("lr", self.lr)
+        _validate.positive("clip", self.clip, allow_inf=True)
+        _validate.non_negative("noise_multiplier", self.noise_multiplier)
+        _validate.positive_int("batch_size", self.batch_size)
+        sampling.check("sampling", self.sampling)
+        _validate.one_of("output_rule", self.output_rule, OUTPUT_RULES)
+        check_noise(self.noise, self.sampling)
+        _validate.positive_int("bands", self.bands)
+        _picked(self).check(self.noise_multiplier)
+
+    @property
+    def count_std(self) -> float:
+        """σ_b: ``count_noise``, or the expected batch size / 20."""
+        return self.batch_size / quantile.COUNT_NOISE_DIVISOR if self.count_noise is None else self.count_noise
+
+    def composition(self) -> Parts:
+        """The parts the hyper-parameters pick (computed once per setting)."""
+        return _cached(self)
+
+
+def _picked(algorithm: DPSGD) -> Parts:
+    """``sampling`` or, for b > 1 Poisson batches, cyclic groups; ``clip`` or quantile clipping from it;
+    independent noise of kind ``noise`` or, for b > 1, banded noise."""
+    a = algorithm
+    cyclic = a.bands > 1 and a.sampling is sampling.Poisson
+    selection = CyclicGroups(a.bands, a.batch_size) if cyclic else Sampled(a.sampling, a.batch_size)
+    rule = (FixedClip(a.clip) if a.clip_quantile is None
+            else QuantileClip(a.clip, a.clip_quantile, a.clip_lr, a.count_std))
+    noise = Correlated(a.bands, a.noise) if a.bands > 1 else Independent(a.noise)
+    return Parts(selection, rule, noise)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached(algorithm: DPSGD) -> Parts:
+    return _picked(algorithm)
+
+
+@dataclass(frozen=True)
+class ComposedSGD(_Steps):
+    """DP-SGD of any ``parts`` (a selection, a clipping rule, a noise: :mod:`~dpopt.algorithms.parts`),
+    step size ``lr`` (η), noise multiplier ``noise_multiplier`` (z, what calibration scales) and
+    ``output_rule``. Each part's refusals run at construction."""
+
+    lr: float
+    noise_multiplier: float
+    parts: Parts
+    output_rule: str = "last"
+
+    def __post_init__(self) -> None:
+        _validate.positive("lr", self.lr)
+        _validate.non_negative("noise_multiplier", self.noise_multiplier)
+        _validate.one_of("output_rule", self.output_rule, OUTPUT_RULES)
+        if not isinstance(self.parts, Parts):
+            raise _validate.DpoptError(f"parts={self.parts!r} must be dpopt.algorithms.parts.Parts(selection, "
+                                       "clipping, noise)")
+        self.parts.check(self.noise_multiplier)
+
+    @property
+    def noise(self) -> mechanisms.Noise:
+        """The noise's kind (the data-parallel check reads it)."""
+        return self.parts.noise.kind
+
+    def composition(self) -> Parts:
+        return self.parts
 
 
 def _std(noise_multiplier: float, clipped: mechanisms.Bounded) -> float:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 
-import dp_accounting as dpa
 from dp_accounting import NeighboringRelation
 
 from .. import _validate
@@ -57,12 +56,6 @@ def check(noise_multiplier: float, count_noise: float, relation: NeighboringRela
             f"noise_multiplier={noise_multiplier!r} must be below the count's multiplier {z_count!r} "
             f"(count_noise={count_noise!r} over the count's sensitivity): the noised count alone costs what a Gaussian "
             "of that multiplier costs, so the pair cannot cost only noise_multiplier; raise count_noise")
-
-
-def step_event(noise_multiplier: float, count_noise: float, relation: NeighboringRelation) -> dpa.DpEvent:
-    """The two releases of one step before sampling: ``Composed([Gaussian(z_grad), Gaussian(z_count)])``."""
-    return dpa.ComposedDpEvent([dpa.GaussianDpEvent(gradient_multiplier(noise_multiplier, count_noise, relation)),
-                                dpa.GaussianDpEvent(count_multiplier(count_noise, relation))])
 
 
 def next_clip(clip: float, noised_count: float, expected_size: float, quantile: float, lr: float) -> float:

@@ -22,23 +22,17 @@ user's checkpoint key (:class:`~dpopt.jobs.Saved`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import os
-import re
 import sys
 import time
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from .. import _validate, atomic, journal, report
-from ..json_types import JsonValue
+from .. import _validate, atomic, report
 from ..outputs import NOT_PRIVATE
 from ..jobs.preparation import described
 from ..report import summarise
@@ -47,6 +41,8 @@ from ..tuning.private import Dominated
 from ..tuning.space import Value
 from ..tuning.task import Task, builder, tune_task
 from ..tuning.trials import trials_of
+from .results import BenchResult, BenchRun, Cell, Planned, ProblemResult, RunDiagnostics, Tuned
+from .secret import BENCH_ID as BENCH_ID, SEEDED as SEEDED, Randomness, randomness  # the bench's names too
 from .tasks import build_task, preparation
 
 if TYPE_CHECKING:
@@ -123,92 +119,6 @@ def _problem(name: str, spec: dict[str, Any], variant: str | None) -> Problem:
                    settings["seeds"], trials, methods, settings.get("allow_large_delta", False))
 
 
-class Tuned(TypedDict):
-    """A :class:`Tuning` job's result: the selected θ's test metric; NOT PRIVATE, only if the job
-    asked for diagnostics: the trials run and the wall time."""
-
-    test_error: float
-    trials_run: NotRequired[int]
-    wall_time_s: NotRequired[float]
-
-
-class Planned(TypedDict):
-    """What a :class:`Tuning` job claims before it runs (:meth:`Tuning.planned`): the ε of tuning and
-    training, and the expected data passes of the whole tuning."""
-
-    epsilon: float
-    expected_passes: float
-
-
-class MethodCell(TypedDict):
-    """A method at one ε of a problem: its metric's mean and std over seeds (``test_error``), the
-    ε its tunings claim and their planned expected passes (:class:`Planned`)."""
-
-    test_error: dict[str, float]
-    epsilon_tuning_and_training: float
-    expected_passes: float
-
-
-class Cell(TypedDict):
-    """One ε of a problem (:func:`cell`): every method's entry and the winner, or the methods that tie."""
-
-    epsilon: float
-    winner: str | None
-    runner_up: str | None
-    p_value: float | None
-    significant: bool
-    tied: list[str]
-    methods: dict[str, MethodCell]
-
-
-class ProblemResult(TypedDict):
-    """A problem's part of ``bench.json``: what it is, how it was run, and its cells."""
-
-    problem: str
-    metric: NotRequired[str]
-    task: dict[str, JsonValue]
-    dataset: str
-    model: str
-    preparation: NotRequired[str]
-    delta: float
-    seeds: int
-    trials: str
-    steps: dict[str, int]
-    grids: dict[str, dict[str, list[Value]]]
-    cells: list[Cell]
-
-
-class RunDiagnostics(TypedDict):
-    """NOT PRIVATE: a method's wall time at one ε of a problem and its trials run, per seed."""
-
-    problem: str
-    epsilon: float
-    algorithm: str
-    wall_time_s: float
-    trials_run: list[int]
-
-
-class Diagnostics(TypedDict):
-    label: str
-    runs: list[RunDiagnostics]
-    wall_time_s: float
-
-
-class BenchResult(TypedDict):
-    """``bench.json`` (without its command); ``diagnostics`` only if asked for."""
-
-    problems: list[ProblemResult]
-    randomness: NotRequired[str]
-    diagnostics: NotRequired[Diagnostics]
-
-
-class BenchRun(BenchResult):
-    """What :func:`run_bench` returns for printing: the result, its Markdown and the folder written."""
-
-    markdown: str
-    out: str
-
-
 @dataclass(frozen=True)
 class Tuning:
     """A bench job (:class:`~dpopt.jobs.Job`): ``method`` tuned privately at
@@ -265,82 +175,6 @@ def task_of(data_dir: str | None, key: str) -> Task:
     """The task :func:`task_key` names (built once in each worker process)."""
     declared = json.loads(key)
     return build_task(declared["settings"], validation_fraction=declared["validation_fraction"], data_dir=data_dir)
-
-
-@dataclass(frozen=True)
-class Randomness:
-    """Where a bench's tuning randomness comes from: one root ``secret`` (the user's ``--seed``, or
-    128 bits from the operating system) from which every job's seed is derived (:meth:`seed`), and
-    ``origin``, the sentence every output writes about it."""
-
-    secret: int
-    origin: str
-
-    def seed(self, slot: int, job: str) -> int:
-        """The seed of job ``job`` (its problem, ε and method) on seed slot ``slot`` (0, 1, …): 128 bits
-        of ``SeedSequence(secret, spawn_key=(slot, h))``, h the first 64 bits of sha256(``job``). Every
-        job draws its own randomness (K, candidates, noise): the rows of a published table are
-        releases with independent noise, which composition needs (two releases sharing a noise draw
-        would reveal the difference of their un-noised values)."""
-        job_word = int.from_bytes(hashlib.sha256(job.encode()).digest()[:8], "little")
-        words = np.random.SeedSequence(self.secret, spawn_key=(slot, job_word)).generate_state(4, dtype=np.uint32)
-        return int.from_bytes(words.tobytes(), "little")
-
-
-#: The file of ``--out``/runs naming a bench seeded from the operating system: 32 random hex digits
-#: drawn at its first run, which name its secret in the state folder (public: it is not the secret).
-BENCH_ID = "bench.id"
-#: The file an earlier dpopt kept a bench's secret in, in ``--out``/runs.
-OLD_SECRET = "secret"
-SEEDED = ("seeded by the user (--seed or --seed-file; not written in the outputs): the bench is reproducible and "
-          "every ε rests on the seed staying secret. Every job's randomness (the number of trials K, the candidates, "
-          "each trial's sampling and noise) is derived from it; the methods of a seed share K and the candidate draws")
-FROM_OS = ("from the operating system: one secret for this bench, from which every job's randomness (the number "
-           "of trials K, the candidates, each trial's sampling and noise) is derived; the methods of a seed share K "
-           "and the candidate draws. The secret is kept in the user's dpopt state folder (DPOPT_STATE), never in "
-           "--out, so that the same command resumes unfinished jobs with it")
-RESUMED = "; this run resumed with the secret an earlier run of this --out kept there"
-
-
-def randomness(seed: int | None, out: Path) -> Randomness:
-    """The bench's :class:`Randomness`: from ``seed``, or from the operating system.
-
-    The secret of the latter is drawn at a bench's first run, before any job, and kept in the state
-    folder (:func:`dpopt.journal.folder`: private, outside ``out``), in ``bench/<id>.json`` with the
-    resolved ``out`` it belongs to; the id (random, not secret) is written to ``out``/runs/:data:`BENCH_ID`.
-    A later run of the same ``out`` resumes with that secret. Refused, in one line saying how to start
-    over: an id whose secret is not in the state folder (another user, machine or DPOPT_STATE; an
-    edited id), an id whose secret belongs to another ``out`` (an id copied from another bench by
-    whoever can write ``out``, or a moved folder: the other bench's K and noise would be drawn again
-    here), and a secret an earlier dpopt kept in ``out`` (it may have been published with it)."""
-    if seed is not None:
-        _validate.non_negative("seed", seed)
-        return Randomness(seed, SEEDED)
-    runs, where = out / "runs", str(out.resolve())
-    start_over = f"remove {str(runs)!r} (or use another --out) to start the bench over"
-    if (runs / OLD_SECRET).exists():
-        raise _validate.DpoptError(f"{str(runs / OLD_SECRET)!r} is a bench secret an earlier dpopt kept in --out, "
-                                   f"where it can be published or edited with the outputs; {start_over}")
-    named = runs / BENCH_ID
-    if not named.exists():
-        bench_id, secret = os.urandom(16).hex(), int.from_bytes(os.urandom(16), "little")
-        kept = journal.folder() / "bench" / f"{bench_id}.json"
-        kept.parent.mkdir(mode=0o700, exist_ok=True)
-        atomic.write_text(kept, json.dumps({"out": where, "secret": f"{secret:032x}"}))  # (mode 0600)
-        atomic.write_text(named, f"{bench_id}\n")
-        return Randomness(secret, FROM_OS)
-    bench_id = named.read_text().strip()
-    kept = journal.folder() / "bench" / f"{bench_id}.json"
-    if not re.fullmatch(r"[0-9a-f]{32}", bench_id) or not kept.exists():
-        raise _validate.DpoptError(f"{str(named)!r} names no bench whose secret is in the state folder "
-                                   f"{str(kept.parent)!r} (it was started by another user, machine or DPOPT_STATE, "
-                                   f"or the file was edited), so its jobs cannot be resumed; {start_over}")
-    record = json.loads(kept.read_text())
-    if record["out"] != where:
-        raise _validate.DpoptError(f"{str(named)!r} names the bench of out={record['out']!r}, not of this --out "
-                                   f"({where!r}): resuming would draw that bench's randomness again here; move the "
-                                   f"folder back, or {start_over}")
-    return Randomness(int(record["secret"], 16), FROM_OS + RESUMED)
 
 
 def shown_command(argv: Sequence[str]) -> str:

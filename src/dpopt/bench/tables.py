@@ -21,7 +21,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, cast
 
 from .. import report
-from . import SIGNIFICANCE, TIE, BenchResult, Cell, MethodCell, ProblemResult, RunDiagnostics
+from . import SIGNIFICANCE, TIE
+from .results import BenchResult, Cell, MethodCell, ProblemResult, RunDiagnostics
 from ..report import markdown_table
 
 if TYPE_CHECKING:

@@ -43,6 +43,7 @@ import torch
 from .. import _validate
 from ..algorithms import registry
 from ..augmentation import mean_over_views, shift
+from ..base import Algorithm
 from ..data import load
 from ..data.bounds import Preparation
 from ..json_types import JsonObject
@@ -209,7 +210,7 @@ def _method(name: str, settings: Declared, tuned: dict[float | None, Params]) ->
     """The declared method: its algorithm by name with the run's batch size and clip, for the run's
     epochs; its loop the declared optimizer at the run's learning rate, schedule and average."""
 
-    def build(n: int, p: Params) -> tuple[Any, int]:
+    def build(n: int, p: Params) -> tuple[Algorithm[object], int]:
         algorithm = registry.build(settings.algorithm, n=n, batch_size=p["batch_size"], clip=p["clip"],
                                    **settings.algorithm_options)
         return algorithm, steps_for_epochs(algorithm, n, p["epochs"])

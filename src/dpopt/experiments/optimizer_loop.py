@@ -31,10 +31,12 @@ import torch
 from torch import Tensor
 
 from .. import _validate
+from ..base import S
 from ..outputs import NOT_PRIVATE
 from ..plan import Plan
 from ..private import Private
-from ..train import History, StepClock, all_finite
+from ..clock import StepClock
+from ..train import History, all_finite
 from ._runner import Problem
 
 #: Learning-rate schedules by name: the factor of ``lr`` at the fraction f = t/T of the run.
@@ -89,7 +91,7 @@ class OptimizerLoop:
         given = {"private": private} if "private" in inspect.signature(cls).parameters else {}
         return cls(module.parameters(), lr=self.lr, **given, **dict(self.options))
 
-    def run(self, problem: Problem, plan: Plan[Any], seed: int, log_every: int) -> History:
+    def run(self, problem: Problem, plan: Plan[S], seed: int, log_every: int) -> History:
         """One run of ``plan`` on ``problem`` (its oracle's module from θ0, its data, engine and
         chunks) with ``seed``, logged every ``log_every`` steps; the output's final metrics and the
         problem's (:meth:`Problem.completed`)."""

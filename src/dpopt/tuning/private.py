@@ -38,7 +38,7 @@ from dp_accounting import DpEvent
 from numpy.typing import NDArray
 from torch import Tensor
 
-from .. import _validate, report, train
+from .. import _validate, report, seeding, train
 from ..accounting import canonical, noise_of, with_noise
 from ..base import Algorithm, Oracle
 from ..outputs import NOT_PRIVATE
@@ -201,6 +201,6 @@ def tune(build: Callable[[Mapping[str, Value]], Algorithm[S]], oracle: Oracle, *
     return Tuned(theta=theta, hyperparameters=selection.candidate, algorithm=algorithm, final=final, delta=delta,
                  trial_epsilon=dataclasses.replace(plan, selection=None).epsilon(), trials=repr(trials),
                  accountant=ACCOUNTANT, neighboring_relation=plan.relation_name,
-                 randomness=train.origin(seed),
+                 randomness=seeding.origin(seed),
                  diagnostics={"label": NOT_PRIVATE, "trials_run": selection.trials_run,
                               "wall_time_s": time.perf_counter() - started} if diagnostics else None)

@@ -21,10 +21,10 @@ from .stages import LINEAR_KINDS, Stage
 
 
 class Layout(Protocol):
-    """Where each trainable parameter lives in the flat θ (see ``torch_model.Layout``)."""
+    """Where each trainable parameter lives in the flat θ (see ``layout.Layout``)."""
 
     @property
-    def dim(self) -> int: ...  # read-only: torch_model.Layout is a frozen dataclass
+    def dim(self) -> int: ...  # read-only: layout.Layout is a frozen dataclass
 
     def place(self, name: str) -> slice: ...
 
