@@ -119,7 +119,7 @@ def test_every_record_takes_part_only_in_its_groups_steps():
     q = 4·40/400 = 0.4, about 3/4 of its ~160 records per step."""
     algorithm = DPSGD(lr=0.5, clip=1.0, noise_multiplier=1.3, batch_size=BATCH, bands=4)
     assert steps_outside_their_group(algorithm, 40) == 0
-    mutant = EveryRecordEveryStep(**algorithm.__dict__)
+    mutant = EveryRecordEveryStep(**{f.name: getattr(algorithm, f.name) for f in dataclasses.fields(algorithm)})
     assert steps_outside_their_group(mutant, 40) > 40 * 100
 
 

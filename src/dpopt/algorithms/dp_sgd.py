@@ -184,7 +184,7 @@ class DPSGD(_Steps):
         _validate.one_of("output_rule", self.output_rule, OUTPUT_RULES)
         check_noise(self.noise, self.sampling)
         _validate.positive_int("bands", self.bands)
-        _picked(self).check(self.noise_multiplier)
+        self._parts.check(self.noise_multiplier)
 
     @property
     def count_std(self) -> float:
@@ -192,8 +192,12 @@ class DPSGD(_Steps):
         return self.batch_size / quantile.COUNT_NOISE_DIVISOR if self.count_noise is None else self.count_noise
 
     def composition(self) -> Parts:
-        """The parts the hyper-parameters pick (computed once per setting)."""
-        return _cached(self)
+        """The parts the hyper-parameters pick (computed once per instance, kept outside its fields)."""
+        return self._parts
+
+    @functools.cached_property
+    def _parts(self) -> Parts:
+        return _picked(self)
 
 
 def _picked(algorithm: DPSGD) -> Parts:
@@ -206,11 +210,6 @@ def _picked(algorithm: DPSGD) -> Parts:
             else QuantileClip(a.clip, a.clip_quantile, a.clip_lr, a.count_std))
     noise = Correlated(a.bands, a.noise) if a.bands > 1 else Independent(a.noise)
     return Parts(selection, rule, noise)
-
-
-@functools.lru_cache(maxsize=64)
-def _cached(algorithm: DPSGD) -> Parts:
-    return _picked(algorithm)
 
 
 @dataclass(frozen=True)
