@@ -111,3 +111,40 @@ def test_the_whole_batch_is_only_as_true_as_the_registry_catches_a_mixing_block_
 def _rows_of_one(oracle: TorchModel, i: int) -> torch.Tensor:
     return oracle.per_record(oracle.flat_params(), torch.tensor([i])).weighted_sum(torch.ones(1, dtype=torch.float64))
 
+
+
+class _Doubled(nn.Module):
+    """Per record a Linear over the positions whose output the forward then doubles in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(3, 2).double()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)
+        h.mul_(2)
+        return h.sum(1)
+
+
+def test_an_output_written_in_place_after_its_call_is_tapped_by_its_probe():
+    """On the whole batch a call's gradient is taken at its own output, which is that call's output
+    gradient only while nothing writes into it: here the forward doubles it in place, the engine sees
+    the version change and runs the block again with probes. The mutant that trusts the output anyway
+    takes the gradient of the doubled value: every record's gradient comes out halved."""
+    from dpopt.oracles.ghost import blocks
+
+    def doubled(registered: bool) -> TorchModel:
+        g = torch.Generator().manual_seed(1)
+        X, y = torch.randn(6, 4, 3, generator=g, dtype=torch.float64), torch.randint(0, 2, (6,), generator=g)
+        known = ghost.KNOWN_LAYERS.with_per_record(_Doubled) if registered else ghost.KNOWN_LAYERS
+        return TorchModel(_Doubled(), lambda out, t: nn.functional.cross_entropy(out, t, reduction="none"), X, y,
+                          known_layers=known)
+
+    honest, alone = doubled(True), doubled(False)
+    assert dict(honest.rules())["<model>"] == "whole batch" and dict(alone.rules())["<model>"] == "vmap"
+    alone_rows = torch.stack([_rows_of_one(alone, i) for i in range(6)])
+    torch.testing.assert_close(_rows(honest), alone_rows, rtol=0, atol=1e-12)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(blocks._Tap, "written_in_place", lambda self: False)
+        torch.testing.assert_close(_rows(doubled(True)), alone_rows / 2, rtol=0, atol=1e-12)

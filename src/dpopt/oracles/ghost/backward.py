@@ -26,13 +26,14 @@ def capture(taps: list[tuple], total_loss: Tensor) -> tuple[Layer | Block | Embe
         if stage.kind != "block":
             layers.append(layer_from(stage, *_alike(stage, x.detach(), _given(next(grads), tap))))
             continue
-        stage, expanded, calls, inputs, probes = tap  # the stage run (see blocks.run_block)
+        stage, expanded, calls, inputs, targets = tap  # the stage run (see blocks.run_block)
         if expanded:
             names = dict(stage.names)
             layers.append(Block(stage, {names[local]: _given(next(grads), t) for local, t in expanded.items()}))
         uses: dict[int, list[tuple[Tensor, Tensor]]] = {}
-        for (k, _, _), a, probe in zip(calls, inputs, probes):
-            uses.setdefault(k, []).append(_one_sample(stage.inner[k], a.detach(), _given(next(grads), probe)))
+        for (k, shape, _), a, target in zip(calls, inputs, targets):  # g as [B, *output per record]
+            g = _given(next(grads), target).reshape(len(a), *shape)
+            uses.setdefault(k, []).append(_one_sample(stage.inner[k], a.detach(), g))
         layers += [_calls(stage.inner[k], pairs) for k, pairs in uses.items()]
     return tuple(layers)
 

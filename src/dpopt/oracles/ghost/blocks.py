@@ -6,7 +6,8 @@ record as a batch of one, so nothing in its forward can mix the records of a bat
 layers (``Stage.inner``) stay ghost layers: forward hooks registered on them for one call and
 removed in a ``finally`` (:class:`_Tap`) record each call's input and add a zero probe, an input
 of the vmapped function, to its output; the loss's gradient with respect to a probe is that
-call's output gradient. :func:`_discover` finds the calls once per record shape and refuses a
+call's output gradient. A block registered as acting per record runs once on the whole batch
+instead (:func:`_whole_batch`), where a call's output gradient is taken at the output itself. :func:`_discover` finds the calls once per record shape and refuses a
 parameter that reaches the output outside its layer's call; every later call is checked against
 them.
 
@@ -80,6 +81,11 @@ class _Tap:
         self.stage, self.expected, self.probes, self.whole_batch = stage, expected, probes, whole_batch
         self.index = {id(inner.module): k for k, inner in enumerate(stage.inner)}
         self.inputs: list[Tensor] = []
+        #: on the whole batch: each call's gradient target (its output where its rows are the records, else
+        #: its probe) and the output's version counter when it was tapped (None for a probe)
+        self.at_outputs = whole_batch
+        self.targets: list[Tensor] = []
+        self.versions: list[int | None] = []
         self.calls: list[tuple[int, tuple[int, ...], torch.dtype]] = []
         self._current: tuple[Tensor, ...] = ()
 
@@ -94,8 +100,13 @@ class _Tap:
 
     @contextmanager
     def recording(self, probes: tuple[Tensor, ...]) -> Iterator[_Tap]:
-        self.inputs, self.calls, self._current = [], [], probes
+        self.inputs, self.calls, self._current, self.targets, self.versions = [], [], probes, [], []
         yield self
+
+    def written_in_place(self) -> bool:
+        """Whether the forward wrote in place into a tapped output after its call (its gradient
+        would then be that of the value written, not of the call's output)."""
+        return any(v is not None and t._version != v for t, v in zip(self.targets, self.versions))
 
     def _hook(self, module: nn.Module, args: tuple, out: Tensor) -> Tensor:
         k, n = self.index[id(module)], len(self.inputs)
@@ -116,6 +127,12 @@ class _Tap:
                     f"the whole batch where each record's was {alone}, so its rows are not the records; use "
                     "engine='vmap'")
             self.inputs.append(args[0].expand(len(probe), *args[0].shape[1:]).unsqueeze(1))
+            if self.at_outputs and out.shape[0] == len(probe):  # its rows are the records: its own gradient
+                self.targets.append(out)
+                self.versions.append(out._version)
+                return out
+            self.targets.append(self._current[n])
+            self.versions.append(None)
             return out + probe
         self.calls.append((k, tuple(out.shape), out.dtype))
         self.inputs.append(args[0])
@@ -176,19 +193,28 @@ def run_block(stage: Stage, views: dict[str, Tensor], x: Tensor, taps: bool) -> 
     probes = tuple(_probe((len(x), *shape), dtype, x.device) for _, shape, dtype in calls)
     tap = _Tap(stage, calls, probes, whole)
     with tap.hooked():
-        out, inputs = (_whole_batch(stage, shared, x, tap), tuple(tap.inputs)) if whole else per_record(
-            stage, every, x, shared, tap)
+        if whole:
+            out = _whole_batch(stage, shared, x, tap)
+            if tap.written_in_place():  # run again, every call shifted by its probe
+                tap.at_outputs = False
+                out = _whole_batch(stage, shared, x, tap)
+            inputs, targets = tuple(tap.inputs), tuple(tap.targets)
+        else:
+            (out, inputs), targets = per_record(stage, every, x, shared, tap), probes
     if len(inputs) != len(calls):
         raise _validate.DpoptError(f"engine='ghost': module {stage.path!r} called fewer of its layers than on the "
                                    "records it was first traced with: its forward branches on the data; use "
                                    "engine='vmap'")
-    return out, (stage, expanded, calls, inputs, probes)
+    return out, (stage, expanded, calls, inputs, targets)
 
 
 def _whole_batch(stage: Stage, shared: dict[str, Tensor], x: Tensor, tap: _Tap | None = None) -> Tensor:
     """A block registered to act on each record on its own, with no parameters but its tapped ghost
-    layers', run once on the whole batch ``x`` (its ghost layers' calls tapped as under vmap, each
-    call's input seen as ``[B, 1, *rest]``): the ops of a non-private step, with no per-record copy."""
+    layers', run once on the whole batch ``x``: the ops of a non-private step, with no per-record copy.
+    Its ghost layers' calls are tapped as under vmap, each call's input seen as ``[B, 1, *rest]``; the
+    gradient of a call whose output rows are the records is taken at that output itself (no probe
+    added: it is each record's output gradient, as the records do not mix), of a call on an input all
+    records share (``[1, *rest]``) at its probe."""
     if tap is None:
         return functional_call(stage.module, shared, (x,), tie_weights=False)
     with tap.recording(tap.probes):
