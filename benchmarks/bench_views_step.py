@@ -1,6 +1,6 @@
 """Augmentation multiplicity's DP-SGD step (five views of each record through one linear layer):
-the step of today against the step as it was before the chunked Gram form and the reused gather
-buffers, side by side in one process.
+the step of today against the step as it was before the Gram form, the input Gram matrices kept by
+record and the reused gather buffers, side by side in one process.
 
 Setting: the ``scatternet-views:mnist`` problem's model and chunk on synthetic features of its shape
 (no data needed: the step's cost does not depend on the values): ``make_model("linear", seed=0,
@@ -17,12 +17,15 @@ the two parts that changed (T = 5 positions, p = 3,969 inputs, q = 10 outputs):
   (:func:`previous_use_gram`), which builds the records' gradient rows ``[B, 39,690]``, takes their
   norms and sums them, and ``Tensors.gather`` by its previous body (:func:`previous_gather`: a new
   ``X[indices]`` for every chunk, whose first writes to new memory fault its pages in).
-* ``this step (chunked Gram form, reused buffers)``: the engine as it is: the per-record 5 × 5 Gram
-  matrices of the views' inputs and output gradients in float64, a few records at a time, the sum
-  by one backward product, and each chunk gathered into a buffer no tensor refers to any more.
+* ``this step (Gram form, input Grams kept, reused buffers)``: the engine as it is: the per-record
+  5 × 5 Gram matrices of the views' output gradients in float64, with those of the views' inputs
+  (the data itself, a function of the record alone) formed the first time a record is drawn and
+  kept by the oracle by record index (:class:`dpopt.oracles.ghost.InputGrams`), the sum by one
+  backward product, and each chunk gathered into a buffer no tensor refers to any more.
 
 Also timed: the ghost engine's own work in a step, the norms and the clipped sum of one batch of
-4,096 records (the records' gather, forward and backward outside the timer), with each rule.
+4,096 records (the records' gather, forward and backward, and the look-up of the kept input Gram
+matrices, outside the timer), with each rule.
 
 Target: previous / this ≥ 3× per step.
 """
@@ -45,7 +48,7 @@ TITLE = "Augmentation multiplicity's step (5 views, linear layer): today's step 
 THREADS, VIEWS, FEATURES, CLASSES = 1, 5, 3969, 10
 RECORDS, BATCH, CHUNK, STEPS_PER_ROUND = 4608, 4096, 128, 2
 TARGET = 3.0
-PREVIOUS, THIS = "previous step (direct form, fresh gathers)", "this step (chunked Gram form, reused buffers)"
+PREVIOUS, THIS = "previous step (direct form, fresh gathers)", "this step (Gram form, input Grams kept, reused buffers)"
 
 
 def previous_use_gram(T: int, p: int, q: int, itemsize: int = 8) -> bool:
@@ -105,7 +108,7 @@ def measure(quick: bool) -> dict[str, Any]:
                             microbatch_size=CHUNK)
         theta, batches = oracle.flat_params().double(), torch.Generator().manual_seed(1)
 
-        def timed() -> dict[str, float]:  # other records each call, as in a step: nothing cached or reused
+        def timed() -> dict[str, float]:  # other records each call, as in a step (the input Grams kept, as there)
             rows = oracle.per_record(theta, torch.randperm(RECORDS, generator=batches)[:BATCH].sort().values)
             start = time.perf_counter()
             rows.weighted_sum(torch.minimum(torch.ones(BATCH, dtype=torch.float64), 0.1 / rows.norms()))

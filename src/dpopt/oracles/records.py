@@ -103,14 +103,21 @@ class Buffers:
         """A contiguous ``[n, *like.shape[1:]]`` of ``like``'s dtype and device, in unshared memory."""
         shape = (n, *like.shape[1:])
         with self.lock:
+            for buffer in self.kept:  # the first free one of exactly n records (each chunk but a batch's last)
+                if len(buffer) == n and fits(buffer, like) and unshared(buffer):
+                    return buffer[:n]  # (a view: the chunk counts as a use of the storage)
             free = [buffer for buffer in self.kept if unshared(buffer)]
-            fits = [buffer for buffer in free if buffer.shape[1:] == shape[1:] and buffer.dtype == like.dtype
-                    and buffer.device == like.device and len(buffer) >= n]
-            if fits:
-                return min(fits, key=len)[:n]
+            fitting = [buffer for buffer in free if len(buffer) >= n and fits(buffer, like)]
+            if fitting:
+                return min(fitting, key=len)[:n]
             self.kept = [buffer for buffer in self.kept if not any(buffer is other for other in free)]
             self.kept.append(like.new_empty(shape))
             return self.kept[-1][:n]
+
+
+def fits(buffer: Tensor, like: Tensor) -> bool:
+    """Whether ``buffer`` holds records of ``like``'s shape, dtype and device."""
+    return buffer.shape[1:] == like.shape[1:] and buffer.dtype == like.dtype and buffer.device == like.device
 
 
 def unshared(buffer: Tensor) -> bool:

@@ -142,6 +142,7 @@ class TorchModel:
         self.stages = (ghost.plan(module, {id(p): name for name, p in params.items()}, known_layers)
                        if engine == "ghost" else ())
         self._gathered: tuple[Tensor | None, list[tuple[Tensor, Tensor]]] = (None, [])
+        self._input_grams = ghost.InputGrams(self.records)  # kept by record (a layer that takes the data itself)
         self._recent: list[tuple[Tensor, Tensor, Dense | ghost.GhostRows, Tensor]] = []
         self._seen: list[tuple[Tensor, Tensor]] | None = None  # (point, per-record losses) in losses_seen()
         self._evaluated: list[Tensor] = []  # the per-record losses of the chunks of the running _per_record
@@ -327,11 +328,11 @@ class TorchModel:
         layers = []
         with torch.enable_grad():  # the layers' output gradients come from autograd, even under no_grad
             views = self.layout.views(point.detach().requires_grad_(True))
-            for x, y in chunks:
+            for (x, y), part in zip(chunks, indices.split(self.microbatch_size)):
                 out, taps = ghost.forward(self.stages, views, x)
                 losses = self._each_loss(out, y)
                 self._evaluated.append(losses.detach())
-                layers.append(ghost.capture(taps, losses.sum()))
+                layers.append(self._input_grams.attach(ghost.capture(taps, losses.sum()), x, part))
         return ghost.GhostRows(tuple(layers), tuple(len(y) for _, y in chunks), self.layout, point.new_empty(0),
                                theta.dtype, theta.device)
 

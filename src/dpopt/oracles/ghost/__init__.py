@@ -14,7 +14,9 @@ differential privacy", arXiv:2205.10683, §4, the "mixed ghost norm"):
   the Gram form makes: :func:`use_gram`), else ``‖Σ_t g_t a_tᵀ‖²`` with the ``[q, p]`` layer
   gradient of that record built directly (one batched matmul ``g_i [q, T] @ unfold(a_i)
   [T, p]``); for T = 1 it is ``‖a‖²‖g‖²`` (on the patch, per group, for a convolution). Conv2d
-  is the Linear rule on ``unfold(a)`` (im2col, one ``gather``), per group.
+  is the Linear rule on ``unfold(a)`` (im2col, one ``gather``), per group. Where ``a`` is the
+  data itself (augmentation multiplicity's views into the first layer), ``a aᵀ`` of each record is
+  formed once and kept by the oracle by record index (:class:`InputGrams`): a step forms ``g gᵀ``.
 * the clipped sum ``Σ_i w_i ∇ℓ_i`` is book-keeping (Bu et al. 2023, "Differentially private
   optimization on large model at small cost", arXiv:2210.00038): the weight-gradient products
   of a backward pass, ``Σ_i w_i g_iᵀ a_i`` per layer (``conv2d_weight`` for convolutions),
@@ -111,12 +113,15 @@ Where each part lives (each module imports only modules above it in this list):
 * :mod:`.layers`: one layer's records of one chunk (``a`` and ``g``, or dense rows): their norm
   bounds, weighted sums and differences at two points, and the Gram or direct form's choice;
 * :mod:`.backward`: one backward to every tap, giving the layers' records (:func:`capture`);
+* :mod:`.grams`: the input Gram matrices of a layer that takes the data itself, kept by record
+  (:class:`InputGrams`);
 * :mod:`.rows`: :class:`GhostRows`, the per-record gradients of one batch.
 """
 
 from .backward import capture, layer_from
 from .conv import channels_last, geometry, hwc, unfold
 from .functional import forward, run_plain
+from .grams import InputGrams
 from .layers import Layer, difference, use_gram
 from .rounding import gram_sq_norms
 from .rows import GhostRows, reuse_inputs
@@ -125,7 +130,7 @@ from .stages import KNOWN_LAYERS, Registry, Stage, describe, parameter_names, pl
 # what the rest of dpopt (plan, forward, capture, GhostRows, reuse_inputs, the registry) and the
 # engine's tests (the parts they check one by one) use
 __all__ = [
-    "KNOWN_LAYERS", "GhostRows", "Layer", "Registry", "Stage", "capture", "channels_last", "describe", "difference",
-    "forward", "geometry", "gram_sq_norms", "hwc", "layer_from", "parameter_names", "plan", "reuse_inputs",
-    "run_plain", "unfold", "use_gram",
+    "KNOWN_LAYERS", "GhostRows", "InputGrams", "Layer", "Registry", "Stage", "capture", "channels_last", "describe",
+    "difference", "forward", "geometry", "gram_sq_norms", "hwc", "layer_from", "parameter_names", "plan",
+    "reuse_inputs", "run_plain", "unfold", "use_gram",
 ]

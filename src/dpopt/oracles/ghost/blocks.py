@@ -7,9 +7,9 @@ layers (``Stage.inner``) stay ghost layers: forward hooks registered on them for
 removed in a ``finally`` (:class:`_Tap`) record each call's input and add a zero probe, an input
 of the vmapped function, to its output; the loss's gradient with respect to a probe is that
 call's output gradient. A block registered as acting per record runs once on the whole batch
-instead (:func:`_whole_batch`), where a call's output gradient is taken at the output itself. :func:`_discover` finds the calls once per record shape and refuses a
-parameter that reaches the output outside its layer's call; every later call is checked against
-them.
+instead (:func:`_whole_batch`), where a call's output gradient is taken at the output itself.
+:func:`_discover` finds the calls once per record shape and refuses a parameter that reaches the
+output outside its layer's call; every later call is checked against them.
 
 A ``block`` or ``isolated`` module that ``vmap`` cannot run (``.item()``, Python control flow
 on tensor values, in-place writes to captured tensors, torch's fused recurrent kernels) raises

@@ -195,8 +195,10 @@ class Layer:
         pass over ``a``, so it is made only for an input that comes back (:func:`~.rows.reuse_inputs`)."""
         return self.a.reshape(-1, self.a.shape[-1]).T.contiguous()
 
-    #: What is computed from the input alone, shared by the layers that saw the same input.
-    INPUT_CACHE = ("input_sq_norms", "input_t")
+    #: What is computed from the input alone, shared by the layers that saw the same input; and
+    #: ``input_grams``, the Gram form's ``A_i A_iᵀ`` (float64), present where the oracle gave them
+    #: (the data's, kept by record: :class:`~.grams.InputGrams`), else formed with the norms.
+    INPUT_CACHE = ("input_sq_norms", "input_t", "input_grams")
 
     def direct_difference(self) -> bool:
         """Whether the difference with another point takes the direct form (rows at both points)."""
@@ -221,7 +223,7 @@ class Layer:
             A, G = self.matrices()
             sq = sq_rows(A.reshape(B * groups, p)) * sq_rows(G.reshape(B * groups, q))
             return one * sq.view(B, groups).sum(1)
-        return gram_bounds([self.matrices()], B, groups, T, self.a.dtype).square()
+        return gram_bounds([self.matrices()], B, groups, T, self.a.dtype, self.__dict__.get("input_grams")).square()
 
     def _bias_sq_bounds(self) -> Tensor:
         """Upper bounds of the squared norms of the bias contributions ``fl(w·Σ_t g_t)`` per unit weight."""

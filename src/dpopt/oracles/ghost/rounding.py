@@ -92,10 +92,12 @@ def sq_of_runs(runs: Tensor, n: int, dtype: torch.dtype) -> Tensor:
 GRAM_BYTES = 2**20
 
 
-def gram_sq_norms(pairs: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+def gram_sq_norms(pairs: list[tuple[Tensor, Tensor]], inputs: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Upper bounds, in float64, of ``‖Σ_k Σ_t G^k_t A^k_tᵀ‖²`` per row from Gram matrices, for
     pairs ``A^k [R, T, p]``, ``G^k [R, T, q]``: ``Σ_{k,l} ⟨A^k A^lᵀ, G^k G^lᵀ⟩``, and of
-    ``(Σ_k Σ_t ‖A^k_t‖‖G^k_t‖)²``, which bounds the magnitude of every term.
+    ``(Σ_k Σ_t ‖A^k_t‖‖G^k_t‖)²``, which bounds the magnitude of every term. ``inputs``: the
+    first pair's ``A¹A¹ᵀ`` where it is known already (:func:`record_grams`, exact float64 Gram
+    matrices of the same numbers, within the same rounding bound), else formed here.
 
     The Gram matrices are formed in float64 (a float32 entry ``⟨a_s, a_t⟩`` could be off by
     p·2⁻²⁴·‖a_s‖‖a_t‖, i.e. the norm of a conv layer with T positions by ~T·p·2⁻²⁴: 4e−4 for the
@@ -105,7 +107,8 @@ def gram_sq_norms(pairs: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
     sq = bound = pairs[0][0].new_zeros(pairs[0][0].shape[0], dtype=torch.float64)
     for k, (A, G) in enumerate(pairs):
         for A2, G2 in pairs[k:]:
-            AA, GG = _gram(A, A2), _gram(G, G2)
+            AA = inputs if inputs is not None and k == 0 and A2 is A else _gram(A, A2)
+            GG = _gram(G, G2)
             term = (AA * GG).sum((1, 2))
             if A2 is A:  # ‖A_t‖², ‖G_t‖² are the diagonals of the Gram matrices (no second pass over A)
                 sq = sq + term
@@ -137,11 +140,36 @@ def _gram(X: Tensor, Y: Tensor) -> Tensor:
     return out
 
 
-def gram_bounds(pairs: list[tuple[Tensor, Tensor]], B: int, groups: int, T: int, dtype: torch.dtype) -> Tensor:
+def record_grams(A: Tensor) -> Tensor:
+    """``A_i A_iᵀ`` ``[R, T, T]`` in float64 for ``A [R, T, n]``, each record's the same bits wherever it
+    stands in ``A``: :func:`_gram`'s products of exact float64 copies, :data:`GRAM_BYTES` at a time,
+    with every record's copy starting at a multiple of 64 bytes from the (so aligned) buffer's start.
+    A BLAS product's rounding may depend on where its operands lie: in :func:`_gram`'s copies the
+    k-th record of 5 × 3,969 float64 numbers starts 158,760·k bytes from the start, 40·k mod 64
+    bytes off a 64-byte boundary, and there (MKL, one thread) about half of the records got Gram
+    matrices whose low bits differ from those of the same record alone. So :func:`_gram`'s
+    matrices of a record depend on its place in the batch; these do not, and can be kept per
+    record and reused (:class:`~.grams.InputGrams`)."""
+    R, T, n = A.shape
+    stride = -(-T * n // 8) * 8  # float64 numbers per record's copy: a multiple of 64 bytes
+    step = max(1, min(R, GRAM_BYTES // (8 * stride)))
+    out = A.new_empty(R, T, T, dtype=torch.float64)
+    copies = A.new_empty(step, stride, dtype=torch.float64)
+    for start in range(0, R, step):
+        n_rows = min(step, R - start)
+        x = copies[:n_rows].as_strided((n_rows, T, n), (stride, n, 1))
+        x.copy_(A[start:start + n_rows])
+        torch.bmm(x, x.mT, out=out[start:start + n_rows])
+    return out
+
+
+def gram_bounds(pairs: list[tuple[Tensor, Tensor]], B: int, groups: int, T: int, dtype: torch.dtype,
+                inputs: Tensor | None = None) -> Tensor:
     """Upper bounds of the norms of the records' contributions of a layer in the Gram form, whose
     weight gradient ``Σ_k Σ_t G^k_t A^k_tᵀ`` is summed by backward products in ``dtype`` (one per
     pair, added up): the float64 Gram norm times ``(1 + u)²``, plus the products' rounding,
-    γ_{T+3}·Σ_k Σ_t ‖A^k_t‖‖G^k_t‖ (per conv group; ``pairs`` hold ``[B·groups, T, ·]``)."""
-    sq, bound = (part.view(B, groups).sum(1) for part in gram_sq_norms(pairs))
+    γ_{T+3}·Σ_k Σ_t ‖A^k_t‖‖G^k_t‖ (per conv group; ``pairs`` hold ``[B·groups, T, ·]``; ``inputs``
+    as for :func:`gram_sq_norms`)."""
+    sq, bound = (part.view(B, groups).sum(1) for part in gram_sq_norms(pairs, inputs))
     u = unit(dtype)
     return (1 + u) ** 2 * sq.sqrt() + gamma(T + 3, u) * bound.sqrt()

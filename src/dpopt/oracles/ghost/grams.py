@@ -1,0 +1,105 @@
+"""The Gram matrices of the data's records at a Linear layer that takes the data itself, kept by
+record and reused at every later step.
+
+A Linear layer at T > 1 positions in the Gram form (:func:`~.layers.use_gram`) bounds record i's
+gradient norm by ``⟨A_i A_iᵀ, G_i G_iᵀ⟩`` (:func:`~.rounding.gram_sq_norms`). Where its input is the
+chunk of records the oracle gathered, unchanged (augmentation multiplicity's fixed views of each
+record, ``[B, T, p]``, into the first layer), ``A_i A_iᵀ`` (T × T, float64, its diagonal the
+squared norms ``‖a_t‖²`` the rounding bound takes) is a function of record i alone: formed the
+first time the record is drawn (:func:`~.rounding.record_grams`, whose bits do not depend on the
+record's place in the chunk) and looked up by record index afterwards, so a step forms only the
+T × T Gram matrices of the output gradients (augmentation multiplicity's views, T = 5, p = 3,969:
+no float64 copy of the 325 MB of a batch of 4,096 records). A record's norm bound is the same
+float64 number, bit for bit, whether its matrices were kept or formed in this step: the clipping
+weights and θ do not depend on the cache.
+
+Kept only for records held in tensors (:class:`~dpopt.oracles.records.Tensors`; a Dataset may give
+other numbers for a record each time it is read, e.g. a random augmentation), where T² ≤
+:data:`MAX_ENTRIES` and the matrices (T²·8 bytes a record) take no more memory than the records
+themselves, by the oracle that gathered them, on the device and in the dtype it computes in; all
+are dropped when the records' tensor is changed in place (its version counter moves; the oracle's
+records are not to be modified, see :class:`~dpopt.oracles.TorchModel`) or another layer shape
+asks. Nothing kept is written out: a copy or pickle of the oracle starts with none.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from torch import Tensor
+
+from ..records import Tensors
+from . import layers
+from .layers import Layer, same_memory
+from .rounding import record_grams
+from .stages import LINEAR_KINDS
+
+#: At most this many entries (T²) per record are kept.
+MAX_ENTRIES = 64
+
+
+class InputGrams:
+    """The input Gram matrices of one oracle's records, by record index: of :class:`Tensors` records
+    only (``data``, their tensor ``X``; None for records read another way, for which nothing is kept)."""
+
+    def __init__(self, records: object) -> None:
+        self._start(records.X if isinstance(records, Tensors) else None)
+
+    def _start(self, data: Tensor | None) -> None:
+        self.data, self.lock = data, threading.Lock()
+        self.key: tuple[object, ...] | None = None  # what the kept matrices are of (:meth:`of_what`)
+        self.grams: Tensor | None = None  # [n, T, T] float64
+        self.known: Tensor | None = None  # [n] bool: whose grams are kept
+
+    def __getstate__(self) -> dict[str, object]:
+        """A copy (``copy.deepcopy``, pickle) keeps the records' tensor and none of the matrices."""
+        return {"data": self.data}
+
+    def __setstate__(self, state: dict[str, Tensor | None]) -> None:
+        self._start(state["data"])
+
+    def attach(self, chunk: tuple, x: Tensor, indices: Tensor) -> tuple:
+        """The layers of one chunk (its records ``indices``, their input ``x`` as the oracle gave it
+        to the module), each Linear layer whose input is ``x`` itself and whose norms take the
+        Gram form given its records' ``A_i A_iᵀ`` (``Layer.input_grams``)."""
+        for layer in chunk:
+            if self.data is not None and isinstance(layer, Layer) and kept(layer) and same_memory(layer.a, x):
+                layer.__dict__["input_grams"] = self.of(indices, layer.matrices()[0])
+        return chunk
+
+    def of(self, indices: Tensor, A: Tensor) -> Tensor:
+        """``A_i A_iᵀ`` ``[R, T, T]`` of the records ``indices`` whose inputs are ``A [R, T, p]``: the
+        kept ones, and those of the records not seen before, formed now and kept."""
+        R, T, _ = A.shape
+        key, indices = self.of_what(A), indices.to(A.device)
+        with self.lock:
+            if key != self.key:
+                assert self.data is not None
+                self.key = key
+                self.grams = A.new_empty(len(self.data), T, T, dtype=torch.float64)
+                self.known = torch.zeros(len(self.data), dtype=torch.bool, device=A.device)
+            assert self.grams is not None and self.known is not None
+            new = ~self.known[indices]
+            if bool(new.any()):
+                rows = new.nonzero().squeeze(1)
+                self.grams[indices[rows]] = record_grams(A if len(rows) == R else A[rows])
+                self.known[indices[rows]] = True
+            return self.grams[indices]
+
+    def of_what(self, A: Tensor) -> tuple[object, ...]:
+        """What the kept matrices are of: the layer's shape, dtype and device, and the records'
+        tensor, its memory and its version (moved by every in-place change): another key drops them."""
+        assert self.data is not None
+        return (*A.shape[1:], A.dtype, A.device, self.data.data_ptr(), self.data._version)
+
+
+def kept(layer: Layer) -> bool:
+    """Whether ``layer``'s input Gram matrices are kept by record: a Linear layer with a trainable
+    weight whose norms take the Gram form, at 1 < T positions, T² ≤ :data:`MAX_ENTRIES`, its
+    matrices no larger than its input (8·T² ≤ T·p·itemsize bytes a record)."""
+    if layer.stage.kind not in LINEAR_KINDS or layer._trainable("weight") is None:
+        return False
+    _, T, p, q = layer.shape()
+    size = layer.a.element_size()
+    return 1 < T and T * T <= MAX_ENTRIES and 8 * T <= p * size and layers.use_gram(T, p, q, size)
