@@ -278,3 +278,24 @@ def test_each_pld_is_built_once_per_grid(monkeypatch):
     assert epsilon_of(event_of(3.0), 1e-5, relation) == on_grid and len(built) == 2
     solve_noise(event_of, epsilon=0.3, delta=1e-5, relation=relation)
     assert len(built) == len(set(built)) > 2
+
+
+def test_a_noiseless_gaussian_is_found_inside_every_event_of_dp_accounting_that_wraps_another():
+    """ε = ∞ for a release without noise, however it is wrapped: the events looked into are the
+    named tuple of wrapping types (no attribute probe), which must list every dp_accounting event
+    with an ``event`` field, so a wrapper added by a new dp_accounting is not silently skipped."""
+    from dp_accounting import dp_event
+
+    from dpopt.accounting.epsilon import WRAPPING_EVENTS, _has_noiseless_gaussian
+
+    wrapping = {cls for cls in vars(dp_event).values() if isinstance(cls, type) and issubclass(cls, dpa.DpEvent)
+                and "event" in {a.name for a in getattr(cls, "__attrs_attrs__", ())}}
+    assert wrapping == set(WRAPPING_EVENTS)
+    bare = dpa.GaussianDpEvent(0.0)
+    wrapped = [dpa.SelfComposedDpEvent(bare, 3), dpa.PoissonSampledDpEvent(0.1, bare),
+               dpa.SampledWithReplacementDpEvent(100, 10, bare), dpa.SampledWithoutReplacementDpEvent(100, 10, bare),
+               dp_event.RepeatAndSelectDpEvent(dpa.ComposedDpEvent([dpa.GaussianDpEvent(1.0), bare]), 3.0, 1.0)]
+    assert [_has_noiseless_gaussian(event) for event in wrapped] == [True] * 5
+    assert not _has_noiseless_gaussian(dpa.SelfComposedDpEvent(bare, 0))  # repeated zero times: nothing released
+    assert not _has_noiseless_gaussian(dpa.PoissonSampledDpEvent(0.1, dpa.GaussianDpEvent(1.0)))
+    assert epsilon_of(dpa.PoissonSampledDpEvent(0.1, bare), 1e-5, NeighboringRelation.ADD_OR_REMOVE_ONE) == math.inf

@@ -77,6 +77,10 @@ def test_a_non_private_algorithm_is_refused_in_the_same_words_everywhere(capsys,
         dpopt.fit(torch.nn.Linear(DIM, 2), lambda o, t: o.sum(1), (oracle().X, oracle().y), algorithm="storm",
                   epsilon=1.0, delta=1e-5, epochs=1)
     assert str(fitted.value) == words
+    with pytest.raises(DpoptError) as private:  # Private once wrote its own words, without the ε it cannot meet
+        dpopt.Private(torch.nn.Linear(DIM, 2), lambda o, t: o.sum(1), (oracle().X, oracle().y), algorithm="storm",
+                      epsilon=1.0, delta=1e-5, steps=1)
+    assert str(private.value) == words
     assert building.private_entry("dp-sgd").name == "dp-sgd"
 
 

@@ -205,3 +205,34 @@ def test_the_link_check_catches_a_missing_file_and_a_missing_heading(tmp_path):
                         "# A heading\n[gone](missing.md), [no heading](other.md#tuning), ![img](other.md)\n"
                         "```\n[in code](nowhere.md)\n```\n")
     assert broken_links(document) == ["missing.md", "other.md#tuning"]
+
+
+CLI = ROOT / "docs" / "cli.md"
+
+
+def test_the_hyper_parameter_tables_of_the_command_line_doc_are_generated_from_the_parameter_classes():
+    from dpopt.cli.reference import with_tables
+
+    text = CLI.read_text(encoding="utf-8")
+    assert with_tables(text) == text, "regenerate them: python -m dpopt.cli.reference docs/cli.md"
+
+
+def test_a_new_hyper_parameter_changes_the_generated_tables():
+    """A field added to a parameter class is a row of the tables, so the document check above
+    fails until the document shows it."""
+    from dataclasses import dataclass
+
+    from dpopt import _validate
+    from dpopt.algorithms.params import DPSGDParams, knob
+    from dpopt.algorithms.registry import ENTRIES, Entry
+    from dpopt.cli.reference import tables, with_tables
+
+    @dataclass(frozen=True)
+    class WarmParams(DPSGDParams):
+        warmup: int = knob(3, "steps at a smaller step size", check=_validate.positive_int, commands=("run",))
+
+    generated = tables((*ENTRIES, Entry("warm", "dpopt.algorithms.dp_sgd:dp_sgd_from_params", "warm", WarmParams)))
+    assert "| `warmup` | `--warmup` (run) | int | `3` | an integer ≥ 1 | steps at a smaller step size |" in generated
+    assert generated.startswith(tables()) and generated != tables()
+    with pytest.raises(_validate.DpoptError, match="no lines"):
+        with_tables("# A document without the markers\n")

@@ -22,7 +22,8 @@ description that calibrated its noise (:class:`dpopt.plan.Plan`).
 
 Optional capabilities are protocols too (:class:`Directed`, :class:`KeyedSampling`,
 :class:`NoiseVariance`, :class:`Wrapper`, :class:`Averaged`, :class:`SelfDiagnosing`, :class:`Reporting`,
-:class:`ClosedForm`, :class:`SharedNoise`, :class:`Digested`, :class:`ShareOfBatch`): code asks
+:class:`ClosedForm`, :class:`SharedNoise`, :class:`Digested`, :class:`ShareOfBatch`, :class:`NamedNoise`,
+:class:`AlongDirections`, :class:`Delegating`, :class:`Regularised`, :class:`ModelDigested`): code asks
 ``isinstance(x, Capability)`` instead of probing attributes (once per run where the answer is
 needed every step: the check costs tens of microseconds).
 
@@ -129,6 +130,13 @@ class Oracle(Protocol):
     def gradient_sum(self, theta: Tensor, indices: Tensor | None) -> Tensor:
         """Σ_{i ∈ indices} ∇f_i(θ) (all records for None)."""
         ...
+
+
+class Scored(Oracle, Protocol):
+    """An oracle that also measures θ's error on records outside it (a misclassification rate, or
+    the model's regression error)."""
+
+    def error(self, theta: Tensor, X: Tensor, y: Tensor) -> float: ...
 
 
 @runtime_checkable
@@ -288,3 +296,44 @@ class Digested(Protocol):
 
     @property
     def data_digest(self) -> str: ...
+
+
+@runtime_checkable
+class ModelDigested(Protocol):
+    """An oracle that can tell its model (a module's structure and loss) from another's
+    (checkpoints record it; a closed-form oracle's model is its type)."""
+
+    @property
+    def model_digest(self) -> str: ...
+
+
+@runtime_checkable
+class Regularised(Protocol):
+    """An oracle with a public regularisation weight ``reg`` (checkpoints record it)."""
+
+    reg: float
+
+
+@runtime_checkable
+class Delegating(Protocol):
+    """An oracle that wraps ``oracle`` and runs the same problem (a data-parallel rank's share,
+    counted calls): what a resume compares is the wrapped oracle's."""
+
+    oracle: Oracle
+
+
+@runtime_checkable
+class AlongDirections(Protocol):
+    """An oracle with a fast path for the two-point estimator: ``losses_along(x, directions [B, m, d],
+    alpha, indices)`` is ``[B, 2m]``, f_i(x + α y_ij) for j < m then f_i(x − α y_ij), what
+    :meth:`Pointwise.losses_at` gives at those points."""
+
+    def losses_along(self, x: Tensor, directions: Tensor, alpha: float, indices: Tensor) -> Tensor: ...
+
+
+@runtime_checkable
+class NamedNoise(Protocol):
+    """An algorithm whose releases draw from the noise it names as ``noise`` (a continuous or the
+    exact discrete Gaussian, :mod:`dpopt.mechanisms`)."""
+
+    noise: object

@@ -12,7 +12,7 @@ algorithm by name that is not private (its ε is ∞, so no target ε can be met
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol, TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 import torch
@@ -20,7 +20,7 @@ from torch import Tensor
 
 from . import _validate
 from .algorithms import registry
-from .base import Oracle
+from .base import Scored
 from .json_types import JsonValue
 from .models import cross_entropy, logistic_loss, make_model, mlp_oracle
 from .names import GLMS, MLP, MODELS, NETWORKS
@@ -36,13 +36,6 @@ TASKS = {"logistic": ("binary",), "nonconvex-logistic": ("binary",), "ridge": ("
 
 #: Records as a tensor or an array (rows of features, or targets).
 Records: TypeAlias = Tensor | np.ndarray
-
-
-class Scored(Oracle, Protocol):
-    """An oracle that also measures θ's error on records outside it (a misclassification rate, or
-    the model's regression error)."""
-
-    def error(self, theta: Tensor, X: Tensor, y: Tensor) -> float: ...
 
 
 def oracle_for(model: str, X: Records, y: Records, *, task: str = "regression", classes: int | None = None,

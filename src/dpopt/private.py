@@ -92,11 +92,12 @@ from torch.utils.data import DataLoader
 from . import _validate, journal, resume, snapshot
 from .accounting import Ledger
 from .algorithms import registry
-from .base import Algorithm, Directed, NoiseSource, NoiseVariance
+from .base import S, Algorithm, Directed, NoiseSource, NoiseVariance
+from .building import private_entry
 from .oracles import TorchModel, ghost, hf, records
 from .oracles.loaded import Loaded
 from .outputs import NOT_PRIVATE
-from .plan import plan_for, steps_for_epochs
+from .plan import Plan, plan_for, steps_for_epochs
 from .seeding import randomness
 from .watched import Watched
 
@@ -146,9 +147,9 @@ class Private:
     """
 
     def __init__(self, module: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor],
-                 data: hf.Data, *,
-                 algorithm: str | Any = "dp-sgd", epsilon: float | None, delta: float, epochs: float | None = None,
-                 steps: int | None = None, batch_size: int = 256, clip: float = 1.0, lr: float = 0.1,
+                 data: hf.Data, *, algorithm: str | Algorithm[S] = "dp-sgd", epsilon: float | None, delta: float,
+                 epochs: float | None = None, steps: int | None = None, batch_size: int = 256, clip: float = 1.0,
+                 lr: float = 0.1,
                  seed: int | None = None, accountant: str = "pld", engine: str = "ghost", microbatch_size: int = 512,
                  known_layers: ghost.Registry = ghost.KNOWN_LAYERS, noise_source: NoiseSource | None = None,
                  allow_large_delta: bool = False, split: Callable[..., tuple[Tensor, Tensor]] | None = None,
@@ -174,10 +175,7 @@ class Private:
                                  known_layers=known_layers)
         n = self.oracle.n
         if isinstance(algorithm, str):
-            entry = registry.entry(algorithm)
-            if not entry.private:
-                raise _validate.DpoptError(f"algorithm={algorithm!r} is not private (ε = ∞): train it with "
-                                           "dpopt.run as a non-private reference")
+            entry = private_entry(algorithm, epsilon)
             if epsilon is None:
                 raise _validate.DpoptError(f"epsilon=None keeps the noise multipliers of an algorithm object; "
                                            f"algorithm={algorithm!r} by name needs an epsilon to calibrate to")
@@ -188,8 +186,8 @@ class Private:
         if steps is None:
             assert epochs is not None  # (exactly one of them: checked above)
             steps = steps_for_epochs(algorithm, n, epochs)
-        self.plan = plan_for(algorithm, n=n, steps=steps, delta=delta, epsilon=epsilon, accountant=accountant,
-                             allow_large_delta=allow_large_delta)
+        self.plan: Plan[Any] = plan_for(algorithm, n=n, steps=steps, delta=delta, epsilon=epsilon,
+                                        accountant=accountant, allow_large_delta=allow_large_delta)
         self.seed = seed
         self.theta0 = self.oracle.flat_params().to(torch.float64)
         self.stepper = Watched.start(self.plan, self.oracle, theta0=self.theta0, seed=seed, noise_source=noise_source)

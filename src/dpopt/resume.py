@@ -20,6 +20,7 @@ import dp_accounting as dpa
 from ._validate import DpoptError
 from .accounting import Ledger, PlanMismatch, compose, count_steps, guarantee, is_filter, run_length
 from .accounting.ledger import LedgerState
+from .base import Delegating, Digested, ModelDigested, Regularised
 
 if TYPE_CHECKING:
     from .base import S, Oracle
@@ -30,7 +31,7 @@ def describe(algorithm: object, oracle: Oracle, **settings: object) -> dict[str,
     (its type and each hyper-parameter its repr shows), the oracle (type, n, dim, regulariser, the
     digest of its training data, where it has one: ``data_digest``, and of a module's structure and
     loss: ``model_digest``) and ``settings``."""
-    oracle = getattr(oracle, "oracle", oracle)  # a data-parallel wrapper runs the same problem
+    oracle = oracle.oracle if isinstance(oracle, Delegating) else oracle  # a wrapper runs the same problem
     if dataclasses.is_dataclass(algorithm):
         described = {"algorithm": type(algorithm).__qualname__} | {
             f"algorithm.{f.name}": repr(getattr(algorithm, f.name)) for f in dataclasses.fields(algorithm) if f.repr}
@@ -38,8 +39,9 @@ def describe(algorithm: object, oracle: Oracle, **settings: object) -> dict[str,
         described = {"algorithm": repr(algorithm)}
     return described | {
         "oracle": type(oracle).__name__, "n": str(oracle.n), "dim": str(oracle.dim),
-        "reg": repr(getattr(oracle, "reg", None)), "data": getattr(oracle, "data_digest", "no digest"),
-        "model": getattr(oracle, "model_digest", "closed form"),
+        "reg": repr(oracle.reg if isinstance(oracle, Regularised) else None),
+        "data": oracle.data_digest if isinstance(oracle, Digested) else "no digest",
+        "model": oracle.model_digest if isinstance(oracle, ModelDigested) else "closed form",
     } | {name: repr(value) for name, value in settings.items()}
 
 

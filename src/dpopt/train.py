@@ -33,8 +33,8 @@ from torch import Tensor
 
 from . import _validate, atomic, journal, lock, resume, snapshot
 from .accounting import Ledger, accountant_note
-from .base import (S, Algorithm, Averaged, Batch, ClosedForm, KeyedSampling, NoiseSource, Oracle, Reporting, Sampler,
-                   SelfDiagnosing, SharedNoise)
+from .base import (S, Algorithm, Averaged, Batch, ClosedForm, KeyedSampling, NamedNoise, NoiseSource, Oracle, Reporting,
+                   Sampler, SelfDiagnosing, SharedNoise)
 from .json_types import JsonObject
 from .mechanisms import Discrete, SeededNoise
 from .outputs import NOT_PRIVATE
@@ -258,10 +258,11 @@ def train(plan: Plan[S], oracle: Oracle, options: Options | None = None, theta0:
     (its ledger covers every step taken), and resuming it does not step again.
     """
     options = Options() if options is None else options
+    noise = plan.algorithm.noise if isinstance(plan.algorithm, NamedNoise) else None
     if isinstance(oracle, SharedNoise) and (not isinstance(options.noise_source, SeededNoise | None)
-                                            or isinstance(getattr(plan.algorithm, "noise", None), Discrete)):
+                                            or isinstance(noise, Discrete)):
         raise _validate.DpoptError(
-            f"noise_source={options.noise_source!r} / noise={getattr(plan.algorithm, 'noise', None)!r} draws "
+            f"noise_source={options.noise_source!r} / noise={noise!r} draws "
             "independently in every process: a data-parallel oracle needs the seeded noise, one draw shared by every "
             "rank")
     theta0 = torch.zeros(oracle.dim, dtype=torch.float64) if theta0 is None else theta0.to(torch.float64)

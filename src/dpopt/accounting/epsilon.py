@@ -17,7 +17,7 @@ from typing import Any
 
 import dp_accounting as dpa
 import numpy as np
-from dp_accounting import NeighboringRelation
+from dp_accounting import NeighboringRelation, dp_event
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
@@ -31,14 +31,19 @@ COARSE_DISCRETIZATION = 1e-3
 FINEST_DISCRETIZATION = 1e-5
 
 
+#: The events of dp_accounting that wrap one other event (``event``): repeated, sampled, selected.
+WRAPPING_EVENTS = (dpa.SelfComposedDpEvent, dpa.PoissonSampledDpEvent, dpa.SampledWithReplacementDpEvent,
+                   dpa.SampledWithoutReplacementDpEvent, dp_event.RepeatAndSelectDpEvent)
+
+
 def _has_noiseless_gaussian(event: dpa.DpEvent) -> bool:
     if isinstance(event, dpa.GaussianDpEvent):
         return bool(event.noise_multiplier == 0)
     if isinstance(event, dpa.ComposedDpEvent):
         return any(_has_noiseless_gaussian(sub) for sub in event.events)
-    inner = getattr(event, "event", None)
-    count = getattr(event, "count", 1)
-    return inner is not None and count > 0 and _has_noiseless_gaussian(inner)
+    if isinstance(event, dpa.SelfComposedDpEvent) and event.count <= 0:
+        return False
+    return isinstance(event, WRAPPING_EVENTS) and _has_noiseless_gaussian(event.event)
 
 
 def _is_plain_gaussians(runs: Sequence[tuple[dpa.DpEvent, int]]) -> bool:

@@ -110,13 +110,14 @@ class Entry:
         """The algorithm for ``given`` (its parameters, or knobs by name: :meth:`params_of`), its noise
         multipliers at 1, with the update rule ``optimizer``."""
         params = self.params_of(given.n, given.given) if isinstance(given, Knobs) else self._checked(given)
-        algorithm = _named(self.builder)(params)
+        algorithm = cast("Algorithm[Any]", _named(self.builder)(params))
         rule = OPTIMIZERS[params.optimizer]
-        return algorithm if rule is None else _named(rule)(algorithm, params)
+        return algorithm if rule is None else cast("Algorithm[Any]", _named(rule)(algorithm, params))
 
 
-def _named(builder: str) -> Callable[..., Any]:
-    """The function ``"module:function"`` names (its module imported now)."""
+def _named(builder: str) -> Callable[..., object]:
+    """The function ``"module:function"`` names (its module imported now): a builder returns an
+    algorithm (:meth:`Entry.build` says so to the type checker)."""
     module, function = builder.split(":")
     return getattr(importlib.import_module(module), function)
 

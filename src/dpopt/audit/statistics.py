@@ -28,10 +28,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 import numpy as np
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from ..base import S, Algorithm
 
 #: A score: observations [runs, …] → scores [runs].
 Score = Callable[[np.ndarray], np.ndarray]
@@ -112,6 +115,13 @@ def _matched_filter(out: np.ndarray, inside: np.ndarray, features: Callable[[np.
 THREAT_MODELS: dict[str, ThreatModel] = {model.name: model for model in (Final(), Releases())}
 
 
-def observe(threat: ThreatModel, algorithm: Any, state: Any) -> Tensor:
+class Iterate(Protocol):
+    """An algorithm's state: every one holds the current iterate θ_t as ``theta``."""
+
+    @property
+    def theta(self) -> Tensor: ...
+
+
+def observe(threat: ThreatModel, algorithm: Algorithm[S], state: S) -> Tensor:
     """What the adversary sees now: the iterate (releases) or the output."""
-    return (state.theta if threat.observes_steps() else algorithm.output(state)).detach()
+    return (cast(Iterate, state).theta if threat.observes_steps() else algorithm.output(state)).detach()

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import _validate, atomic, report
+from ..base import Digested
 from ..outputs import NOT_PRIVATE
 from ..jobs.preparation import described
 from ..report import summarise
@@ -162,7 +163,7 @@ class Tuning:
         """The job's settings and the task's data (size and digest, where the oracle has one)."""
         oracle = task.oracle
         return {"job": repr(self), "n": str(oracle.n), "dim": str(oracle.dim),
-                "data": getattr(oracle, "data_digest", "no digest")}
+                "data": oracle.data_digest if isinstance(oracle, Digested) else "no digest"}
 
 
 def task_key(problem: Problem) -> str:

@@ -165,7 +165,8 @@ def seed_of(args: argparse.Namespace) -> int | None:
                            "guarantee rests on, anyone who can write it can set a seed of their choosing")
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as err:
-        raise _validate.DpoptError(f"{name} cannot be read ({getattr(err, 'strerror', None) or 'not text'}): give "
+        why = (err.strerror if isinstance(err, OSError) else None) or "not text"
+        raise _validate.DpoptError(f"{name} cannot be read ({why}): give "
                                    "a file that holds the seed, one integer >= 0") from None
     if not re.fullmatch(r"\s*[0-9]{1,100}\s*", text):
         raise _validate.DpoptError(f"{name} must hold one integer >= 0 (at most 100 digits) and nothing else; its "

@@ -95,7 +95,7 @@ class Schema:
         """The schema of the JSON file at ``path`` (if any), completed by ``given`` (the command
         line's ``task``, ``target``, ``features``, ``classes``; None: not given); a value given
         both ways must be the same."""
-        declared = {} if path is None else _schema_file(Path(path))
+        declared: dict[str, Any] = {} if path is None else _schema_file(Path(path))  # checked by Schema
         for key, value in given.items():
             if value is None:
                 continue
@@ -107,7 +107,7 @@ class Schema:
         return cls(**declared)
 
 
-def _schema_file(path: Path) -> dict[str, Any]:
+def _schema_file(path: Path) -> dict[str, str | int | tuple[str, ...]]:
     try:
         declared = json.loads(path.read_text())
     except (OSError, ValueError) as err:

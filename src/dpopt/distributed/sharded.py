@@ -45,13 +45,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..base import Rows
+from ..base import Oracle, Rows, Scored
 from .group import collective
 
 
@@ -74,7 +74,7 @@ class Sharded:
 
     shares_noise = True  #: every rank must add the same noise draw (:func:`dpopt.train.run` checks)
 
-    def __init__(self, oracle: Any, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, oracle: Oracle, group: dist.ProcessGroup | None = None) -> None:
         self.oracle, self.group = oracle, group
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         self.n, self.dim = oracle.n, oracle.dim
@@ -110,7 +110,7 @@ class Sharded:
         return self.oracle.regulariser(theta)
 
     def error(self, theta: Tensor, X: Tensor, y: Tensor) -> float:
-        return self.oracle.error(theta, X, y)
+        return cast(Scored, self.oracle).error(theta, X, y)  # the oracle's, where it has one
 
     def __getattr__(self, name: str) -> Any:  # flat_params, load, reg, engine, ...
         if name == "oracle":  # not set yet (unpickling): no recursion

@@ -49,7 +49,7 @@ class Method:
     #: Multiplies the calibrated noise multipliers. 1 for every private method; < 1 only for a
     #: comparison row labelled NOT PRIVATE (its ledger then reports the larger ε it really spent).
     noise_scale: float = 1.0
-    #: How ``grid`` is searched: :func:`tune`'s signature; None is :func:`tune` itself.
+    #: How ``grid`` is searched: :func:`explore_grid`'s signature; None is :func:`explore_grid` itself.
     tuner: Callable[..., Tuned] | None = None
     #: Whether a run does not depend on its seed (no noise, no sampling, a deterministic output
     #: rule): then only the first seed is run, and the report says so.
@@ -204,8 +204,8 @@ def grid_points(grid: Mapping[str, Sequence[object]]) -> list[Params]:
     return [dict(zip(keys, values)) for values in itertools.product(*(grid[key] for key in keys))]
 
 
-def tune(method: Method, problem: Problem, *, epsilon: float, delta: float, seeds: Sequence[int],
-         progress: bool = False, pool: Pool | None = None, key: Hashable = None) -> Tuned:
+def explore_grid(method: Method, problem: Problem, *, epsilon: float, delta: float, seeds: Sequence[int],
+                 progress: bool = False, pool: Pool | None = None, key: Hashable = None) -> Tuned:
     """Every grid point on ``seeds`` (distinct from the evaluation seeds); the point with the
     lowest mean final training objective wins (diverged runs count as +∞). Returns the choice,
     every point's score and the cost (runs, wall seconds), labelled NOT PRIVATE: the scores are

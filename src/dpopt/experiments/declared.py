@@ -131,9 +131,10 @@ def text(value: JsonValue, name: str) -> str:
 def load(name: str, folder: Path = FOLDER) -> Declared:
     """The checked content of ``folder/<name>.toml``."""
     path = folder / f"{name}.toml"
-    values = _read(path)
+    values: dict[str, Any] = _read(path)  # checked against SCHEMA below
     if "extends" in values:  # a variant: the base file's values, its own replacing them key by key
-        values = _read(folder / f"{values['extends']}.toml") | values
+        base: dict[str, Any] = _read(folder / f"{values['extends']}.toml")
+        values = base | values
         del values["extends"]
     _check(path, "", values, SCHEMA)
     for method, table in values["methods"].items():
@@ -166,7 +167,7 @@ def load(name: str, folder: Path = FOLDER) -> Declared:
     return Declared(path, values)
 
 
-def _read(path: Path) -> dict[str, Any]:
+def _read(path: Path) -> dict[str, object]:
     try:
         return tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as err:

@@ -43,7 +43,7 @@ Sizes, chosen so that the full run (5 seeds) takes under 30 min on 2 shared core
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +54,7 @@ from .. import report
 from ..algorithms import DPSGD
 from ..algorithms import o2nc_params as params
 from ..algorithms.o2nc import O2NC
-from ..base import PerRecord
+from ..base import AlongDirections, PerRecord
 from ..data import load
 from ..data.bounds import Preparation
 from ..json_types import JsonObject
@@ -94,16 +94,6 @@ class Counted:
         self.calls["function_evals"] += points.shape[0] * points.shape[1]
         return self.oracle.losses_at(points, indices)
 
-    @property
-    def losses_along(self) -> Callable[[Tensor, Tensor, float, Tensor], Tensor]:
-        """The wrapped oracle's fast path, counted (AttributeError where it has none, as unwrapped)."""
-        along = getattr(self.oracle, "losses_along")  # a GLM's; a network has none
-
-        def counted(x: Tensor, directions: Tensor, alpha: float, indices: Tensor) -> Tensor:
-            self.calls["function_evals"] += 2 * directions.shape[0] * directions.shape[1]
-            return along(x, directions, alpha, indices)
-        return counted
-
     def gradients_at(self, points: Tensor, indices: Tensor) -> Tensor:
         self.calls["gradient_evals"] += points.shape[0] * points.shape[1]
         return self.oracle.gradients_at(points, indices)
@@ -116,6 +106,19 @@ class Counted:
         calls = {key: float(value) for key, value in self.calls.items()}
         self.calls = dict.fromkeys(self.calls, 0)
         return calls
+
+
+class CountedAlong(Counted):
+    """A :class:`Counted` oracle with the two-point fast path (:class:`~dpopt.base.AlongDirections`,
+    a GLM's; a network has none): its calls counted too."""
+
+    def __init__(self, oracle: TruncatedAbsolute) -> None:
+        super().__init__(oracle)
+        self.along = oracle.losses_along
+
+    def losses_along(self, x: Tensor, directions: Tensor, alpha: float, indices: Tensor) -> Tensor:
+        self.calls["function_evals"] += 2 * directions.shape[0] * directions.shape[1]
+        return self.along(x, directions, alpha, indices)
 
 
 def synthetic(d: int, n: int, seed: int = 0) -> tuple[np.ndarray, ...]:
@@ -161,7 +164,7 @@ def problem(key: ProblemKey, data_dir: str | None) -> tuple[Problem, JsonObject]
         X, y, X_test, y_test = (torch.as_tensor(a) for a in (X_np, y_np, Xt_np, yt_np))
         base = TruncatedAbsolute(X, y, cap=2.0)
         theta0, phi = None, 2.0
-    oracle = Counted(base)
+    oracle = CountedAlong(base) if isinstance(base, AlongDirections) else Counted(base)
 
     def stationarity(theta: Tensor) -> float:
         return goldstein(base, theta, 2 * ALPHA, points=GOLDSTEIN_POINTS, seed=0).value
@@ -226,17 +229,18 @@ def _dimension(key: str) -> int:
 
 def select_constants(data_dir: str | None = None, workers: int = 2) -> dict[str, Tuned]:
     """Re-select the tuned constants: every point of its grid for each O2NC method on the
-    ``tuning_problem`` and tuning seeds of the preset file, scored by :func:`~dpopt.experiments._runner.tune`
-    (mean final training objective), at ε = 1. Tuning is not privacy-accounted."""
+    ``tuning_problem`` and tuning seeds of the preset file, scored by
+    :func:`~dpopt.experiments._runner.explore_grid` (mean final training objective), at ε = 1. Tuning
+    is not privacy-accounted."""
     from ..jobs import Pool
-    from ._runner import tune
+    from ._runner import explore_grid
     from .reproduce import _problem_of
 
     problem_ = problem(TUNING_PROBLEM, data_dir)[0]
     pool = Pool(workers, _problem_of, NAME, data_dir) if workers > 1 else None
     try:
-        return {method.name: tune(method, problem_, epsilon=1.0, delta=DELTA, seeds=PRESET.TUNING_SEEDS, pool=pool,
-                                  key=TUNING_PROBLEM)
+        return {method.name: explore_grid(method, problem_, epsilon=1.0, delta=DELTA, seeds=PRESET.TUNING_SEEDS,
+                                          pool=pool, key=TUNING_PROBLEM)
                 for method in methods(1.0, TUNING_PROBLEM) if method.name in O2NC_METHODS}
     finally:
         if pool is not None:

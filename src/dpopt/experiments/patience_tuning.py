@@ -73,7 +73,7 @@ def patience_tune(method: Method, problem: Problem, *, epsilon: float, delta: fl
                   step_sizes: Sequence[float] = STEP_SIZES, check_every: int = 20, patience: int = 5,
                   factor: float = 1.05) -> Tuned:
     """The paper's search over ``method.grid`` × ``step_sizes`` (one run per trial, on
-    ``seeds[0]``), with :func:`dpopt.experiments._runner.tune`'s signature (``pool`` unused: the
+    ``seeds[0]``), with :func:`dpopt.experiments._runner.explore_grid`'s signature (``pool`` unused: the
     trials are sequential by nature). Returns the choice (grid point and ``lr``), every point's
     score and the cost: runs, rounds, wall seconds, and ``epsilon_composed``, the ε(δ) of all the
     runs' events composed (0 for a non-private method); labelled NOT PRIVATE (the scores are

@@ -50,7 +50,7 @@ class PaperRow(TypedDict):
 
 
 class Tuned(TypedDict):
-    """What a tuning of a method's grid returns (:func:`~dpopt.experiments._runner.tune`'s form),
+    """What a tuning of a method's grid returns (:func:`~dpopt.experiments._runner.explore_grid`'s form),
     labelled NOT PRIVATE: the values chosen, every point's score and the cost."""
 
     label: str

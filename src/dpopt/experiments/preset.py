@@ -150,7 +150,7 @@ def declared_experiment(data: Declared, *, make_problem: MakeProblem, make_metho
 
 
 #: How a method's grid is searched, by the name a preset file gives (``tuner``): every grid point
-#: scored by its final training objective (:func:`~dpopt.experiments._runner.tune`), or the DIFF2
+#: scored by its final training objective (:func:`~dpopt.experiments._runner.explore_grid`), or the DIFF2
 #: paper's step-size search with patience (:func:`~dpopt.experiments.patience_tuning.patience_tune`).
 TUNERS: dict[str, Callable[..., Tuned] | None] = {"grid": None, "patience": patience_tune}
 

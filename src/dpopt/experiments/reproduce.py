@@ -34,7 +34,7 @@ from ..json_types import JsonObject, JsonValue
 from ..report import Curve
 from ..train import History
 from ..jobs import Pool, Saved, one_sided_p, running, source_digest, writable
-from ._runner import Method, Params, Problem, mean_curve, metrics, start_seeds, tune
+from ._runner import Method, Params, Problem, explore_grid, mean_curve, metrics, start_seeds
 from .declared import PaperEntry
 from .payload import ClassifiedRow, PaperRow, Payload, ProblemKey, Results, Row, TTest, Tuned
 from ..jobs.preparation import LABEL, described, is_public
@@ -190,8 +190,8 @@ def _params(method: Method, epsilon: float | None, retune: bool, problem: Proble
     at = exp.TUNE_EPSILON
     if at is not None and (key, method.name) in chosen:
         return chosen[(key, method.name)], None
-    result = (method.tuner or tune)(method, problem, epsilon=at or epsilon or exp.EPSILONS[0], delta=delta,
-                                    seeds=exp.TUNING_SEEDS, progress=progress, pool=pool, key=key)
+    result = (method.tuner or explore_grid)(method, problem, epsilon=at or epsilon or exp.EPSILONS[0], delta=delta,
+                                            seeds=exp.TUNING_SEEDS, progress=progress, pool=pool, key=key)
     chosen[(key, method.name)] = result["chosen"]
     return result["chosen"], result
 

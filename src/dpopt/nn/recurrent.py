@@ -394,7 +394,7 @@ def from_torch(module: nn.Module) -> _Recurrent:
     if kind is None:
         raise _validate.DpoptError(f"module={type(module).__name__} has no dpopt.nn replacement (one of "
                                    f"{', '.join(cls.__name__ for cls in REPLACEMENTS)} is needed)")
-    if getattr(module, "proj_size", 0):
+    if isinstance(module, nn.RNNBase) and module.proj_size:  # (an LSTM's; 0 for the others)
         raise _validate.DpoptError(f"proj_size={module.proj_size}: dpopt.nn.LSTM has no projection; use an "
                                    "nn.Linear on its output instead")
     assert isinstance(module, (nn.RNNBase, nn.RNNCellBase))  # (the keys of REPLACEMENTS)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..base import Oracle, Pointwise
+from ..base import AlongDirections, Oracle, Pointwise
 
 
 def sphere(gen: torch.Generator, records: int, count: int, dim: int, dtype: torch.dtype = torch.float64) -> Tensor:
@@ -50,7 +50,7 @@ def two_point(oracle: Pointwise, x: Tensor, indices: Tensor, directions: Tensor,
     ``directions[i] [m, d]`` (unit vectors) and smoothing radius ``alpha`` (records in chunks of
     at most :data:`CHUNK` query entries)."""
     records, m, dim = directions.shape
-    along = getattr(oracle, "losses_along", None)
+    along = oracle.losses_along if isinstance(oracle, AlongDirections) else None
     step = max(1, CHUNK // (2 * m * dim))
     parts = []
     for start in range(0, records, step):
