@@ -8,7 +8,9 @@ little is warned about with :class:`DpoptWarning` (the CLI prints ``dpopt: warni
 
 from __future__ import annotations
 
+import logging
 import math
+import re
 import sys
 import warnings
 from collections.abc import Iterable
@@ -45,6 +47,30 @@ def warnings_in_one_line() -> None:
             shown(message, category, filename, lineno, file, line)
 
     warnings.showwarning = show
+    accountant = logging.getLogger("absl")  # dp_accounting logs through absl
+    if not any(isinstance(f, AccountantNotes) for f in accountant.filters):
+        accountant.addFilter(AccountantNotes())
+
+
+class AccountantNotes(logging.Filter):
+    """dp_accounting's log messages (through absl's logger) as dpopt's warnings: each kind of
+    message (its text with the numbers left out) shown once per process, as one line
+    ``dpopt: warning: dp_accounting: …``, instead of absl's ``WARNING:absl:…`` at every
+    occurrence (the RDP accountant's note that it left out an order whose series did not converge
+    comes once per order and step count; ε is then the minimum over the other orders, still an
+    upper bound)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        kind = re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?", "#", text)
+        if record.levelno >= logging.WARNING and kind not in self.seen:
+            self.seen.add(kind)
+            sys.stderr.write(f"dpopt: warning: dp_accounting: {text} (further messages of this kind not shown)\n")
+        return False
 
 
 def meaningful_delta(delta: float, n: int, *, allow_large_delta: bool, override: str) -> float:
