@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, cast
@@ -79,8 +79,8 @@ def markdown(result: BenchResult, command: str) -> str:
                     default=0.0)
         lines += [f"## {problem['problem']}: {problem['model']} on {problem['dataset']}", "",
                   f"{name} of the privately selected θ, mean (std) over {problem['seeds']} seeds; δ = "
-                  f"{problem['delta']:g}; trials per tuning: {problem['trials']}; steps {problem['steps']}; "
-                  f"grids {problem['grids']}. Each ε is the total for tuning and training (RDP accountant); "
+                  f"{problem['delta']:g}; trials per tuning: {problem['trials']}; steps: {_steps(problem['steps'])}; "
+                  f"grids: {_grids(problem['grids'])}. Each ε is the total for tuning and training (RDP accountant); "
                   "the largest "
                   f"ε any tuning claimed: {spent:.4g}. Bold: the lowest mean, unless another is within {TIE:.1%} of it "
                   "(a tie: no winner).", "",
@@ -99,6 +99,21 @@ def markdown(result: BenchResult, command: str) -> str:
                       "per seed (trials run, summed over seeds).", "",
                       table("wall time (NOT PRIVATE)", timed), ""]
     return "\n".join(lines)
+
+
+def _steps(steps: Mapping[str, object]) -> str:
+    """``{"dp-sgd": 400, "dp-gd": 100}`` → ``"dp-sgd 400, dp-gd 100"``."""
+    return ", ".join(f"{method} {count}" for method, count in steps.items())
+
+
+def _grids(grids: Mapping[str, Mapping[str, Sequence[object]]]) -> str:
+    """Each method's grid as ``method: lr ∈ {0.1, 0.3} × clip ∈ {1, 3}`` (``method: none`` for an empty grid)."""
+    return "; ".join(f"{method}: " + (" × ".join(f"{name} ∈ {{{_values(values)}}}" for name, values in grid.items())
+                                      or "none") for method, grid in grids.items())
+
+
+def _values(values: Sequence[object]) -> str:
+    return ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
 
 
 def _passes(cell: Cell, method: str) -> object:
