@@ -91,9 +91,9 @@ def bench_claims(bench: dict) -> list[str]:
     if won_adult:
         strong = [cell for cell in won_adult if cell["significant"]]
         where = "every ε" if len(won_adult) == len(adult) else f"ε = {listed([c['epsilon'] for c in won_adult])}"
-        claims.append(f"wins Adult at {where}" + (
-            f", significantly at ε = {listed([c['epsilon'] for c in strong])} (p ≤ {max(c['p_value'] for c in strong):.3g})"
-            if strong else ", none significantly"))
+        significance = (f", significantly at ε = {listed([c['epsilon'] for c in strong])} "
+                        f"(p ≤ {max(c['p_value'] for c in strong):.3g})" if strong else ", none significantly")
+        claims.append(f"wins Adult at {where}{significance}")
     present, won, close = record("dp-sgd")
     significant = sum(cell["significant"] for _, cell in won)
     claims.append(f"at most 5 % behind the best mean in {close} of {len(present)} cells; wins {len(won)}, "
