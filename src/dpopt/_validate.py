@@ -47,14 +47,16 @@ def warnings_in_one_line() -> None:
             shown(message, category, filename, lineno, file, line)
 
     warnings.showwarning = show
-    accountant = logging.getLogger("absl")  # dp_accounting logs through absl
-    if not any(isinstance(f, AccountantNotes) for f in accountant.filters):
-        accountant.addFilter(AccountantNotes())
+    accountant = logging.getLogger("absl")  # dp_accounting logs through absl; each kind once per command
+    for note in accountant.filters:
+        if isinstance(note, AccountantNotes):
+            accountant.removeFilter(note)
+    accountant.addFilter(AccountantNotes())
 
 
 class AccountantNotes(logging.Filter):
     """dp_accounting's log messages (through absl's logger) as dpopt's warnings: each kind of
-    message (its text with the numbers left out) shown once per process, as one line
+    message (its text with the numbers left out) shown once per command (per worker process), as one line
     ``dpopt: warning: dp_accounting: …``, instead of absl's ``WARNING:absl:…`` at every
     occurrence (the RDP accountant's note that it left out an order whose series did not converge
     comes once per order and step count; ε is then the minimum over the other orders, still an
