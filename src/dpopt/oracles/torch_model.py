@@ -205,10 +205,13 @@ class TorchModel:
         last_indices, last_chunks = self._gathered
         if last_indices is not None and torch.equal(last_indices, indices):
             return last_chunks
-        chunks = [self._on_device(*self.records.gather(part))
-                  for part in (indices.split(self.microbatch_size) if len(indices) else ())]
+        chunks = [self._on_device(*self.records.gather(part)) for part in self._parts(indices)]
         self._gathered = (indices.clone(), chunks)
         return chunks
+
+    def _parts(self, indices: Tensor) -> tuple[Tensor, ...]:
+        """The records of each chunk :meth:`_chunks` gathers for ``indices``, in order."""
+        return torch.as_tensor(indices).cpu().split(self.microbatch_size) if len(indices) else ()
 
     def _on_device(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         x = x.to(self.device, self.dtype) if x.is_floating_point() else x.to(self.device)
@@ -328,7 +331,7 @@ class TorchModel:
         layers = []
         with torch.enable_grad():  # the layers' output gradients come from autograd, even under no_grad
             views = self.layout.views(point.detach().requires_grad_(True))
-            for (x, y), part in zip(chunks, indices.split(self.microbatch_size)):
+            for (x, y), part in zip(chunks, self._parts(indices), strict=True):
                 out, taps = ghost.forward(self.stages, views, x)
                 losses = self._each_loss(out, y)
                 self._evaluated.append(losses.detach())
