@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dpopt import cache, checkpoint, scattering
+from dpopt import cache, checkpoint, progress, scattering
 from dpopt._validate import DpoptError
 from dpopt.scattering import Scattering2D
 
@@ -162,3 +162,17 @@ def test_group_normalised_features_are_per_image_and_feed_the_linear_model():
         scattering.GroupNormalised(MNIST, 4)
     with pytest.raises(DpoptError, match=r"^groups=0 must be"):
         scattering.GroupNormalised(MNIST, 0)
+
+
+def test_computing_features_prints_progress_lines_off_a_terminal(tmp_path, monkeypatch, capsys):
+    """Finding (issue 41): ``dpopt reproduce mnist-sota`` printed nothing for the minutes its features took
+    (its log held no line until the first runs ended). Off a terminal, with a line due at every
+    update, each chunk prints its count, and reading the features back prints none."""
+    monkeypatch.setattr(progress, "EVERY_S", 0.0)
+    data = images(10, dtype=torch.float32).numpy()
+    scattering.features(MNIST, data, name="a", folder=tmp_path, chunk=4)
+    lines = capsys.readouterr().err.splitlines()
+    want = [f"features of 10 images: {n}/10 images done" for n in (4, 8, 10, 10)]
+    assert [line.split(",")[0] for line in lines] == want
+    scattering.features(MNIST, data, name="a", folder=tmp_path, chunk=4)
+    assert capsys.readouterr().err == ""

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import _validate, cache, checkpoint
+from . import _validate, cache, checkpoint, progress
 
 #: Raised when the way the transform is computed changes (part of the cache's file names).
 VERSION = 1
@@ -213,7 +213,8 @@ def features(transform: Callable[[Tensor], Tensor], images: np.ndarray, *, name:
     ``<cache folder>/features``, :func:`dpopt.cache.folder`) under a name made of the images'
     sha256 (their bytes, dtype and shape) and ``name`` (the transform's parameters): computed once
     per data set and transform, read back afterwards (in dpopt's checkpoint format: its digest is
-    checked, and a damaged file is computed again)."""
+    checked, and a damaged file is computed again). Computing them prints progress lines on standard
+    error (:func:`dpopt.progress.bar`): counts and times only."""
     images = np.ascontiguousarray(images, dtype=np.float32)
     if len(images) == 0:
         raise _validate.DpoptError("images must hold at least one image")
@@ -225,12 +226,15 @@ def features(transform: Callable[[Tensor], Tensor], images: np.ndarray, *, name:
             return checkpoint.load(path)
         except _validate.DpoptError:
             pass  # damaged: computed again below
-    with torch.inference_mode():
+    with torch.inference_mode(), progress.bar(len(images), desc=f"features of {len(images):,} images",
+                                              unit="image") as shown:
         first = transform(torch.from_numpy(images[:chunk])).reshape(len(images[:chunk]), -1)
         result = torch.empty(len(images), first.shape[1], dtype=first.dtype)
         result[:len(first)] = first
+        shown.update(len(first))
         for start in range(chunk, len(images), chunk):
             result[start:start + chunk] = transform(torch.from_numpy(images[start:start + chunk])).reshape(
                 len(images[start:start + chunk]), -1)
+            shown.update(len(images[start:start + chunk]))
     checkpoint.save(path, result)
     return result
