@@ -260,15 +260,18 @@ def test_quick_reproduction(shared_data_dir, tmp_path, monkeypatch):
 def test_the_analysis_compares_each_epsilons_best_row_with_the_best_published_number():
     """Finding: the report called 98.93 % at ε = 3 "beyond the best published 98.7 %" while DPSUR
     reports 98.88 % (ScatterNet + linear, 5 runs) at ε = 3 and 97.93 % at ε = 1. Each ε with a
-    published anchor is compared with it, naming its source."""
+    published anchor is compared with it, naming its source; and a mean within one standard deviation
+    of it is level with it (the report said "above" for 98.93 % ± 0.06 % against 98.88 %)."""
     def row(name: str, epsilon: float, mean: float) -> dict:
         return {"problem": "scatternet:mnist", "algorithm": name, "epsilon": epsilon,
                 "metrics": {"test_accuracy": {"mean": mean, "std": 0.0005}}}
 
-    rows = [row("DP-SGD", 3.0, 0.9868), row("views", 3.0, 0.9893), row("DP-SGD", 1.0, 0.9753)]
+    rows = [row("DP-SGD", 3.0, 0.9868), row("views", 3.0, 0.9893), row("DP-SGD", 1.0, 0.9753), row("x", 2.0, 0.9880)]
     lines = mnist_sota.analyses({"rows": rows, "quick": False})
-    assert ("* ε = 3: the best method is views on `scatternet:mnist` at 98.93% ± 0.05%: above the best published "
+    assert ("* ε = 3: the best method is views on `scatternet:mnist` at 98.93% ± 0.05%: level with the best published "
             "98.88% (DPSUR, ScatterNet + linear with selective updates, 5 runs (Fu et al. 2024)).") in lines
-    assert ("* ε = 1: the best method is DP-SGD on `scatternet:mnist` at 97.53% ± 0.05%: **not above** the best "
+    assert ("* ε = 1: the best method is DP-SGD on `scatternet:mnist` at 97.53% ± 0.05%: **behind** the best "
             "published 97.93% (DPSUR, ScatterNet + linear with selective updates, 5 runs (Fu et al. 2024)).") in lines
-    assert not any("98.7 %" in line or "ε = 2" in line for line in lines)
+    assert "* ε = 2: the best method is x on `scatternet:mnist` at 98.80% ± 0.05%: above the best published 98.70%" in (
+        " ".join(lines))
+    assert not any("98.7 %" in line for line in lines)
