@@ -3,7 +3,8 @@
 Every claim of that section is computed here from the results: the bench's ``docs/bench.json``
 (each problem's cells: per ε, every method's metric as mean and std over the seeds, the winner and
 its one-sided Welch p-value against the runner-up, or the methods that tie) and the mnist-sota
-table of REPRODUCTIONS.md (each row's test accuracy per seed). Each claim is a phrase the README
+reproduction's ``results.json`` as REPRODUCTIONS.md publishes it (each row's test accuracy, mean and
+standard deviation over its seeds). Each claim is a phrase the README
 must contain, so a rerun that changes a count, a p-value or a winner fails this test until the
 README says the new result. Every number the section shows must come from one of these phrases.
 And ``docs/bench.json`` is what BENCH.md's tables show: each of their rows, rendered from it by
@@ -25,12 +26,12 @@ from pathlib import Path
 
 from dpopt.bench import SIGNIFICANCE, TIE
 from dpopt.bench.tables import _entry, _winner
-from dpopt.jobs import one_sided_p
+from scipy import stats
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 BENCH = ROOT / "docs" / "bench.json"
-REPRODUCTIONS = ROOT / "REPRODUCTIONS.md"
+MNIST_SOTA = ROOT / "docs" / "reproductions" / "mnist-sota" / "results.json"
 BENCH_MD = ROOT / "BENCH.md"
 SECTION = "## Which optimiser when"
 DPSUR = {3.0: 98.88, 1.0: 97.93}
@@ -106,16 +107,23 @@ def bench_claims(bench: dict) -> list[str]:
     return claims
 
 
-def mnist_sota_runs(text: str) -> dict[tuple[str, float], list[float]]:
-    """REPRODUCTIONS.md's mnist-sota table: (method, ε) → the test accuracies (%) of its runs, on
-    ScatterNet + linear (the tanh CNN's row left out; the 5-view row's method ends in ``multiplicity``)."""
-    start = text.index("## mnist-sota")
-    rows = {}
-    for line in text[start:].splitlines():
-        cells = [cell.strip().strip("*") for cell in line.strip("|").split("|")]
-        if line.startswith("| ScatterNet + linear") and len(cells) > 3:
-            rows[cells[1], float(cells[2])] = [float(value) for value in re.findall(r"([\d.]+) %", cells[3])]
-    return rows
+#: A row of the mnist-sota reproduction: (mean, standard deviation) of its test accuracy in %, and its seeds.
+Summary = tuple[float, float, int]
+
+
+def mnist_sota_rows(results: dict) -> dict[tuple[str, float], Summary]:
+    """The mnist-sota reproduction's ScatterNet + linear rows (``results.json``): (method, ε) → its
+    test accuracy's summary (the 5-view problem's method ends in ``multiplicity``; the tanh CNN's row
+    left out)."""
+    return {(row["algorithm"], row["epsilon"]): (100 * row["metrics"]["test_accuracy"]["mean"],
+                                                 100 * row["metrics"]["test_accuracy"]["std"], row["seeds"])
+            for row in results["rows"] if row["problem"].startswith("scatternet")}
+
+
+def above_p(theirs: Summary, ours: Summary) -> float:
+    """One-sided Welch p-value of "ours is above theirs", from the two summaries."""
+    return float(stats.ttest_ind_from_stats(ours[0], ours[1], ours[2], theirs[0], theirs[1], theirs[2],
+                                            equal_var=False, alternative="greater").pvalue)
 
 
 def compared(mean: float, std: float, anchor: float) -> str:
@@ -123,34 +131,31 @@ def compared(mean: float, std: float, anchor: float) -> str:
     return "level with" if abs(mean - anchor) <= std else ("above" if mean > anchor else "behind")
 
 
-def mnist_claims(runs: dict[tuple[str, float], list[float]]) -> list[str]:
+def mnist_claims(rows: dict[tuple[str, float], Summary]) -> list[str]:
     """The phrases of the recommendation that the mnist-sota reproduction supports."""
 
-    def moments(values: list[float]) -> tuple[float, float]:
-        """Mean and standard deviation (ddof 1), as REPRODUCTIONS.md shows them."""
-        mean = sum(values) / len(values)
-        return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    def shown(row: Summary) -> str:
+        return f"{row[0]:.2f} % ± {row[1]:.2f} %"
 
-    def shown(values: list[float]) -> str:
-        return "{:.2f} % ± {:.2f} %".format(*moments(values))
-
-    sgd = runs["DP-SGD", 3.0]
-    views = next(values for (method, e), values in runs.items() if method.endswith("multiplicity") and e == 3.0)
-    others = [values for (method, e), values in runs.items()
+    sgd = rows["DP-SGD", 3.0]
+    views = next(row for (method, e), row in rows.items() if method.endswith("multiplicity") and e == 3.0)
+    others = [row for (method, e), row in rows.items()
               if e == 3.0 and method != "DP-SGD" and not method.endswith("multiplicity")]
-    weakest = min(one_sided_p(sgd, values) for values in others)  # p of "the method is above DP-SGD"
-    mean, std = moments(views)
-    low = runs["DP-SGD", 1.0]
-    low_mean, low_std = moments(low)
-    return [f"{shown(views)} over {len(views)} seeds, against DP-SGD's {shown(sgd)} "
-            f"(one-sided Welch p = {one_sided_p(sgd, views):.3f})",
-            f"{compared(mean, std, DPSUR[3.0])} DPSUR's {DPSUR[3.0]:.2f} %",
+    weakest = min(above_p(sgd, row) for row in others)
+    low = rows["DP-SGD", 1.0]
+    return [f"{shown(views)} over {views[2]} seeds, against DP-SGD's {shown(sgd)} "
+            f"(one-sided Welch p = {above_p(sgd, views):.3f})",
+            f"{compared(views[0], views[1], DPSUR[3.0])} DPSUR's {DPSUR[3.0]:.2f} %",
             f"{len(others)} other variants of the recipe: not above DP-SGD (p ≥ {math.floor(100 * weakest) / 100:.2f})",
-            f"{shown(low)}, {compared(low_mean, low_std, DPSUR[1.0])} DPSUR's {DPSUR[1.0]:.2f} %"]
+            f"{shown(low)}, {compared(low[0], low[1], DPSUR[1.0])} DPSUR's {DPSUR[1.0]:.2f} %"]
+
+
+def mnist_sota() -> dict[tuple[str, float], Summary]:
+    return mnist_sota_rows(json.loads(MNIST_SOTA.read_text()))
 
 
 def claims() -> list[str]:
-    return [*bench_claims(json.loads(BENCH.read_text())), *mnist_claims(mnist_sota_runs(REPRODUCTIONS.read_text()))]
+    return [*bench_claims(json.loads(BENCH.read_text())), *mnist_claims(mnist_sota())]
 
 
 def unsupported(readme: str, supported: list[str]) -> list[str]:
@@ -171,7 +176,7 @@ def test_the_recommendation_check_catches_a_changed_bench_result():
     method one seed worse on MNIST; each leaves a README claim unsupported."""
     bench = json.loads(BENCH.read_text())
     readme = README.read_text()
-    runs = mnist_sota_runs(REPRODUCTIONS.read_text())
+    runs = mnist_sota()
     assert not unsupported(readme, [*bench_claims(bench), *mnist_claims(runs)])
 
     won = copy.deepcopy(bench)
@@ -179,8 +184,9 @@ def test_the_recommendation_check_catches_a_changed_bench_result():
     cell["winner"], cell["methods"]["dp-sgd"]["test_error"]["mean"] = "dp-sgd", 0.08
     weaker = copy.deepcopy(bench)
     weaker["problems"][1]["cells"][1].update(p_value=0.06, significant=False)  # ijcnn1 at ε = 1: DP-AdamBC's lead
-    worse = copy.deepcopy(runs)
-    worse[next(key for key in runs if key[0].endswith("multiplicity"))][0] = 98.60
+    worse = dict(runs)
+    views = next(key for key in runs if key[0].endswith("multiplicity"))
+    worse[views] = (runs[views][0] - 0.1, *runs[views][1:])
     for mutant in ([*bench_claims(won), *mnist_claims(runs)], [*bench_claims(weaker), *mnist_claims(runs)],
                    [*bench_claims(bench), *mnist_claims(worse)]):
         assert unsupported(readme, mutant)
@@ -192,9 +198,11 @@ def test_the_recommendation_check_catches_a_number_no_result_holds():
 
 
 def test_the_mnist_sota_reader_finds_every_scatternet_row():
-    runs = mnist_sota_runs(REPRODUCTIONS.read_text())
-    assert len(runs) == 7 and all(len(values) == 3 for values in runs.values())
-    assert runs["DP-SGD", 3.0] == [98.65, 98.65, 98.73]
+    rows = mnist_sota()
+    assert len(rows) == 7 and all(seeds == 3 for _, _, seeds in rows.values())
+    assert sorted(method for method, _ in rows) == sorted(
+        ["DP-SGD", "DP-SGD", "DP-SGD + EMA", "DP-SGD + banded noise", "DP-SGD + quantile clipping", "DP-AdamBC",
+         "DP-SGD + augmentation multiplicity"])
 
 
 def table_rows(bench: dict) -> list[str]:

@@ -53,25 +53,27 @@ def handle(request: ReproduceRequest) -> Output:
 
 NOT_MEASURED = "not measured"
 #: Each experiment's wall time on a 2-core machine, (whole command, ``--quick``), as REPRODUCTIONS.md
-#: records its runs ("busy": other jobs shared the cores); "not measured" where no run was timed.
+#: records its run (docs/reproductions/runs.toml; "older code": its last run predates the current code,
+#: "busy": other jobs shared the cores); "not measured" where no run was timed.
 MEASURED = {
-    "dp-srm-ijcnn1": ("2 min 6 s", NOT_MEASURED),
-    "aclip-synthetic": ("13 min 33 s (--seeds 20)", NOT_MEASURED),
-    "aclip-real": ("14 min 58 s (--seeds 20, busy)", NOT_MEASURED),
+    "dp-srm-ijcnn1": ("3 min 36 s", NOT_MEASURED),
+    "aclip-synthetic": ("19 min 17 s", NOT_MEASURED),
+    "aclip-real": ("14 min 58 s (--seeds 20, busy, older code)", NOT_MEASURED),
     "aclip-cifar10": (NOT_MEASURED, NOT_MEASURED),
-    "dp-srm-mnist": ("38 min 40 s (busy)", NOT_MEASURED),
+    "dp-srm-mnist": ("38 min 40 s (busy, older code)", NOT_MEASURED),
     "dp-srm-cifar10": (NOT_MEASURED, NOT_MEASURED),
-    "o2nc-nonsmooth": ("12 min 32 s (busy, older code)", NOT_MEASURED),
-    "o2nc-nonsmooth-sweep": ("18 min 2 s", NOT_MEASURED),
-    "diff2-regression": ("26 min 37 s", NOT_MEASURED),
+    "o2nc-nonsmooth": ("9 min 31 s", NOT_MEASURED),
+    "o2nc-nonsmooth-sweep": ("18 min 2 s (older code)", NOT_MEASURED),
+    "diff2-regression": ("26 min 37 s (older code)", NOT_MEASURED),
     "diff2-classification": (NOT_MEASURED, NOT_MEASURED),
-    "mnist-sota": ("33 min 50 s", NOT_MEASURED),
+    "mnist-sota": ("42 min 40 s", NOT_MEASURED),
 }
 
 
 def experiments_help() -> str:
     """The experiments, one a line with its measured cost (:data:`MEASURED`), for ``--help``."""
-    return "\n".join(["experiments, with their wall time on 2 cores (REPRODUCTIONS.md; busy: beside other jobs):"]
+    return "\n".join(["experiments, with their wall time on 2 cores (REPRODUCTIONS.md; busy: beside other jobs; "
+                      "older code: its run predates the current code):"]
                      + [f"{name}: {full}; --quick: {quick}" for name, (full, quick) in MEASURED.items()])
 
 
