@@ -58,7 +58,7 @@ NOT_MEASURED = "not measured"
 MEASURED = {
     "dp-srm-ijcnn1": ("3 min 36 s", NOT_MEASURED),
     "aclip-synthetic": ("19 min 17 s", NOT_MEASURED),
-    "aclip-real": ("14 min 58 s (--seeds 20, busy, older code)", NOT_MEASURED),
+    "aclip-real": ("12 min 1 s", NOT_MEASURED),
     "aclip-cifar10": (NOT_MEASURED, NOT_MEASURED),
     "dp-srm-mnist": ("38 min 40 s (busy, older code)", NOT_MEASURED),
     "dp-srm-cifar10": (NOT_MEASURED, NOT_MEASURED),

@@ -51,7 +51,7 @@ as the papers do. This file is generated from `docs/reproductions/` by
 
 def duration(seconds: float) -> str:
     """``2 h 3 min 4 s``, ``3 min 4 s`` or ``4 s``."""
-    whole = round(seconds)
+    whole = int(seconds + 0.5)  # halves up
     hours, rest = divmod(whole, 3600)
     minutes, secs = divmod(rest, 60)
     parts = [f"{hours} h"] * bool(hours) + [f"{minutes} min"] * bool(hours or minutes) + [f"{secs} s"]
