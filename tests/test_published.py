@@ -20,7 +20,7 @@ import pytest
 
 from dpopt.cli.reproduce import MEASURED, NOT_MEASURED
 from dpopt.experiments import EXPERIMENTS
-from dpopt.experiments.published import Run, document, duration, recorded
+from dpopt.experiments.published import Run, document, duration, recorded, shown_wall
 from dpopt.experiments.sources import bench_code_files, code_files
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,7 +112,7 @@ def test_the_code_a_preset_runs_is_its_own_modules_and_what_they_import():
 def test_the_help_shows_the_recorded_wall_times():
     records = recorded(ROOT)
     assert ({run.name: MEASURED[run.name][0] for run in records.runs}
-            == {run.name: duration(run.wall_s) for run in records.runs})
+            == {run.name: shown_wall(run) for run in records.runs})
     assert all(MEASURED[name][0] == NOT_MEASURED for name in records.not_run)
     assert all("older code" in MEASURED[name][0] for name in records.not_rerun)
 

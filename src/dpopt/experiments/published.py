@@ -60,7 +60,8 @@ def duration(seconds: float) -> str:
 
 @dataclass(frozen=True)
 class Run:
-    """One recorded run (a table of ``runs.toml``): see the module's docstring."""
+    """One recorded run (a table of ``runs.toml``): see the module's docstring; ``busy`` when other
+    jobs shared the cores for much of it (its wall time is then no measure of the command's cost)."""
 
     name: str
     commit: str
@@ -70,7 +71,13 @@ class Run:
     command: str
     machine: str
     figures: tuple[str, ...] = ()
+    busy: bool = False
     unchanged_by: Mapping[str, str] = field(default_factory=dict)
+
+
+def shown_wall(run: Run) -> str:
+    """The run's wall time as the reports and ``dpopt reproduce --help`` show it."""
+    return duration(run.wall_s) + (" (busy)" if run.busy else "")
 
 
 @dataclass(frozen=True)
@@ -101,7 +108,7 @@ def _demoted(path: Path) -> str:
 
 def _section(root: Path, run: Run) -> list[str]:
     lines = [f"## {run.name}", "",
-             f"Run on {run.date} from {run.start} UTC at git {run.commit}: **{duration(run.wall_s)}** of wall time "
+             f"Run on {run.date} from {run.start} UTC at git {run.commit}: **{shown_wall(run)}** of wall time "
              f"({run.machine}). Command: `{run.command}`.", ""]
     if run.unchanged_by:
         lines += [f"Later commits that touch the code {run.name} runs, none of which can move its numbers:", ""]
@@ -117,7 +124,7 @@ def document(root: Path) -> str:
     """REPRODUCTIONS.md as the records under ``root / FOLDER`` give it."""
     records = recorded(root)
     table = ["| experiment | run | git | wall time | command |", "|---|---|---|---|---|"]
-    table += [f"| [{run.name}](#{run.name}) | {run.date} {run.start} UTC | {run.commit} | {duration(run.wall_s)} | "
+    table += [f"| [{run.name}](#{run.name}) | {run.date} {run.start} UTC | {run.commit} | {shown_wall(run)} | "
               f"`{run.command}` |" for run in records.runs]
     total = sum(run.wall_s for run in records.runs)
     parts = [INTRO.strip(), "", *table, "",
