@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import dp_accounting as dpa
@@ -146,6 +147,20 @@ def test_an_implausible_epsilon_is_warned_about_in_one_line(capsys: pytest.Captu
     assert capsys.readouterr().err == ("dpopt: warning: epsilon=1e+06 is above 100: e^ε bounds how much more likely "
                                        "an output may become with one record added, and this bound says nothing "
                                        "useful; the run goes ahead\n")
+
+
+def test_each_dpopt_warning_is_shown_once_per_command(capsys: pytest.CaptureFixture[str]) -> None:
+    """Finding: ``dpopt reproduce dp-srm-ijcnn1`` printed the same line ``dpopt: warning:
+    accountant='pld' was asked for and 'rdp' is used: …`` once per run, 20 times. Each distinct
+    message is shown once per command (the next command shows it again), a different one as well."""
+    from dpopt._validate import DpoptWarning, warnings_in_one_line
+
+    for _command in range(2):
+        with warnings.catch_warnings():
+            warnings_in_one_line()
+            for text in ("the same setting", "the same setting", "another setting", "the same setting"):
+                warnings.warn(text, DpoptWarning, stacklevel=1)
+        assert capsys.readouterr().err == "dpopt: warning: the same setting\ndpopt: warning: another setting\n"
 
 
 def test_the_accountants_log_messages_are_dpopt_warnings_shown_once_per_command(

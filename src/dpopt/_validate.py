@@ -33,18 +33,21 @@ class DpoptWarning(UserWarning):
 
 def warnings_in_one_line() -> None:
     """From now on, show dpopt's warnings (:class:`DpoptWarning`) as one line ``dpopt: warning: …``
-    on standard error, every time; other warnings as Python shows them. Installed by the command
-    line (within ``warnings.catch_warnings()``) and by the worker processes of a reproduction or a
-    bench, so that every process of a command shows them alike."""
+    on standard error, each distinct message once (a reproduction's runs each warned alike: the
+    same line dozens of times); other warnings as Python shows them. Installed by the command line
+    (within ``warnings.catch_warnings()``, once per command) and by the worker processes of a
+    reproduction or a bench (once per process), so that every process of a command shows them alike."""
     warnings.simplefilter("always", DpoptWarning)
     shown = warnings.showwarning
+    seen: set[str] = set()  # the messages shown
 
     def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
              file: TextIO | None = None, line: str | None = None) -> None:
-        if issubclass(category, DpoptWarning):
-            sys.stderr.write(f"dpopt: warning: {message}\n")
-        else:
+        if not issubclass(category, DpoptWarning):
             shown(message, category, filename, lineno, file, line)
+        elif str(message) not in seen:
+            seen.add(str(message))
+            sys.stderr.write(f"dpopt: warning: {message}\n")
 
     warnings.showwarning = show
     accountant = logging.getLogger("absl")  # dp_accounting logs through absl; each kind once per command
