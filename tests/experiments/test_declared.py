@@ -76,3 +76,10 @@ def test_the_verdict_rule_counts_wins_and_explains_each_miss() -> None:
         "* A is below its baseline on objective and grad_norm with p < 0.05 in 1 of 2 comparisons.",
         "* **Miss:** ε = 0.2, A vs C: p = 0.2 (objective), 0.01 (grad_norm) — not significant at 0.05 on every "
         "metric (objective: 0.5 ± 0.01 vs 0.51 ± 0.01).", "* Against C: C is noisy."]
+
+
+def test_the_tuning_is_named_as_code_only_where_it_is_a_command() -> None:
+    """Finding: mnist-sota's report said the values were "chosen by `the paper's values for
+    DP-SGD; …`": a sentence set as code."""
+    assert EXPERIMENTS["dp-srm-ijcnn1"].TUNED_BY == "`dpopt reproduce dp-srm-ijcnn1 --retune` on 2026-11-21"
+    assert EXPERIMENTS["mnist-sota"].TUNED_BY.startswith("the paper's values for DP-SGD; for the others an ")

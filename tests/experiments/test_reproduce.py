@@ -101,6 +101,25 @@ def test_reproduce_writes_the_documented_json(toy: str, tmp_path: Path) -> None:
     assert "objective (NOT PRIVATE)" in (tmp_path / "results.md").read_text()
 
 
+def test_the_report_says_which_rows_this_run_tuned(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Finding: ``dpopt reproduce … --retune`` reported "The preset's values were chosen by … on
+    <the preset's date>" for values it had just chosen itself. The rows tuned by the run are named;
+    the preset's record is credited with the others only."""
+    _with(monkeypatch, TUNED_BY="`dpopt reproduce toy --retune` on 2026-01-01")
+    reproduce("toy", seeds=1, out=tmp_path / "tuned", workers=1)
+    md = (tmp_path / "tuned" / "results.md").read_text()
+    assert ("Tuned by this run: DP-GD ε=1.0, DP-GD ε=2.0. Any other row keeps the preset's values, chosen by "
+            "`dpopt reproduce toy --retune` on 2026-01-01.\n") in md
+    assert "The preset's values were chosen by" not in md
+    _with(monkeypatch, TUNED_BY="`dpopt reproduce toy --retune` on 2026-01-01",
+          make_methods=lambda key, epochs, tuned, eps: [m for m in _methods(eps) if m.name != "DP-GD"],
+          COMPARISONS=[])
+    reproduce("toy", seeds=1, out=tmp_path / "kept", workers=1)
+    md = (tmp_path / "kept" / "results.md").read_text()
+    assert "The preset's values were chosen by `dpopt reproduce toy --retune` on 2026-01-01.\n" in md
+    assert "Tuned by this run" not in md
+
+
 def test_reproduce_figures_are_legible(toy: str, tmp_path: Path, drawn_figures: dict[str, Any]) -> None:
     """One figure per ε: ε and δ in its title, each method's mean with a band of ± 1 std over the
     seeds, and the rules of legibility.py."""

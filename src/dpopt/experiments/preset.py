@@ -145,7 +145,7 @@ def declared_experiment(data: Declared, *, make_problem: MakeProblem, make_metho
         TUNED=data.tuned(), TUNING_COST=data.get("tuning", {}).get("cost", {}),
         TUNING_SEEDS=tuple(data["tuning_seeds"]),
         TUNE_EPSILON=data.get("tune_epsilon"), LOG_POINTS=data["log_points"], SEEDS=data["seeds"], draw=draw,
-        TUNED_BY=f"`{tuning['command']}` on {tuning['date']}" if (tuning := data.get("tuning")) else "",
+        TUNED_BY=f"{_command(tuning['command'])} on {tuning['date']}" if (tuning := data.get("tuning")) else "",
         FIGURE_NOTE=data.get("figure_note", ""))
 
 
@@ -169,3 +169,9 @@ def declared_methods(data: Declared, builders: Mapping[str, Builder]) -> MakeMet
                                     tuner=TUNERS[spec.get("tuner", "grid")]))
         return found
     return make
+
+
+def _command(how: str) -> str:
+    """A preset's ``tuning.command`` as a reader sees it: a command (starting ``dpopt`` or ``python``)
+    as code, a sentence (how the values were chosen without one command) as it is."""
+    return f"`{how}`" if how.split(" ", 1)[0] in ("dpopt", "python") else how

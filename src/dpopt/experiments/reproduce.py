@@ -345,7 +345,7 @@ def _markdown(payload: Payload, exp: Experiment) -> str:
         "## Tuning", "", "Grids:", "", *_bullets(payload["grids"]), "",
         "Chosen (NOT PRIVATE where tuned here: selected on training-data objectives):", "",
         report.markdown_table(chosen, ["row", "hyper-parameters"]), "",
-        *([f"The preset's values were chosen by {exp.TUNED_BY}.", ""] if exp.TUNED_BY else []),
+        *_tuned_by(exp, payload["tuning"]),
         "Tuning cost (NOT PRIVATE tuning: its privacy cost is not in the ε above):", "",
         *_bullets(_tuning_cost(payload["tuning"])), "",
     ]
@@ -389,6 +389,16 @@ def _readable(value: object) -> str:
     if isinstance(value, list | tuple):
         return "{" + ", ".join(_readable(item) for item in value) + "}"
     return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _tuned_by(exp: Experiment, tuning: Mapping[str, object]) -> list[str]:
+    """Who chose the rows' hyper-parameters: this run for the rows it tuned (``tuning``'s entries
+    with a choice), the preset's recorded tuning (``TUNED_BY``) for the others."""
+    here = [key for key, value in tuning.items() if isinstance(value, dict) and "chosen" in value]
+    if here:
+        others = f" Any other row keeps the preset's values, chosen by {exp.TUNED_BY}." if exp.TUNED_BY else ""
+        return [f"Tuned by this run: {', '.join(here)}.{others}", ""]
+    return [f"The preset's values were chosen by {exp.TUNED_BY}.", ""] if exp.TUNED_BY else []
 
 
 def _tuning_cost(tuning: Mapping[str, object]) -> dict[str, object]:
