@@ -26,6 +26,7 @@ from pathlib import Path
 
 from dpopt.bench import SIGNIFICANCE, TIE
 from dpopt.bench.tables import _entry, _winner
+from dpopt.experiments.mnist_sota import _compared
 from scipy import stats
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,8 +128,9 @@ def above_p(theirs: Summary, ours: Summary) -> float:
 
 
 def compared(mean: float, std: float, anchor: float) -> str:
-    """``level with`` the anchor if it is within one standard deviation of ``mean``, else above or behind."""
-    return "level with" if abs(mean - anchor) <= std else ("above" if mean > anchor else "behind")
+    """The reproduction's own rule (``level with`` the anchor within one standard deviation of
+    ``mean``, else above or behind), without its bold."""
+    return _compared({"mean": mean, "std": std}, anchor).strip("*")
 
 
 def mnist_claims(rows: dict[tuple[str, float], Summary]) -> list[str]:

@@ -233,8 +233,8 @@ def features(transform: Callable[[Tensor], Tensor], images: np.ndarray, *, name:
         result[:len(first)] = first
         shown.update(len(first))
         for start in range(chunk, len(images), chunk):
-            result[start:start + chunk] = transform(torch.from_numpy(images[start:start + chunk])).reshape(
-                len(images[start:start + chunk]), -1)
-            shown.update(len(images[start:start + chunk]))
+            batch = images[start:start + chunk]
+            result[start:start + len(batch)] = transform(torch.from_numpy(batch)).reshape(len(batch), -1)
+            shown.update(len(batch))
     checkpoint.save(path, result)
     return result

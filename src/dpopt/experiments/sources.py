@@ -11,6 +11,7 @@ is not followed: it imports every preset's module, of which a run uses one.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import re
 from collections.abc import Iterable, Mapping
@@ -32,9 +33,10 @@ def _file(module: str) -> Path | None:
     return next((path for path in (base.with_suffix(".py"), base / "__init__.py") if path.is_file()), None)
 
 
+@functools.cache
 def _named(package: str, name: str) -> str:
     """The module ``from package import name`` loads: a submodule, the module a lazy package
-    exports ``name`` from (its ``_EXPORTS``), or the package itself."""
+    exports ``name`` from (its ``_EXPORTS``), or the package itself (looked up once a process)."""
     if _file(f"{package}.{name}"):
         return f"{package}.{name}"
     path = _file(package)
