@@ -7,6 +7,7 @@ import contextlib
 import io
 import json
 import re
+import threading
 import tomllib
 from pathlib import Path
 
@@ -98,6 +99,33 @@ def test_progress_lines_every_interval_by_the_clock(capsys: pytest.CaptureFixtur
         short.update(3)
     assert capsys.readouterr().err == ""
     assert isinstance(progress.bar(3, desc="x"), progress.Lines)  # pytest's stderr is not a terminal
+
+
+def test_a_pool_prints_lines_while_no_run_finishes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding: ``dpopt reproduce dp-srm-mnist`` off a terminal printed nothing for its first 452 s,
+    until its first run ended. The pool's lines come every interval while its runs go on: here a run
+    that ends only once a line saying that none is done yet has been printed."""
+    from dpopt.jobs.pool import Pool
+
+    monkeypatch.setattr(progress, "EVERY_S", 0.01)
+    written, printed = [], threading.Event()
+
+    def line(self: progress.Lines, now: float) -> None:
+        written.append(f"{self.desc}: {self.n}/{self.total}")
+        printed.set()
+    monkeypatch.setattr(progress.Lines, "_line", line)
+
+    class Waits:
+        def run(self, problem: object) -> bool:
+            return printed.wait(60)
+
+        def described(self, problem: object) -> dict[str, str]:
+            return {}
+    pool = Pool(1, progress=True)
+    pool.expect(1)
+    assert pool.start(Waits(), "unused").result()  # a line came while the run went on
+    pool.close()
+    assert written[0] == "runs: 0/1" and written[-1] == "runs: 1/1"
 
 
 def test_run_and_tune_show_no_python_reprs(diagnosed_run: tuple[str, str, Path], tmp_path: Path) -> None:

@@ -3,13 +3,17 @@
 A log file or a pipe cannot show a bar (its carriage returns pile up), and a long run that prints
 nothing there looks stuck: :class:`Lines` prints ``desc: done/total units done, elapsed s`` at most
 once every :data:`EVERY_S` seconds, and a last one at the end, so a task shorter than that prints
-nothing. Progress shows counts and times only, never a number computed from the data.
+nothing; with ``beat`` it also prints one every :data:`EVERY_S` seconds while no unit finishes (a
+reproduction whose runs take minutes each). Progress shows counts and times only, never a number
+computed from the data.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -25,22 +29,32 @@ EVERY_S = float(os.environ.get("DPOPT_PROGRESS_SECONDS", "10"))
 class Lines:
     """A progress counter written as plain lines to standard error: ``update`` adds done units and
     prints a line if :data:`EVERY_S` seconds (by ``clock``) have passed since the last one (or the
-    start); ``close`` prints a last one if any was printed. The part of tqdm's interface dpopt uses
-    (``total``, ``n``, ``update``, ``set_postfix_str``, ``refresh``, ``close``, a context manager)."""
+    start); ``close`` prints a last one if any was printed. With ``beat``, a thread calls
+    ``update(0)`` every :data:`EVERY_S` seconds until ``close``, so lines come while no unit
+    finishes. The part of tqdm's interface dpopt uses (``total``, ``n``, ``update``,
+    ``set_postfix_str``, ``refresh``, ``close``, a context manager)."""
 
     def __init__(self, total: int, *, desc: str, unit: str = "it", initial: int = 0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, beat: bool = False) -> None:
         self.total, self.n, self.desc, self.unit = total, initial, desc, unit
         self.postfix = ""
         self.printed = self.closed = False
         self._clock = clock
         self._start = self._last = clock()
+        self._lock, self._stopped = threading.Lock(), threading.Event()  # updates come from several threads
+        if beat and 0 < EVERY_S < math.inf:  # (at 0 every update prints; at ∞ nothing does)
+            threading.Thread(target=self._beat, name=f"progress of {desc}", daemon=True).start()
+
+    def _beat(self) -> None:
+        while not self._stopped.wait(EVERY_S):
+            self.update(0)
 
     def update(self, done: int = 1) -> None:
-        self.n += done
-        now = self._clock()
-        if now - self._last >= EVERY_S:
-            self._line(now)
+        with self._lock:
+            self.n += done
+            now = self._clock()
+            if now - self._last >= EVERY_S and not self.closed:
+                self._line(now)
 
     def _line(self, now: float) -> None:
         self._last = now
@@ -58,9 +72,11 @@ class Lines:
 
     def close(self) -> None:
         """A last line, where lines were printed (a short task prints none)."""
-        if self.printed and not self.closed:
-            self._line(self._clock())
-        self.closed = True
+        self._stopped.set()
+        with self._lock:
+            if self.printed and not self.closed:
+                self._line(self._clock())
+            self.closed = True
 
     def __enter__(self) -> Lines:
         return self
@@ -75,10 +91,11 @@ Bar: TypeAlias = "tqdm[None] | Lines"
 
 
 def bar(total: int, *, desc: str, unit: str = "it", initial: int = 0, enabled: bool = True,
-        leave: bool = False) -> Bar:
-    """Progress over ``total`` units: a tqdm bar if standard error is a terminal, else :class:`Lines`;
-    nothing shown unless ``enabled``."""
+        leave: bool = False, beat: bool = False) -> Bar:
+    """Progress over ``total`` units: a tqdm bar if standard error is a terminal, else :class:`Lines`
+    (with ``beat``: a line every :data:`EVERY_S` seconds even while no unit finishes); nothing shown
+    unless ``enabled``."""
     if enabled and not sys.stderr.isatty():
-        return Lines(total, desc=desc, unit=unit, initial=initial)
+        return Lines(total, desc=desc, unit=unit, initial=initial, beat=beat)
     return tqdm(total=total, initial=initial, desc=desc, unit=unit, disable=not enabled, leave=leave,
                 dynamic_ncols=True)

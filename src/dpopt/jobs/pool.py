@@ -136,14 +136,15 @@ class Pool:
     job already saved is loaded instead of run again, once its file is authenticated
     (:meth:`Saved.load`): an interrupted reproduction or bench resumes with the same results.
     ``progress``: a bar over the jobs (with an ETA; plain lines where standard error is not a
-    terminal, :mod:`dpopt.progress`) whose total is what :meth:`expect` announced; loaded jobs leave it.
+    terminal, one every few seconds even while no job finishes: :mod:`dpopt.progress`) whose total
+    is what :meth:`expect` announced; loaded jobs leave it.
     """
 
     def __init__(self, workers: int, make_problem: Callable[..., object] | None = None, *args: object,
                  saved: Saved | None = None, progress: bool = False) -> None:
         self.saved, self._loaded = saved, 0
         self._paths: list[Path | None] = []
-        self.bar = progress_bar(0, desc="runs", unit="run", enabled=progress, leave=True)
+        self.bar = progress_bar(0, desc="runs", unit="run", enabled=progress, leave=True, beat=True)
         if saved is not None:  # its folder is made by the first save: a refused command leaves none
             for stale in saved.folder.glob(".*.tmp"):  # a run killed while it was being saved
                 stale.unlink(missing_ok=True)
