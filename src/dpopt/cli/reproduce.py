@@ -60,7 +60,7 @@ MEASURED = {
     "aclip-synthetic": ("19 min 17 s", NOT_MEASURED),
     "aclip-real": ("12 min 1 s", NOT_MEASURED),
     "aclip-cifar10": (NOT_MEASURED, NOT_MEASURED),
-    "dp-srm-mnist": ("38 min 40 s (busy, older code)", NOT_MEASURED),
+    "dp-srm-mnist": ("16 min 23 s (busy)", NOT_MEASURED),
     "dp-srm-cifar10": (NOT_MEASURED, NOT_MEASURED),
     "o2nc-nonsmooth": ("9 min 31 s", NOT_MEASURED),
     "o2nc-nonsmooth-sweep": ("12 min 20 s (busy)", NOT_MEASURED),
