@@ -64,7 +64,7 @@ MEASURED = {
     "dp-srm-cifar10": (NOT_MEASURED, NOT_MEASURED),
     "o2nc-nonsmooth": ("9 min 31 s", NOT_MEASURED),
     "o2nc-nonsmooth-sweep": ("12 min 20 s (busy)", NOT_MEASURED),
-    "diff2-regression": ("26 min 37 s (older code)", NOT_MEASURED),
+    "diff2-regression": ("49 min 31 s", NOT_MEASURED),
     "diff2-classification": (NOT_MEASURED, NOT_MEASURED),
     "mnist-sota": ("42 min 40 s", NOT_MEASURED),
 }

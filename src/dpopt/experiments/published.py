@@ -10,7 +10,8 @@ with why it cannot move the numbers (``tests/test_published.py`` fails on a comm
 older than the run nor listed there; :mod:`dpopt.experiments.sources` says which files a preset
 runs). Its ``not_rerun`` table says why an experiment's last published section (kept as
 ``<name>/previous.md``) was not rerun on the current code, its ``not_run`` table why an experiment
-has never been run here.
+has never been run here, and its ``quick`` table what ``--quick`` (the smoke version) cost, timed
+the same way.
 
 ``python -m dpopt.experiments.published`` (in the repository's root) writes REPRODUCTIONS.md from
 them; ``tests/test_published.py`` checks that the file is exactly what this gives.
@@ -36,9 +37,7 @@ the date, and the wall time of the whole command on the 2 cores of the machine i
 (`/usr/bin/time`, a fresh cache: data preparation included; `DATA` stands for the folder of the data
 sets). Where a later commit touches the code
 a preset runs, the section names it and says why it cannot move the numbers;
-`tests/test_published.py` fails otherwise, so these tables describe the code that ships. The
-sections of experiments not yet rerun on the current code come last, as they were published, and
-say so.
+`tests/test_published.py` fails otherwise, so these tables describe the code that ships.
 
 Numbers marked NOT PRIVATE are computed from the training data without noise (training objective,
 gradient norms, stationarity, times): the papers report them, and they carry no privacy guarantee.
@@ -81,22 +80,36 @@ def shown_wall(run: Run) -> str:
 
 
 @dataclass(frozen=True)
+class Quick:
+    """One timed ``dpopt reproduce <name> --quick`` (the smoke version): the commit whose code ran,
+    its date, its wall time under ``/usr/bin/time`` (fresh cache) and the machine's load."""
+
+    name: str
+    commit: str
+    date: str
+    wall_s: float
+    machine: str
+
+
+@dataclass(frozen=True)
 class Records:
     """``runs.toml``: the recorded runs in its order; ``not_rerun``: name → why an experiment's last
     published section (kept in ``<name>/previous.md``) was not rerun on the current code; ``not_run``:
-    name → why an experiment has never been run here."""
+    name → why an experiment has never been run here; ``quick``: the timed ``--quick`` runs."""
 
     runs: list[Run]
     not_rerun: dict[str, str]
     not_run: dict[str, str]
+    quick: list[Quick] = field(default_factory=list)
 
 
 def recorded(root: Path) -> Records:
     """The records of ``root / FOLDER / "runs.toml"``."""
     tables = tomllib.loads((root / FOLDER / "runs.toml").read_text())
     not_rerun, not_run = tables.pop("not_rerun", {}), tables.pop("not_run", {})
+    quick = [Quick(name=name, **table) for name, table in tables.pop("quick", {}).items()]
     runs = [Run(name=name, **{**table, "figures": tuple(table.get("figures", ()))}) for name, table in tables.items()]
-    return Records(runs, not_rerun, not_run)
+    return Records(runs, not_rerun, not_run, quick)
 
 
 def _demoted(path: Path) -> str:
@@ -131,8 +144,16 @@ def document(root: Path) -> str:
              f"In all: **{duration(total)}** of wall time, the runs one after another on the same 2 cores.", ""]
     parts += [f"* Not rerun on the current code: **{name}**: {why}" for name, why in records.not_rerun.items()]
     parts += [f"* Never run here: **{name}**: {why}" for name, why in records.not_run.items()] + [""]
+    if records.quick:
+        parts += ["`--quick`, the smoke version (2 seeds, a quarter of each method's steps, the preset's smaller "
+                  "problems where it has them: numbers not comparable with the papers), timed the same way:", "",
+                  "| experiment | run | git | wall time | machine |", "|---|---|---|---|---|"]
+        parts += [f"| {q.name} | {q.date} | {q.commit} | {duration(q.wall_s)} | {q.machine} |" for q in records.quick]
+        parts += [""]
     for run in records.runs:
         parts += _section(root, run)
+    if records.not_rerun:
+        parts += ["The sections of experiments not yet rerun on the current code follow, as they were published.", ""]
     for name, why in records.not_rerun.items():
         parts += [f"## {name}", "", f"**Not rerun on the current code**: {why} Its section as last published "
                   "follows unchanged; its numbers describe the code of its own commit.", "",
