@@ -35,16 +35,23 @@ def test_the_workers_warn_in_one_line_as_the_command_line(capfd: pytest.CaptureF
 
 def test_a_refused_reproduction_leaves_nothing_in_a_fresh_out(monkeypatch: pytest.MonkeyPatch,
                                                               tmp_path: Path) -> None:
-    """Finding: a reproduction refused after its --out was checked (here: a problem whose data are
-    missing) left ``--out/runs/`` behind. The saved runs' folder is made by the first run saved."""
+    """Findings: a reproduction refused after its --out was checked (here: a problem whose data are
+    missing) left ``--out/runs/`` behind; and then ``--out`` itself (``dpopt reproduce aclip-cifar10``
+    without CIFAR-10 left an empty ``results/aclip-cifar10/``). The saved runs' folder is made by the
+    first run saved, and the folders the check made are removed again when the command fails; a
+    folder that was there before stays."""
     def missing(key: object, data_dir: str | None) -> None:
         raise _validate.DpoptError("data_dir='nowhere' must hold the toy data (missing)")
 
     _with(monkeypatch, make_problem=missing)
-    out = tmp_path / "fresh"
+    for out in (tmp_path / "fresh", tmp_path / "results" / "toy"):
+        with pytest.raises(_validate.DpoptError, match="must hold the toy data"):
+            reproduce("toy", quick=True, out=out, workers=1)
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "there").mkdir()
     with pytest.raises(_validate.DpoptError, match="must hold the toy data"):
-        reproduce("toy", quick=True, out=out, workers=1)
-    assert list(out.rglob("*")) == []
+        reproduce("toy", quick=True, out=tmp_path / "there", workers=1)
+    assert [path.name for path in tmp_path.rglob("*")] == ["there"]
 
 
 def test_the_toy_reproductions_outputs_show_no_python_reprs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

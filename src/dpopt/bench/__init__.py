@@ -295,18 +295,19 @@ def run_bench(chosen: Sequence[Problem], *, out: Path, workers: int, seed: int |
     ``command``: the command line as the outputs show it (:func:`shown_command`). ``progress``: each
     cell's result on standard error as it completes. ``diagnostics``: the NOT PRIVATE trial counts
     and wall times in the result and the outputs (they reveal K)."""
-    from ..jobs import Pool, Saved, running, source_digest, writable
+    from ..jobs import Pool, Saved, made_for, running, source_digest
     from .tables import figures, markdown
 
     _validate.positive_int("workers", workers)
     saved = Saved.of(Path(out), f"bench {source_digest()}")  # (the state folder checked before out is made)
-    out = writable(Path(out))
-    secret = randomness(seed, out)
-    pool = Pool(workers, task_of, data_dir, saved=saved)
-    with running(pool):
-        result = bench(chosen, pool, randomness=secret, data_dir=data_dir, progress=progress, diagnostics=diagnostics)
-    text = markdown(result, command)
-    report.write_json(out / "bench.json", result | {"command": command})
-    atomic.write_text(out / "bench.md", text)
-    figures(out, result)
+    with made_for(Path(out)) as out:
+        secret = randomness(seed, out)
+        pool = Pool(workers, task_of, data_dir, saved=saved)
+        with running(pool):
+            result = bench(chosen, pool, randomness=secret, data_dir=data_dir, progress=progress,
+                           diagnostics=diagnostics)
+        text = markdown(result, command)
+        report.write_json(out / "bench.json", result | {"command": command})
+        atomic.write_text(out / "bench.md", text)
+        figures(out, result)
     return BenchRun(**result, markdown=text, out=str(out))

@@ -33,7 +33,7 @@ from .. import _validate, atomic, outputs, report
 from ..json_types import JsonObject, JsonValue
 from ..report import Curve
 from ..train import History
-from ..jobs import Pool, Saved, one_sided_p, running, source_digest, writable
+from ..jobs import Pool, Saved, made_for, one_sided_p, running, source_digest
 from ._runner import Method, Params, Problem, explore_grid, mean_curve, metrics, start_seeds
 from .declared import PaperEntry
 from .payload import ClassifiedRow, PaperRow, Payload, ProblemKey, Results, Row, TTest, Tuned
@@ -79,12 +79,12 @@ def reproduce(name: str, *, seeds: int | None = None, quick: bool = False, out: 
                                      (2 if quick else exp.SEEDS))
     workers = _validate.positive_int("workers", workers if workers is not None else os.cpu_count() or 1)
     jobs = selected(_jobs(exp, exp.problems(quick)), tuple(only))  # before any data is read or file written
-    out_dir = writable(Path(out) if out else Path("results") / name)
-    pool = Pool(workers, _problem_of, name, data_dir, saved=Saved.of(out_dir, f"{name} {source_digest()}"),
-                progress=progress)
-    with running(pool):
-        payload = _run_all(exp, jobs, data_dir, n_seeds, quick, retune, progress, pool, tuple(only))
-    _write(out_dir, payload, exp)
+    with made_for(Path(out) if out else Path("results") / name) as out_dir:
+        pool = Pool(workers, _problem_of, name, data_dir, saved=Saved.of(out_dir, f"{name} {source_digest()}"),
+                    progress=progress)
+        with running(pool):
+            payload = _run_all(exp, jobs, data_dir, n_seeds, quick, retune, progress, pool, tuple(only))
+        _write(out_dir, payload, exp)
     return _classified(payload)
 
 

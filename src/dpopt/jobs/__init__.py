@@ -3,7 +3,7 @@ stand on: the :class:`Pool` their jobs run in and the :class:`Saved` files that 
 (:mod:`.pool`), the declared preparation of a problem's data (:mod:`.preparation`), and the
 statistics of their reports (:mod:`.statistics`)."""
 
-from .pool import Job, Pool, Saved, running, source_digest, writable
+from .pool import Job, Pool, Saved, made_for, running, source_digest
 from .statistics import one_sided_p
 
-__all__ = ["Job", "Pool", "Saved", "one_sided_p", "running", "source_digest", "writable"]
+__all__ = ["Job", "Pool", "Saved", "made_for", "one_sided_p", "running", "source_digest"]

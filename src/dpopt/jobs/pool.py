@@ -48,6 +48,21 @@ def writable(out_dir: Path) -> Path:
     return out_dir
 
 
+@contextlib.contextmanager
+def made_for(out_dir: Path) -> Iterator[Path]:
+    """``writable(out_dir)`` while a command works in it; if the command fails (refused after the
+    check, e.g. its data missing; or interrupted), the folders the check made are removed again
+    where they are still empty: a refused command leaves nothing behind, saved runs stay."""
+    missing = [folder for folder in (out_dir, *out_dir.parents) if not folder.exists()]  # deepest first
+    try:
+        yield writable(out_dir)
+    except BaseException:
+        for folder in missing:
+            with contextlib.suppress(OSError):  # not empty: something was kept in it
+                folder.rmdir()
+        raise
+
+
 def source_digest() -> str:
     """A hash of dpopt's source files: saved runs of other code are not reused."""
     package = Path(__file__).resolve().parents[1]
