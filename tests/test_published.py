@@ -115,6 +115,9 @@ def test_the_help_shows_the_recorded_wall_times():
             == {run.name: shown_wall(run) for run in records.runs})
     assert all(MEASURED[name][0] == NOT_MEASURED for name in records.not_run)
     assert all("older code" in MEASURED[name][0] for name in records.not_rerun)
+    quick = {run.name: duration(run.wall_s) for run in records.quick}
+    assert {name: costs[1] for name, costs in MEASURED.items()} == {name: quick.get(name, NOT_MEASURED)
+                                                                     for name in MEASURED}
 
 
 def test_durations_read_as_hours_minutes_and_seconds():

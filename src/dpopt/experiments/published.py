@@ -149,7 +149,10 @@ def document(root: Path) -> str:
                   "problems where it has them: numbers not comparable with the papers), timed the same way:", "",
                   "| experiment | run | git | wall time | machine |", "|---|---|---|---|---|"]
         parts += [f"| {q.name} | {q.date} | {q.commit} | {duration(q.wall_s)} | {q.machine} |" for q in records.quick]
-        parts += [""]
+        timed = {q.name for q in records.quick}
+        untimed = [name for name in [run.name for run in records.runs] + [*records.not_rerun, *records.not_run]
+                   if name not in timed]
+        parts += ["", f"Not timed with `--quick`: {', '.join(untimed)}.", ""] if untimed else [""]
     for run in records.runs:
         parts += _section(root, run)
     if records.not_rerun:
