@@ -129,6 +129,10 @@ def test_a_finished_run_hides_no_input_error_and_names_the_settings_that_differ(
     assert main([*RUN, "--epsilon", "2", "--algorithm", "dp-srm", "--out", str(tmp_path)]) == 2
     assert (f"dpopt: error: out={str(tmp_path)!r} holds a finished run with other settings (algorithm 'dp-sgd' "
             "there, 'dp-srm' here; epsilon_target 1.0 there, 2.0 here) (history.json)") in capsys.readouterr().err
+    # a newcomer's next try: the same command with another step size and more steps
+    assert main([*RUN, "--lr", "0.3", "--steps", "7", "--out", str(tmp_path)]) == 2
+    assert (f"dpopt: error: out={str(tmp_path)!r} holds a finished run with other settings (lr 0.5 there, 0.3 here; "
+            "steps 5 there, 7 here) (history.json)") in capsys.readouterr().err
 
 
 def test_a_finished_tuning_says_so_before_any_work(tmp_path, capsys):

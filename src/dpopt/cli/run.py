@@ -129,7 +129,8 @@ def in_group(request: RunRequest) -> Output | None:
 def unfinished(request: RunRequest) -> None:
     """Refuse an ``out`` that holds a finished run (``history.json``, written at a run's end): it is
     neither run again nor overwritten (its ε is spent; a new run would start a new ledger). The
-    refusal names which of algorithm, data set, model, ε and δ differ from that run's."""
+    refusal names which of algorithm, data set, model, ε, δ and the settings given on the command
+    line (:func:`given_settings`: steps, step size, …) differ from that run's."""
     out = request.out
     if not (out / "history.json").exists():
         return
@@ -144,10 +145,24 @@ def unfinished(request: RunRequest) -> None:
              "epsilon_target": request.epsilon, "delta": request.delta}
     differing = [f"{key} {finished.get(key)!r} there, {value!r} here" for key, value in asked.items()
                  if finished.get(key) != value]
+    if isinstance(there := finished.get("params"), dict):  # (a run written before they were kept has none)
+        here = given_settings(request)
+        differing += [f"{key} {there.get(key, 'default')} there, {here.get(key, 'default')} here"
+                      for key in sorted(there.keys() | here.keys()) if there.get(key) != here.get(key)]
     other = f" with other settings ({'; '.join(differing)})" if differing else ""
     raise _validate.DpoptError(f"out={str(out)!r} holds a finished run{other} (history.json): its results are "
                                "there. To start over, use another --out, or remove that folder knowingly: the ε the "
                                "run spent on these data stays spent, and history.json is its record")
+
+
+def given_settings(request: RunRequest) -> dict[str, object]:
+    """The run's settings as the command line gave them (public: the user's choices): the steps,
+    the regularisation and every hyper-parameter flag with a value (given, or the command line's
+    default; a flag without one takes the algorithm's default); kept in ``history.json`` as
+    ``params``."""
+    knobs = {name: value if isinstance(value, (bool, int, float)) else str(value)
+             for name, value in request.knobs.items() if value is not None}
+    return {"steps": request.steps, "reg": request.reg, **knobs}
 
 
 def train_and_write(request: RunRequest) -> Output | None:
@@ -197,7 +212,7 @@ def write(request: RunRequest, plan: Plan[S], history: History, described: Descr
     out = request.out
     payload = {"algorithm": request.algorithm, "dataset": dataset.name, "data_source": dataset.source,
                "model": request.model, "epsilon_target": request.epsilon,
-               "hyperparameters": report.settings(plan.algorithm),
+               "hyperparameters": report.settings(plan.algorithm), "params": given_settings(request),
                "processes": processes, "protected_records": described.protected, "test_data": described.test_data,
                **history.to_dict()}
     report.write_json(out / "history.json", payload)
