@@ -53,11 +53,11 @@ def test_a_second_run_on_the_same_out_is_refused_naming_the_holder(tmp_path, cap
         temporary.write_bytes(b"half a checkpoint")
         assert main(argv(out)) == 2
         err = capsys.readouterr().err
-        started = json.loads((out / "checkpoint.pt.lock").read_text())["started"]
-        assert err == (f"dpopt: error: {str(out / 'checkpoint.pt.lock')!r} is held by another run (pid {live.pid} on "
+        started = json.loads(lock.lock_file(out / "checkpoint.pt").read_text())["started"]
+        assert err == (f"dpopt: error: {str(out / 'checkpoint.pt')!r} is held by another run (pid {live.pid} on "
                        f"host {socket.gethostname()}, started {started}): wait for it to end, or use another --out\n")
         assert temporary.read_bytes() == b"half a checkpoint"
-        assert sorted(p.name for p in out.iterdir()) == [".checkpoint.pt.abc123.tmp", "checkpoint.pt.lock"]
+        assert sorted(p.name for p in out.iterdir()) == [".checkpoint.pt.abc123.tmp"]
     finally:
         live.stdin.close()
         assert live.wait(timeout=60) == 0
@@ -89,11 +89,14 @@ def test_the_lock_of_a_killed_run_is_taken_over(tmp_path, capsys):
     out = tmp_path / "out"
     dead = holder(out / "checkpoint.pt", "die")
     assert dead.wait(timeout=60) == -signal.SIGKILL
-    assert json.loads((out / "checkpoint.pt.lock").read_text())["pid"] == dead.pid  # its holder line is left
+    held = lock.lock_file(out / "checkpoint.pt")  # in the state folder, not in --out
+    assert json.loads(held.read_text())["pid"] == dead.pid  # its holder line is left
     assert main(argv(out)) == 0
     capsys.readouterr()
+    assert sorted(path.name for path in out.iterdir()) == ["checkpoint.pt", "curves.png", "history.json",
+                                                           "summary.md"]  # the finished run's files alone
     with lock.held(out / "checkpoint.pt"):  # and now ours
-        assert json.loads((out / "checkpoint.pt.lock").read_text())["pid"] == os.getpid()
+        assert json.loads(held.read_text())["pid"] == os.getpid()
 
 
 def test_the_lock_is_reentrant_within_a_process_and_exclusive_across_processes(tmp_path):

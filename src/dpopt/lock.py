@@ -1,11 +1,15 @@
 """One run at a time per checkpoint: the advisory lock of a run's output.
 
-:func:`held` holds an exclusive ``flock`` (via ``filelock``) on ``<checkpoint>.lock`` for as
-long as its context lasts, and writes the holder (pid, host, start time) into that file. A
+:func:`held` holds an exclusive ``flock`` (via ``filelock``) on the checkpoint's lock file for
+as long as its context lasts, and writes the holder (pid, host, start time) into that file. A
 second run on the same checkpoint is refused with a line naming the holder. The kernel drops
 the lock of a process that ends, however it ends, so the lock of a killed run is stale by
 construction and the next run takes it over (and replaces the holder line). The lock file is
-left in place: removing it would let two runs lock two different files of the same name.
+left in place (removing it would let two runs lock two different files of the same name), so it
+is kept in the state folder (:func:`lock_file`: ``locks/`` there, one per checkpoint path), not
+beside the checkpoint: a finished run leaves nothing in ``--out`` but its own files. Runs are
+excluded per machine (per state folder), as the journal's records are: two machines writing one
+shared ``--out`` are not.
 
 One layer takes it: the training loop (:func:`dpopt.train.train`), for a run with a checkpoint,
 from before the checkpoint is read until its last one is written, and releases it however the
@@ -18,6 +22,7 @@ one process the lock is reentrant.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import socket
@@ -27,6 +32,7 @@ from pathlib import Path
 
 import filelock
 
+from . import journal
 from ._validate import DpoptError
 
 
@@ -34,20 +40,33 @@ from ._validate import DpoptError
 def held(checkpoint: Path) -> Iterator[None]:
     """Hold the lock of ``checkpoint`` (creating its directory), or raise a one-line
     :class:`~dpopt._validate.DpoptError` naming the run that holds it."""
-    path = Path(checkpoint).with_name(Path(checkpoint).name + ".lock")
+    checkpoint = Path(checkpoint)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise DpoptError(f"out={str(checkpoint.parent)!r} must be a writable directory ({err.strerror})") from None
+    path = lock_file(checkpoint)
+    try:
+        path.parent.mkdir(mode=0o700, exist_ok=True)
         lock = filelock.FileLock(path, is_singleton=True, on_acquired=_write_holder)
         lock.acquire(blocking=False)
     except filelock.Timeout:
-        raise DpoptError(f"{str(path)!r} is held by another run ({_holder(path)}): wait for it to end, or use "
+        raise DpoptError(f"{str(checkpoint)!r} is held by another run ({_holder(path)}): wait for it to end, or use "
                          "another --out") from None
     except OSError as err:
-        raise DpoptError(f"out={str(path.parent)!r} must be a writable directory ({err.strerror})") from None
+        raise DpoptError(f"the lock file {str(path)!r} in the state folder could not be taken "
+                         f"({err.strerror})") from None
     try:
         yield
     finally:
         lock.release()
+
+
+def lock_file(checkpoint: Path) -> Path:
+    """The lock file of ``checkpoint`` (whose folder exists): ``locks/<digest>.lock`` in the state
+    folder (:func:`dpopt.journal.folder`), the digest that of the checkpoint's resolved path."""
+    where = Path(checkpoint).parent.resolve() / Path(checkpoint).name
+    return journal.folder() / "locks" / f"{hashlib.sha256(str(where).encode()).hexdigest()[:32]}.lock"
 
 
 def _write_holder(fd: int) -> None:
