@@ -160,6 +160,8 @@ def test_bench_json_gives_each_cell_its_methods_errors_epsilons_and_winner(capsy
     assert "trials_run" not in stored and "wall_time" not in stored
     assert "| dp-sgd |" in text and "wall time (NOT PRIVATE)" not in text and "trials)" not in text
     assert "Trial counts and wall times are not shown" in text and "`--diagnostics` adds them" in text
+    # in words (the quick start showed "TruncatedNegativeBinomial(mean=3.0, shape=3.0)")
+    assert "; trials per tuning: truncated negative binomial (mean " in text and "Binomial(" not in text
     # with --diagnostics (one ε, one seed), without --json: shown for a person (the tables and the paths
     # written), the trials run and wall times labelled NOT PRIVATE
     argv = ["bench", "--file", str(file), "--diagnostics", "--epsilon", "2", "--seeds", "1", "--workers", "1"]

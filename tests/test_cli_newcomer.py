@@ -22,8 +22,8 @@ REPRS = ("<class", "{'", "'}", '{"', "object at 0x")
 
 
 def python_reprs(text: str) -> list[str]:
-    """The repr patterns :data:`REPRS` found in ``text``."""
-    return [pattern for pattern in REPRS if pattern in text]
+    """The repr patterns :data:`REPRS` found in ``text``, and dataclass reprs (``Name(field=``)."""
+    return [pattern for pattern in REPRS if pattern in text] + re.findall(r"\b[A-Z]\w*\(\w+=", text)
 
 
 def test_the_repr_scan_catches_the_old_outputs() -> None:

@@ -232,7 +232,7 @@ def bench(chosen: Sequence[Problem], pool: Pool, *, randomness: Randomness, data
         results.append({"problem": problem.name, "metric": metric, "task": dict(problem.task),
                         "dataset": problem.task.get("dataset", kind), "model": problem.task.get("model", kind),
                         "preparation": described(preparation(problem.task)),
-                        "delta": problem.delta, "seeds": problem.seeds, "trials": repr(problem.trials),
+                        "delta": problem.delta, "seeds": problem.seeds, "trials": str(problem.trials),
                         "steps": {m.name: m.steps for m in problem.methods},
                         "grids": {m.name: {k: list(values) for k, values in m.grid.items()} for m in problem.methods},
                         "cells": cells})

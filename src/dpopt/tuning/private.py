@@ -199,7 +199,7 @@ def tune(build: Callable[[Mapping[str, Value]], Algorithm[S]], oracle: Oracle, *
         if test_error is not None:
             final["test_error"] = float(test_error(theta))
     return Tuned(theta=theta, hyperparameters=selection.candidate, algorithm=algorithm, final=final, delta=delta,
-                 trial_epsilon=dataclasses.replace(plan, selection=None).epsilon(), trials=repr(trials),
+                 trial_epsilon=dataclasses.replace(plan, selection=None).epsilon(), trials=str(trials),
                  accountant=ACCOUNTANT, neighboring_relation=plan.relation_name,
                  randomness=seeding.origin(seed),
                  diagnostics={"label": NOT_PRIVATE, "trials_run": selection.trials_run,

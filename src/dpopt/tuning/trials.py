@@ -31,7 +31,7 @@ from .. import _validate
 
 
 class Trials(Protocol):
-    """The distribution of the number of trials K."""
+    """The distribution of the number of trials K (``str()``: its name and parameters in words)."""
 
     @property
     def mean(self) -> float: ...  # read-only: the distributions are frozen dataclasses
@@ -64,6 +64,10 @@ class Poisson:
     @property
     def shape(self) -> float:
         return math.inf
+
+    def __str__(self) -> str:
+        """In words, as the reports show it: ``Poisson (mean 3)``."""
+        return f"Poisson (mean {self.mean:g})"
 
     def draw(self, rng: np.random.Generator) -> int:
         return int(rng.poisson(self.mean))
@@ -103,6 +107,10 @@ class TruncatedNegativeBinomial:
         gamma = 1.0 if self.mean == 1 else optimize.brentq(
             lambda g: tnb_mean(g, self.shape) - self.mean, 1e-300, 1.0, xtol=1e-300, rtol=4 * np.finfo(float).eps)
         object.__setattr__(self, "gamma", gamma)
+
+    def __str__(self) -> str:
+        """In words, as the reports show it: ``truncated negative binomial (mean 3, shape 1)``."""
+        return f"truncated negative binomial (mean {self.mean:g}, shape {self.shape:g})"
 
     def draw(self, rng: np.random.Generator) -> int:
         if self.gamma >= 1:
