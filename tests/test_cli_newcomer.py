@@ -28,7 +28,11 @@ def python_reprs(text: str) -> list[str]:
 
 def test_the_repr_scan_catches_the_old_outputs() -> None:
     """The scan finds what the commands used to show (the measurement the tests below rely on)."""
-    assert python_reprs("hyperparameters: DPSGD(lr=0.5, sampling=<class 'dpopt.sampling.Poisson'>)") == ["<class"]
+    assert python_reprs("hyperparameters: DPSGD(lr=0.5, sampling=<class 'dpopt.sampling.Poisson'>)") == [
+        "<class", "DPSGD(lr="]
+    assert python_reprs("trials per tuning: TruncatedNegativeBinomial(mean=3.0, shape=3.0)") == [
+        "TruncatedNegativeBinomial(mean="]
+    assert python_reprs("hyperparameters: DPSGD(lr = 0.5, clip = 1.0)") == []  # name = value, for a person
     assert python_reprs("selected {'lr': 3.0}: validation error 0.2") == ["{'"]
     assert python_reprs("{'rule': 'last'}") == ["{'", "'}"]
     assert python_reprs('* DP-SGD: {"lr": [0.5]}') == ['{"']
