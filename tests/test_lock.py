@@ -72,7 +72,7 @@ def test_two_command_line_runs_on_one_out(tmp_path, capsys):
     first = subprocess.Popen([sys.executable, "-m", "dpopt.cli", *argv(out)[:-4], "--steps", "1000000",
                               "--checkpoint-every", "1000", "--out", str(out)], stderr=subprocess.PIPE, text=True)
     try:
-        lock_file, deadline = out / "checkpoint.pt.lock", time.monotonic() + 300
+        lock_file, deadline = lock.lock_file(out / "checkpoint.pt"), time.monotonic() + 300
         while first.poll() is None and time.monotonic() < deadline and not (
                 lock_file.exists() and str(first.pid) in lock_file.read_text()):
             time.sleep(0.1)
