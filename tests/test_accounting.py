@@ -132,6 +132,21 @@ def test_ledger_merges_runs_and_keeps_order():
     assert accounting.count_steps(ledger.event()) == 8
 
 
+def test_a_finished_run_must_have_recorded_the_whole_plan():
+    """Finding (issue 39): the double entry accepted any prefix of the plan, so a step that left its
+    event out (the same atom every step, or the last step's) went unseen and the run claimed the ε
+    of fewer releases. While the run goes on a prefix is right; once it took every step, only the
+    whole plan is."""
+    step = poisson_step(0.05, 1.0)
+    planned = dpa.SelfComposedDpEvent(step, 10)
+    short = dpa.SelfComposedDpEvent(step, 9)
+    assert accounting.guarantee(short, planned) == short  # mid-run: a prefix is what was spent so far
+    assert accounting.guarantee(planned, planned, finished=True) == planned
+    with pytest.raises(accounting.PlanMismatch, match="took every planned step but recorded 9 of its plan's 10 "
+                                                      "events: a release's event is missing"):
+        accounting.guarantee(short, planned, finished=True)
+
+
 def test_ledger_state_round_trip():
     a, b = poisson_step(0.05, 1.0), poisson_step(0.2, 2.0)
     ledger = Ledger(ADD_REMOVE, "rdp")

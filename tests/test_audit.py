@@ -315,6 +315,19 @@ class UnnoisedTest(DPSUR):
         return change, dpa.GaussianDpEvent(self.val_noise_multiplier)
 
 
+def unrecorded_test_at(step: int, steps: int) -> Callable[[Any], Any]:
+    """DPSUR whose ``step``-th step (of ``steps`` a run) returns the candidate's event alone: its
+    test is released with its noise and left out of the ledger."""
+
+    @dataclass(frozen=True)
+    class UnrecordedTest(DPSUR):
+        def step(self, state, batch, oracle, source):
+            new, event = DPSUR.step(self, state, batch, oracle, source)
+            return new, event.events[0] if batch.t == step else event
+
+    return swapped_in(UnrecordedTest)
+
+
 def swapped_in(kind: type) -> Callable[[Any], Any]:
     def mutate(algo: Any) -> Any:
         return kind(**{f.name: getattr(algo, f.name) for f in dataclasses.fields(algo)})
@@ -468,6 +481,18 @@ def test_every_landed_algorithm_passes_its_audit(name):
     result = run_audit(HONEST[name])
     assert result.claimed_epsilon == pytest.approx(TARGET, rel=0.01)
     assert result.epsilon_lower_bound <= result.claimed_epsilon, result
+
+
+@pytest.mark.parametrize("step", [0, 2, 4])
+def test_a_selection_whose_test_is_not_in_the_ledger_is_caught(step):
+    """Issue 39's mutant: DPSUR's acceptance test released but its event skipped in the ledger (at
+    the first, a middle, the last step). Its releases are honest, so no canary score can show it;
+    the audit checks each run's ledger against the whole plan and refuses the run."""
+    case = Case("dp-sur", unrecorded_test_at(step, steps=5), steps=5, n=49, batch=10, runs=20, delta=0.05,
+                bound=bounds.ClopperPearson())
+    with pytest.raises(accounting.PlanMismatch, match="an audited run recorded 9 events where its plan has 10"):
+        run_audit(case)
+    assert not run_audit(dataclasses.replace(case, mutate=honest)).flagged
 
 
 def test_a_non_private_method_is_caught():

@@ -10,11 +10,12 @@ import sys
 import time
 from pathlib import Path
 
+import dp_accounting as dpa
 import pytest
 import torch
 
 from dpopt import _validate, checkpoint
-from dpopt.accounting import epsilon_of
+from dpopt.accounting import PlanMismatch, epsilon_of
 from dpopt.algorithms import DPSGD
 from dpopt.oracles import Logistic
 from dpopt.train import run
@@ -98,6 +99,27 @@ def test_max_epsilon_stops_before_the_step_that_would_exceed_it() -> None:
     next_step = epsilon_of(algo.planned_event(oracle.n, history.steps_done + 1), 1e-5, algo.relation())
     assert next_step > 2.0
     assert 0 < history.steps_done < 400
+
+
+class LastEventLeftOut(DPSGD):
+    """DP-SGD whose last step releases its noised sum but returns no event for it."""
+
+    def step(self, state, batch, oracle, source):
+        new, event = super().step(state, batch, oracle, source)
+        return new, dpa.NoOpDpEvent() if batch.t == STEPS - 1 else event
+
+
+STEPS = 20
+
+
+def test_a_run_whose_last_release_is_not_in_the_ledger_is_refused() -> None:
+    """Mutant: the last step's event left out. Every event is the same atom, so the ledger stays a
+    prefix of the plan at every step; the end of the run catches it (the finished double entry)."""
+    oracle = _problem()
+    honest = run(DPSGD(lr=0.5, clip=1.0, noise_multiplier=1.0, batch_size=30), oracle, steps=STEPS, seed=0)
+    assert honest.steps_done == STEPS
+    with pytest.raises(PlanMismatch, match=f"recorded {STEPS - 1} of its plan's {STEPS} events"):
+        run(LastEventLeftOut(lr=0.5, clip=1.0, noise_multiplier=1.0, batch_size=30), oracle, steps=STEPS, seed=0)
 
 
 def test_diagnostics_are_opt_in_apart_and_change_nothing_of_the_run() -> None:

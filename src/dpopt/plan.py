@@ -143,10 +143,12 @@ class Plan(Generic[S]):
         """An empty ledger for one run of this plan."""
         return Ledger(self.relation, self.accountant)
 
-    def guarantee(self, ledger: Ledger, delta: float | None = None) -> float:
+    def guarantee(self, ledger: Ledger, delta: float | None = None, *, finished: bool = False) -> float:
         """ε(δ) a run that recorded ``ledger`` may claim: the ledger checked against one run's
-        planned event (:func:`dpopt.accounting.guarantee`; a mismatch raises ``PlanMismatch``)."""
-        return epsilon_of(guarantee(ledger.event(), self.run_event), self.delta if delta is None else delta,
+        planned event, as the whole of it once the run took every step (``finished``;
+        :func:`dpopt.accounting.guarantee`; a mismatch raises ``PlanMismatch``)."""
+        return epsilon_of(guarantee(ledger.event(), self.run_event, finished=finished),
+                          self.delta if delta is None else delta,
                           ledger.relation, ledger.accountant)
 
 

@@ -191,8 +191,9 @@ class Stepper:
 
     def epsilon(self, delta: float | None = None) -> float:
         """The guarantee ε(δ) so far (the plan's δ by default): the ledger, checked against the
-        plan (:meth:`dpopt.plan.Plan.guarantee`; a privacy filter's total)."""
-        return self.plan.guarantee(self.ledger, delta)
+        plan, as the whole plan once every step is taken (:meth:`dpopt.plan.Plan.guarantee`; a
+        privacy filter's total)."""
+        return self.plan.guarantee(self.ledger, delta, finished=self.t >= self.steps)
 
     def snapshot(self, settings: dict[str, str], progress: Progress | None = None) -> Snapshot:
         """The run now, as one value (:class:`~dpopt.snapshot.Snapshot`): everything :meth:`restore`

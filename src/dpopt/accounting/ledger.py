@@ -40,13 +40,16 @@ def is_filter(planned: dpa.DpEvent) -> bool:
     return len(plan) == 1 and isinstance(plan[0][0], dpa.ZCDpEvent) and plan[0][1] == 1
 
 
-def guarantee(recorded: dpa.DpEvent, planned: dpa.DpEvent) -> dpa.DpEvent:
+def guarantee(recorded: dpa.DpEvent, planned: dpa.DpEvent, *, finished: bool = False) -> dpa.DpEvent:
     """The event whose ε a run may claim, having recorded ``recorded`` under the plan ``planned``
     (the whole run's, from ``algorithm.planned_event(n, steps)``): the second entry of the double
     entry, checked at run time.
 
     * A fixed plan: the recorded runs must be a prefix of the planned runs (the same atoms in
-      the same order, the last run possibly shorter); the guarantee is what was recorded.
+      the same order, the last run possibly shorter); the guarantee is what was recorded. A run
+      that took every planned step (``finished``) must have recorded the whole plan: a shorter
+      ledger then means a release whose event was left out (e.g. a step that skips one of its
+      two events), and its ε would be too small.
     * A zCDP privacy filter (the plan is one ``ZCDpEvent(ρ)``, DP-AGD): every recorded atom must
       be exactly zCDP and their ρ sum to at most the plan's (Feldman & Zrnic 2021: adaptively
       chosen budgets within a filter compose to the filter's budget); the guarantee is the plan
@@ -73,6 +76,10 @@ def guarantee(recorded: dpa.DpEvent, planned: dpa.DpEvent) -> dpa.DpEvent:
             want = plan[i] if i < len(plan) else "nothing more"
             raise PlanMismatch(f"the run recorded {count} x {atom} where its plan has {want}: the ledger is not a "
                                "prefix of the planned event (a privacy bug)")
+    if finished and done != plan:
+        recorded_atoms, planned_atoms = (sum(count for _, count in runs) for runs in (done, plan))
+        raise PlanMismatch(f"the run took every planned step but recorded {recorded_atoms} of its plan's {planned_atoms} "
+                           "events: a release's event is missing from the ledger (a privacy bug)")
     return recorded
 
 

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import _validate, train
+from ..accounting import Ledger, PlanMismatch, count_steps, guarantee, is_filter
 from ..algorithms import registry
 from ..base import S, Algorithm
 from ..json_types import JsonObject
@@ -101,7 +102,9 @@ def observations(plan: Plan[S], place: Pair, engine: Engine, threat: ThreatModel
     """What the adversary sees of ``runs`` canary slots of D′ (``present``) or D: trajectories
     [runs, steps + 1, k] or outputs [runs, k] of the k watched coordinates, from ⌈runs / slots⌉
     training runs of ``plan`` seeded seed, seed+1, …, each step counted on ``bar``. The runs are
-    :func:`dpopt.train.step`'s, on D′'s n records or, under add/remove-one, on D's one fewer."""
+    :func:`dpopt.train.step`'s, on D′'s n records or, under add/remove-one, on D's one fewer. Each
+    run's ledger is checked to hold as many events as the plan (:func:`recorded_every_release`):
+    a release left out of the ledger is invisible to the canary's scores."""
     algorithm, steps = plan.algorithm, plan.steps
     oracle = engine.oracle(*place.records(present=present))
     theta0 = engine.start(oracle)
@@ -118,8 +121,24 @@ def observations(plan: Plan[S], place: Pair, engine: Engine, threat: ThreatModel
                 path.append(place.seen(observe(threat, algorithm, state)))
             if bar is not None:
                 bar.update()
+        recorded_every_release(ledger, plan)
         seen.append(torch.stack(path, 1) if path else place.seen(observe(threat, algorithm, state)))
     return torch.cat(seen).double().numpy()[:runs]
+
+
+def recorded_every_release(ledger: Ledger, plan: Plan[S]) -> None:
+    """Raise ``PlanMismatch`` unless a finished run's ``ledger`` holds as many events as ``plan``
+    (releases, counted by :func:`dpopt.accounting.count_steps`; under a privacy filter, whose
+    releases are data-dependent, unless they fit its budget). What each event says is the
+    statistics' to refute (a mutant whose noise is smaller than its claim records fewer-noise events
+    honestly, and its scores show it); a release with no event at all changes no score."""
+    if is_filter(plan.run_event):
+        guarantee(ledger.event(), plan.run_event)
+        return
+    recorded, planned = count_steps(ledger.event()), count_steps(plan.run_event)
+    if recorded != planned:
+        raise PlanMismatch(f"an audited run recorded {recorded} events where its plan has {planned}: a release's "
+                           "event is missing from the ledger (a privacy bug no canary score can show)")
 
 
 def _bar(name: str, steps: int, progress: bool) -> Bar:
