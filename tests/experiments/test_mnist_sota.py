@@ -248,7 +248,8 @@ def test_quick_reproduction(shared_data_dir, tmp_path, monkeypatch):
     assert "NOT PRIVATE tuning" in mnist_sota.PRESET.FIGURE_NOTE
     assert {p.name for p in tmp_path.glob("*.png")} == {
         "curves_tanh-cnn-mnist-smoke_eps3.0.png", "curves_scatternet-mnist-smoke_eps3.0.png",
-        "curves_scatternet-mnist-smoke_eps1.0.png", "curves_scatternet-views-mnist-smoke_eps3.0.png"}
+        "curves_scatternet-mnist-smoke_eps1.0.png", "curves_scatternet-views-mnist-smoke_eps3.0.png",
+        "curves_scatternet-views-mnist-smoke_eps1.0.png"}
     facts = {f["problem"]: f for f in written["facts"]}
     assert facts["scatternet:mnist-smoke"]["dim"] == 39_700 and facts["tanh-cnn:mnist-smoke"]["dim"] == 26_010
     assert facts["scatternet:mnist-smoke"]["n"] == 1000
@@ -269,9 +270,23 @@ def test_the_analysis_compares_each_epsilons_best_row_with_the_best_published_nu
     rows = [row("DP-SGD", 3.0, 0.9868), row("views", 3.0, 0.9893), row("DP-SGD", 1.0, 0.9753), row("x", 2.0, 0.9880)]
     lines = mnist_sota.analyses({"rows": rows, "quick": False})
     assert ("* ε = 3: the best method is views on `scatternet:mnist` at 98.93% ± 0.05%: level with the best published "
-            "98.88% (DPSUR, ScatterNet + linear with selective updates, 5 runs (Fu et al. 2024)).") in lines
+            "98.88% (DPSUR, ScatterNet + linear with selective updates, 5 runs (Fu et al. 2024), whose ε charges only the "
+            "steps it accepts).") in lines
     assert ("* ε = 1: the best method is DP-SGD on `scatternet:mnist` at 97.53% ± 0.05%: **behind** the best "
-            "published 97.93% (DPSUR, ScatterNet + linear with selective updates, 5 runs (Fu et al. 2024)).") in lines
+            "published 97.93% (DPSUR, ScatterNet + linear with selective updates, 5 runs (Fu et al. 2024), whose ε charges "
+            "only the steps it accepts).") in lines
     assert "* ε = 2: the best method is x on `scatternet:mnist` at 98.80% ± 0.05%: above the best published 98.70%" in (
         " ".join(lines))
     assert not any("98.7 %" in line for line in lines)
+
+
+def test_at_epsilon_one_the_views_recipe_outputs_its_moving_average():
+    """The ε = 1 row beyond DP-SGD: the ε = 3 views recipe unchanged, its output the moving average of
+    the iterates (decay 0.99), run on the views problem only."""
+    method, = mnist_sota.PRESET.methods(1.0, "scatternet-views:mnist")
+    assert method.name == "DP-SGD + augmentation multiplicity + EMA"
+    views = mnist_sota.PRESET.TUNED["scatternet-views:mnist"]["DP-SGD + augmentation multiplicity"][3.0]
+    assert method.tuned[1.0] == views | {"ema": 0.99}
+    assert method.loop(method.tuned[1.0]) == OptimizerLoop("torch.optim.SGD", lr=8.0, options=(("momentum", 0.9),),
+                                                           ema=0.99)
+    assert [m.name for m in mnist_sota.PRESET.methods(1.0, "scatternet:mnist")] == ["DP-SGD"]
