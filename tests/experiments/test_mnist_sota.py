@@ -270,11 +270,11 @@ def test_the_analysis_compares_each_epsilons_best_row_with_the_best_published_nu
     rows = [row("DP-SGD", 3.0, 0.9868), row("views", 3.0, 0.9893), row("DP-SGD", 1.0, 0.9753), row("x", 2.0, 0.9880)]
     lines = mnist_sota.analyses({"rows": rows, "quick": False})
     assert ("* ε = 3: the best method is views on `scatternet:mnist` at 98.93% ± 0.05%: level with the best published "
-            "98.88% (DPSUR, ScatterNet + linear with selective updates, 5 runs (Fu et al. 2024), whose ε charges only the "
-            "steps it accepts).") in lines
+            "98.88% (DPSUR, ScatterNet + linear with selective updates, 5 runs (Fu et al. 2024), whose ε charges only "
+            "the steps it accepts).") in lines
     assert ("* ε = 1: the best method is DP-SGD on `scatternet:mnist` at 97.53% ± 0.05%: **behind** the best "
-            "published 97.93% (DPSUR, ScatterNet + linear with selective updates, 5 runs (Fu et al. 2024), whose ε charges "
-            "only the steps it accepts).") in lines
+            "published 97.93% (DPSUR, ScatterNet + linear with selective updates, 5 runs (Fu et al. 2024), whose ε "
+            "charges only the steps it accepts).") in lines
     assert "* ε = 2: the best method is x on `scatternet:mnist` at 98.80% ± 0.05%: above the best published 98.70%" in (
         " ".join(lines))
     assert not any("98.7 %" in line for line in lines)
