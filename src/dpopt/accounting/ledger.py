@@ -77,9 +77,9 @@ def guarantee(recorded: dpa.DpEvent, planned: dpa.DpEvent, *, finished: bool = F
             raise PlanMismatch(f"the run recorded {count} x {atom} where its plan has {want}: the ledger is not a "
                                "prefix of the planned event (a privacy bug)")
     if finished and done != plan:
-        recorded_atoms, planned_atoms = (sum(count for _, count in runs) for runs in (done, plan))
-        raise PlanMismatch(f"the run took every planned step but recorded {recorded_atoms} of its plan's "
-                           f"{planned_atoms} events: a release's event is missing from the ledger (a privacy bug)")
+        raise PlanMismatch(f"the run took every planned step but recorded {count_steps(recorded)} of its plan's "
+                           f"{count_steps(planned)} events: a release's event is missing from the ledger "
+                           "(a privacy bug)")
     return recorded
 
 
