@@ -208,7 +208,8 @@ def unavailable(settings: Declared) -> str | None:
 
 def _method(name: str, settings: Declared, tuned: dict[float | None, Params]) -> Method:
     """The declared method: its algorithm by name with the run's batch size and clip, for the run's
-    epochs; its loop the declared optimizer at the run's learning rate, schedule and average."""
+    epochs; its loop the declared optimizer at the run's learning rate, schedule and average, and at the
+    run's ``momentum`` where the run gives one (else the method's)."""
 
     def build(n: int, p: Params) -> tuple[Algorithm[object], int]:
         algorithm = registry.build(settings.algorithm, n=n, batch_size=p["batch_size"], clip=p["clip"],
@@ -216,7 +217,8 @@ def _method(name: str, settings: Declared, tuned: dict[float | None, Params]) ->
         return algorithm, steps_for_epochs(algorithm, n, p["epochs"])
 
     def loop(p: Params) -> OptimizerLoop:
-        return OptimizerLoop(settings.optimizer, lr=p["lr"], options=tuple(sorted(settings.options.items())),
+        options = settings.options | ({"momentum": p["momentum"]} if "momentum" in p else {})
+        return OptimizerLoop(settings.optimizer, lr=p["lr"], options=tuple(sorted(options.items())),
                              schedule=p.get("schedule", "constant"), ema=p.get("ema"))
 
     return Method(name, build, {}, tuned, loop=loop)
