@@ -248,7 +248,8 @@ def test_quick_reproduction(shared_data_dir, tmp_path, monkeypatch):
     assert "NOT PRIVATE tuning" in mnist_sota.PRESET.FIGURE_NOTE
     scatternet = {f"curves_scatternet{views}-mnist-smoke_eps{eps}.png"
                   for views in ("", "-views") for eps in ("3.0", "2.0", "1.0")}
-    assert {p.name for p in tmp_path.glob("*.png")} == {"curves_tanh-cnn-mnist-smoke_eps3.0.png", *scatternet}
+    assert {p.name for p in tmp_path.glob("*.png")} == {"curves_tanh-cnn-mnist-smoke_eps3.0.png", *scatternet,
+                                                         mnist_sota.ACCURACY_FIGURE}
     facts = {f["problem"]: f for f in written["facts"]}
     assert facts["scatternet:mnist-smoke"]["dim"] == 39_700 and facts["tanh-cnn:mnist-smoke"]["dim"] == 26_010
     assert facts["scatternet:mnist-smoke"]["n"] == 1000
@@ -295,3 +296,27 @@ def test_below_epsilon_three_the_views_recipe_takes_a_smaller_step_at_epsilon_on
         assert mnist_sota.PRESET.methods(epsilon, "tanh-cnn:mnist") == []
     dp_sgd = mnist_sota.PRESET.TUNED["scatternet:mnist"]["DP-SGD"]
     assert dp_sgd[1.0] == dp_sgd[2.0] == dp_sgd[3.0]
+
+
+def test_the_accuracy_figure_draws_dp_sgd_and_each_epsilons_best_row_beside_the_published_points(tmp_path):
+    """Issue 39's figure: test accuracy against ε for DP-SGD on the ScatterNet features and for the best
+    row at each ε (named by its method), the best published numbers as points at full size only."""
+    def row(problem: str, name: str, epsilon: float, mean: float) -> dict:
+        return {"problem": problem, "algorithm": name, "epsilon": epsilon,
+                "metrics": {"test_accuracy": {"mean": mean, "std": 0.001}}}
+
+    rows = [row("scatternet-views:mnist", "views", 3.0, 0.9893), row("scatternet:mnist", "DP-SGD", 3.0, 0.9868),
+            row("tanh-cnn:mnist", "DP-SGD", 3.0, 0.9801), row("scatternet:mnist", "DP-SGD + EMA", 3.0, 0.9866),
+            row("scatternet:mnist", "DP-SGD", 1.0, 0.9753), row("scatternet-views:mnist", "views", 1.0, 0.9848),
+            row("scatternet:mnist", "DP-SGD", 2.0, 0.9860)]
+    series = mnist_sota.accuracy_by_epsilon({"rows": rows, "quick": False, "seeds": 3})
+    assert series["DP-SGD, ScatterNet + linear"] == [(1.0, 0.9753, 0.001), (2.0, 0.9860, 0.001), (3.0, 0.9868, 0.001)]
+    assert series["best: views"] == [(1.0, 0.9848, 0.001), (3.0, 0.9893, 0.001)]
+    published = series[f"published: {mnist_sota.PUBLISHED_BY}"]
+    assert [point[:2] for point in published] == [(1.0, 0.9793), (2.0, 0.9870), (3.0, 0.9888)]
+    assert list(series) == ["DP-SGD, ScatterNet + linear", "best: views", f"published: {mnist_sota.PUBLISHED_BY}"]
+    smoke = [dict(r, problem=r["problem"] + "-smoke") for r in rows]
+    assert list(mnist_sota.accuracy_by_epsilon({"rows": smoke, "quick": True, "seeds": 1})) == [
+        "DP-SGD, ScatterNet + linear", "best: views"]
+    mnist_sota.figures(tmp_path, {"rows": rows, "quick": False, "seeds": 3})
+    assert (tmp_path / mnist_sota.ACCURACY_FIGURE).read_bytes().startswith(b"\x89PNG")

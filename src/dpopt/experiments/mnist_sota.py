@@ -1,4 +1,4 @@
-"""mnist-sota: the best private MNIST model dpopt gives at ε = 3 and ε = 1, δ = 1e−5, and the
+"""mnist-sota: the best private MNIST model dpopt gives at ε = 3, 2 and 1, δ = 1e−5, and the
 published recipes it starts from.
 
 Source: Tramèr & Boneh 2021, "Differentially private learning needs better features (or much
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,7 +50,7 @@ from ..data.bounds import Preparation
 from ..json_types import JsonObject
 from ..models import cross_entropy
 from ..plan import steps_for_epochs
-from ..report import assignments
+from ..report import assignments, pyplot, save_figure
 from ..scattering import GroupNormalised, Scattering2D, features
 from ..train import History
 from . import declared
@@ -57,7 +58,7 @@ from ._runner import Method, Params, Problem, time_to_target
 from ._torch import classifier_problem
 from .optimizer_loop import OptimizerLoop, optimizer_class
 from ..jobs.preparation import registered
-from .payload import Payload, ProblemKey, named
+from .payload import Payload, ProblemKey, Row, named
 from .preset import Tuning, declared_experiment
 
 DATA = declared.load("mnist-sota")
@@ -266,6 +267,65 @@ def analyses(payload: Payload) -> list[str]:
     return lines
 
 
+#: The figure of test accuracy against ε (:func:`figures`).
+ACCURACY_FIGURE = "accuracy_vs_epsilon.png"
+
+
+def accuracy_by_epsilon(payload: Payload) -> dict[str, list[tuple[float, float, float]]]:
+    """The figure's series, ``label → [(ε, mean, std), …]`` by increasing ε: DP-SGD on the ScatterNet
+    features (``scatternet:mnist``, or its ``-smoke`` version under ``--quick``) at each ε, and the
+    best row at each ε (the highest mean test accuracy, any problem and method) under its method's
+    name where that is not the DP-SGD row; at full size, the best published numbers
+    (:data:`PUBLISHED`, no spread: drawn as points)."""
+    series: dict[str, list[tuple[float, float, float]]] = {}
+    at: dict[float, list[Row]] = {}
+    for row in payload["rows"]:
+        if row["epsilon"] is not None:
+            at.setdefault(row["epsilon"], []).append(row)
+    for epsilon in sorted(at):
+        dp_sgd = [row for row in at[epsilon] if (row.get("problem") or "").split("-smoke")[0] == "scatternet:mnist"
+                  and row["algorithm"] == "DP-SGD"]
+        best = max(at[epsilon], key=lambda row: row["metrics"]["test_accuracy"]["mean"])
+        for row in dp_sgd:
+            series.setdefault("DP-SGD, ScatterNet + linear", []).append(_accuracy(epsilon, row))
+        if best not in dp_sgd:
+            series.setdefault(f"best: {best['algorithm']}", []).append(_accuracy(epsilon, best))
+    if not payload["quick"]:
+        series[f"published: {PUBLISHED_BY}"] = [(eps, value, math.nan) for eps, value in sorted(PUBLISHED.items())]
+    return series
+
+
+def _accuracy(epsilon: float, row: Row) -> tuple[float, float, float]:
+    """``(ε, mean, std)`` of a row's test accuracy (std NaN where one run gives none)."""
+    accuracy = row["metrics"]["test_accuracy"]
+    return epsilon, accuracy["mean"], accuracy.get("std", math.nan)
+
+
+def figures(out_dir: Path, payload: Payload) -> None:
+    """:data:`ACCURACY_FIGURE`: test accuracy against ε (log scale), mean ± std over the seeds of
+    each series of :func:`accuracy_by_epsilon`, the published numbers as points."""
+    series = accuracy_by_epsilon(payload)
+    if not series:
+        return
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.8), layout="constrained")
+    for label, points in series.items():
+        eps, mean, std = (np.array(values, dtype=float) for values in zip(*points))
+        published = label.startswith("published")
+        ax.errorbar(eps, mean, yerr=None if published else std, label=label, marker="D" if published else "o",
+                    linestyle="none" if published else "-", capsize=3)
+    ax.set_xscale("log")
+    ax.set_xticks(sorted({eps for points in series.values() for eps, _, _ in points}))
+    ax.get_xaxis().set_major_formatter(plt.FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.set_xlabel("ε (δ = 1e-5)")
+    ax.set_ylabel("test accuracy")
+    ax.grid(alpha=0.3)
+    fig.legend(loc="outside lower center", fontsize=8)
+    fig.suptitle(f"mnist-sota: test accuracy against ε, mean ± std over {payload['seeds']} seeds; "
+                 f"{DATA['figure_note']}", fontsize=9, wrap=True)
+    save_figure(out_dir / ACCURACY_FIGURE, fig)
+
+
 def _compared(summary: dict[str, float], published: float) -> str:
     """``level with`` the published mean when it is within one standard deviation of ours (a few seeds
     cannot tell them apart), else ``above`` or ``**behind**``."""
@@ -281,4 +341,4 @@ def _percent(summary: dict[str, float]) -> str:
 
 
 PRESET = declared_experiment(DATA, make_problem=build_problem, make_methods=methods, preparation=preparation,
-                             analyses=analyses)
+                             analyses=analyses, draw=figures)
