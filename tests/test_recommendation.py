@@ -13,7 +13,7 @@ And ``docs/bench.json`` is what BENCH.md's tables show: each of their rows, rend
 A method "wins" a cell when it is the cell's winner (the lowest mean, no other mean within 0.1 %
 of it); "at most 5 % behind the best mean" compares its mean with the cell's lowest, the gap
 rounded to 0.1 %. The published anchors are DPSUR's MNIST results (ScatterNet + linear, the mean
-of 5 runs): 98.88 % at ε = 3 and 97.93 % at ε = 1.
+of 5 runs): 98.88 % at ε = 3, 98.70 % at ε = 2 and 97.93 % at ε = 1.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ BENCH = ROOT / "docs" / "bench.json"
 MNIST_SOTA = ROOT / "docs" / "reproductions" / "mnist-sota" / "results.json"
 BENCH_MD = ROOT / "BENCH.md"
 SECTION = "## Which optimiser when"
-DPSUR = {3.0: 98.88, 1.0: 97.93}
+DPSUR = {3.0: 98.88, 2.0: 98.70, 1.0: 97.93}
 NAMES = {"dp-adambc": "DP-AdamBC", "dp-sgd": "DP-SGD", "dp-sgd-adaptive": "adaptive clipping", "dp-srm": "DP-SRM",
          "dp-bandmf": "BandMF", "aclip": "AClip", "o2nc-first": "DP-O2NC", "diff2-gd": "DIFF2-GD",
          "dp-gd": "DP-GD"}
@@ -144,15 +144,18 @@ def mnist_claims(rows: dict[tuple[str, float], Summary]) -> list[str]:
     others = [row for (method, e), row in rows.items()
               if e == 3.0 and method != "DP-SGD" and "multiplicity" not in method]
     weakest = min(above_p(sgd, row) for row in others)
-    low = rows["DP-SGD", 1.0]
-    best_low = max((row for (_, e), row in rows.items() if e == 1.0), key=lambda row: row[0])
-    return [f"{shown(views)} over {views[2]} seeds, against DP-SGD's {shown(sgd)} "
-            f"(one-sided Welch p = {above_p(sgd, views):.3f})",
-            f"{compared(views[0], views[1], DPSUR[3.0])} DPSUR's {DPSUR[3.0]:.2f} %",
-            f"{len(others)} other variants of the recipe: not above DP-SGD (p ≥ {math.floor(100 * weakest) / 100:.2f})",
-            f"{shown(best_low)} over {best_low[2]} seeds, against DP-SGD's {shown(low)} "
-            f"(one-sided Welch p = {above_p(low, best_low):.2g})",
-            f"{compared(best_low[0], best_low[1], DPSUR[1.0])} DPSUR's {DPSUR[1.0]:.2f} %"]
+    claims = [f"{shown(views)} over {views[2]} seeds, against DP-SGD's {shown(sgd)} "
+              f"(one-sided Welch p = {above_p(sgd, views):.3f})",
+              f"{compared(views[0], views[1], DPSUR[3.0])} DPSUR's {DPSUR[3.0]:.2f} %",
+              f"{len(others)} other variants of the recipe: not above DP-SGD "
+              f"(p ≥ {math.floor(100 * weakest) / 100:.2f})"]
+    for epsilon in (2.0, 1.0):  # the best row below ε = 3 against DP-SGD's and DPSUR's
+        low = rows["DP-SGD", epsilon]
+        best = max((row for (_, e), row in rows.items() if e == epsilon), key=lambda row: row[0])
+        claims += [f"{shown(best)} over {best[2]} seeds, against DP-SGD's {shown(low)} "
+                   f"(one-sided Welch p = {above_p(low, best):.2g})",
+                   f"{compared(best[0], best[1], DPSUR[epsilon])} DPSUR's {DPSUR[epsilon]:.2f} %"]
+    return claims
 
 
 def mnist_sota() -> dict[tuple[str, float], Summary]:
@@ -204,10 +207,10 @@ def test_the_recommendation_check_catches_a_number_no_result_holds():
 
 def test_the_mnist_sota_reader_finds_every_scatternet_row():
     rows = mnist_sota()
-    assert len(rows) == 8 and all(seeds == 3 for _, _, seeds in rows.values())
+    assert len(rows) == 10 and all(seeds == 3 for _, _, seeds in rows.values())
     assert sorted(method for method, _ in rows) == sorted(
-        ["DP-SGD", "DP-SGD", "DP-SGD + EMA", "DP-SGD + banded noise", "DP-SGD + quantile clipping", "DP-AdamBC",
-         "DP-SGD + augmentation multiplicity", "DP-SGD + augmentation multiplicity + EMA"])
+        ["DP-SGD"] * 3 + ["DP-SGD + EMA", "DP-SGD + banded noise", "DP-SGD + quantile clipping", "DP-AdamBC"]
+        + ["DP-SGD + augmentation multiplicity"] * 3)
 
 
 def table_rows(bench: dict) -> list[str]:
