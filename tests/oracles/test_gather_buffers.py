@@ -10,6 +10,9 @@
   computed from it are alive: held chunks and the norms and sums of held results keep their
   values. A mutant that reuses every buffer (``unshared`` always true) is caught by the same
   measurements.
+
+The views' layer reads its records in place (``ghost.in_place``), gathering no chunk for its
+per-record gradients: the tests of gathered chunks make it take them gathered, as other layers do.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import torch
 from dpopt.algorithms import DPSGD
 from dpopt.augmentation import mean_over_views
 from dpopt.models import cross_entropy, make_model
-from dpopt.oracles import TorchModel, records
+from dpopt.oracles import TorchModel, ghost, records
 
 VIEWS, FEATURES = 5, 3969
 
@@ -133,22 +136,36 @@ def held_results_agree(X: torch.Tensor, y: torch.Tensor) -> bool:
                 torch.equal(held.weighted_sum(weights), reference.weighted_sum(weights)))
 
 
-def test_held_per_record_results_keep_their_records():
+@pytest.mark.parametrize("in_place", [True, False])
+def test_held_per_record_results_keep_their_records(monkeypatch, in_place):
+    """Also with the records read in place (``ghost.in_place``: results hold no buffer, their sum
+    takes one when it reads the records again)."""
+    if not in_place:
+        gathered(monkeypatch)
     assert held_results_agree(*views_data(256))
 
 
+def gathered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The views' layer takes its chunk gathered (as a layer not reading the records in place does)."""
+    monkeypatch.setattr(ghost, "reads_in_place", lambda *args: False)
+
+
 def test_held_per_record_results_keep_their_records_catches_reusing_every_buffer(monkeypatch):
+    """(The gathered chunks: the results of a layer reading the records in place hold no buffer.)"""
+    gathered(monkeypatch)
     reuse_always(monkeypatch)
     assert not held_results_agree(*views_data(256))
 
 
 def test_a_dp_sgd_run_gives_the_theta_of_fresh_gathers(monkeypatch):
     """Five DP-SGD steps of the views' layer (Poisson batches, chunks of 32, the last one partial)
-    with buffers and with fresh gathers: the same θ and losses, bit for bit."""
+    with buffers and with fresh gathers: the same θ and losses, bit for bit (its chunks gathered,
+    not read in place)."""
     from dpopt import train
     from dpopt.accounting import Ledger
     from dpopt.mechanisms import SeededNoise
 
+    gathered(monkeypatch)
     X, y = views_data(256)
     dpsgd = DPSGD(lr=8.0, clip=0.1, noise_multiplier=1.0, batch_size=200)
 

@@ -463,8 +463,16 @@ def test_no_float32_contribution_exceeds_the_clip(name):
             if engine == "ghost":
                 assert (contributions(per_record, clip) <= clip).all(), kind
     for kind in ("point", "difference"):
-        assert torch.allclose(norms["ghost", kind], norms["vmap", kind], rtol=1e-5)
-        assert (norms["ghost", kind] >= norms["vmap", kind] * (1 - 1e-6)).all()
+        assert torch.allclose(norms["ghost", kind], norms["vmap", kind], rtol=FORWARD_RTOL.get(name, 1e-5))
+        assert (norms["ghost", kind] >= norms["vmap", kind] * (1 - FORWARD_RTOL.get(name, 1e-6))).all()
+
+
+#: The sequence's layer reads its records in place (``ghost.in_place``), its forward a product ``W Aᵀ`` whose float32
+#: sums of 2¹⁸ positive terms round otherwise than the vmap engine's ``F.linear``, and so do the output gradients: the
+#: engines no longer share the forward's rounding. Measured against float64 norms of the same θ and records, the
+#: ghost engine's are off by 9e−5 (point) and 9e−4 (difference of the two close points), the vmap engine's by 1.0e−4
+#: and 1.4e−3; they agree to 6e−4. Each engine's own bound covers its own sums (asserted above).
+FORWARD_RTOL = {"sequence-gram": 2e-3}
 
 
 @dataclass(frozen=True)

@@ -16,18 +16,17 @@ Engines for per-record gradients (``engine=``):
 * ``"vmap"``: ``vmap(grad(ℓ))`` over the records, in chunks of ``microbatch_size``:
   :class:`~dpopt.clipping.Dense` rows ``[B, d]``. Works for any module whose records do not
   interact (tied weights too); memory O(B·d) for the rows of the whole batch.
-* ``"ghost"``: ghost norms and book-keeping sums from one forward/backward per chunk, never a
-  ``[B, d]`` matrix: it keeps each layer's input and output gradient for the batch (the memory
-  of one non-private step on it). See :mod:`dpopt.oracles.ghost` for the rules and their limits.
-  Ghost rules for Linear (also on ``[B, T, p]``), zero-padded Conv1d/Conv2d, Embedding,
-  LayerNorm and GroupNorm, found at any depth, also inside modules with their own forward.
-  Only layers whose per-record structure is known (``known_layers``, a
-  :class:`~dpopt.oracles.ghost.Registry`: those, activations, pooling, Flatten, dropout, ...) and
-  ``nn.Sequential``'s own forward are run on the whole batch; every other module, and every custom
-  forward, is run on each record alone under ``vmap`` (its ghost layers tapped by hooks removed
-  after the call), so code that mixes the records of a batch cannot leak one record into another's
-  gradient. Its norms are upper bounds of what its sums add per record (never below, by ~1e−6 in
-  float32). Gradient differences at two points (DP-SRM) are exact, without cancellation.
+* ``"ghost"``: ghost norms and book-keeping sums from one forward/backward per chunk, never a ``[B, d]`` matrix: it
+  keeps each layer's input and output gradient for the batch (the memory of one non-private step on it; a first Linear
+  layer that takes the records themselves keeps their indices and reads them in place:
+  :mod:`dpopt.oracles.ghost.in_place`). See :mod:`dpopt.oracles.ghost` for the rules and their limits. Ghost rules for
+  Linear (also on ``[B, T, p]``), zero-padded Conv1d/Conv2d, Embedding, LayerNorm and GroupNorm, found at any depth,
+  also inside modules with their own forward. Only layers whose per-record structure is known (``known_layers``, a
+  :class:`~dpopt.oracles.ghost.Registry`: those, activations, pooling, Flatten, dropout, ...) and ``nn.Sequential``'s
+  own forward are run on the whole batch; every other module, and every custom forward, is run on each record alone
+  under ``vmap`` (its ghost layers tapped by hooks removed after the call), so code that mixes the records of a batch
+  cannot leak one record into another's gradient. Its norms are upper bounds of what its sums add per record (never
+  below, by ~1e−6 in float32). Gradient differences at two points (DP-SRM) are exact, without cancellation.
 
 Both give the same norms and clipped sums (tests hold them to 1e−9 relative in float64, 1e−4 in
 float32, of each other and of a per-record autograd loop). DP-SRM's differences cost one
@@ -323,16 +322,18 @@ class TorchModel:
     @_keeps_buffers
     def _per_record(self, point: Tensor, indices: Tensor, theta: Tensor) -> Dense | ghost.GhostRows:
         """The rows; the per-record losses their forward evaluated go to ``_evaluated``, chunk by chunk."""
-        chunks = self._chunks(indices)
         if self.engine == "vmap":
-            parts = [self._dense_rows(point, x, y) for x, y in chunks]
+            parts = [self._dense_rows(point, x, y) for x, y in self._chunks(indices)]
             dense = torch.cat(parts) if parts else point.new_zeros(0, self.dim)
             return Dense(dense.to(theta.device, theta.dtype))
+        inplace = ghost.reads_in_place(self.stages, self.records, self.dtype, self.device)
+        chunks = ghost.unread(self.records, self._parts(indices), self._on_device) if inplace else self._chunks(indices)
         layers = []
         with torch.enable_grad():  # the layers' output gradients come from autograd, even under no_grad
             views = self.layout.views(point.detach().requires_grad_(True))
             for (x, y), part in zip(chunks, self._parts(indices), strict=True):
-                out, taps = ghost.forward(self.stages, views, x)
+                out, taps = (ghost.forward_in_place(self.stages, views, self.records, x, self._input_grams) if inplace
+                             else ghost.forward(self.stages, views, x))
                 losses = self._each_loss(out, y)
                 self._evaluated.append(losses.detach())
                 layers.append(self._input_grams.attach(ghost.capture(taps, losses.sum()), x, part))

@@ -16,7 +16,9 @@ differential privacy", arXiv:2205.10683, §4, the "mixed ghost norm"):
   [T, p]``); for T = 1 it is ``‖a‖²‖g‖²`` (on the patch, per group, for a convolution). Conv2d
   is the Linear rule on ``unfold(a)`` (im2col, one ``gather``), per group. Where ``a`` is the
   data itself (augmentation multiplicity's views into the first layer), ``a aᵀ`` of each record is
-  formed once and kept by the oracle by record index (:class:`InputGrams`): a step forms ``g gᵀ``.
+  formed once and kept by the oracle by record index (:class:`InputGrams`): a step forms ``g gᵀ``;
+  and the records are read in place from their tensor, a block at a time, by the layer's forward
+  and again by its sum, the chunk never gathered whole (:mod:`.in_place`).
 * the clipped sum ``Σ_i w_i ∇ℓ_i`` is book-keeping (Bu et al. 2023, "Differentially private
   optimization on large model at small cost", arXiv:2210.00038): the weight-gradient products
   of a backward pass, ``Σ_i w_i g_iᵀ a_i`` per layer (``conv2d_weight`` for convolutions),
@@ -112,9 +114,11 @@ Where each part lives (each module imports only modules above it in this list):
 * :mod:`.functional`: the functional forward of the stages (:func:`forward`);
 * :mod:`.layers`: one layer's records of one chunk (``a`` and ``g``, or dense rows): their norm
   bounds, weighted sums and differences at two points, and the Gram or direct form's choice;
-* :mod:`.backward`: one backward to every tap, giving the layers' records (:func:`capture`);
 * :mod:`.grams`: the input Gram matrices of a layer that takes the data itself, kept by record
   (:class:`InputGrams`);
+* :mod:`.in_place`: such a layer with the records read in place, its forward (:func:`forward_in_place`)
+  and its records of one chunk (the records' indices and ``g``);
+* :mod:`.backward`: one backward to every tap, giving the layers' records (:func:`capture`);
 * :mod:`.rows`: :class:`GhostRows`, the per-record gradients of one batch.
 """
 
@@ -122,6 +126,7 @@ from .backward import capture, layer_from
 from .conv import channels_last, geometry, hwc, unfold
 from .functional import forward, run_plain
 from .grams import InputGrams
+from .in_place import forward_in_place, reads_in_place, unread
 from .layers import Layer, difference, use_gram
 from .rounding import gram_sq_norms
 from .rows import GhostRows, reuse_inputs
@@ -131,6 +136,6 @@ from .stages import KNOWN_LAYERS, Registry, Stage, describe, parameter_names, pl
 # engine's tests (the parts they check one by one) use
 __all__ = [
     "KNOWN_LAYERS", "GhostRows", "InputGrams", "Layer", "Registry", "Stage", "capture", "channels_last", "describe",
-    "difference", "forward", "geometry", "gram_sq_norms", "hwc", "layer_from", "parameter_names", "plan",
-    "reuse_inputs", "run_plain", "unfold", "use_gram",
+    "difference", "forward", "forward_in_place", "geometry", "gram_sq_norms", "hwc", "layer_from", "parameter_names",
+    "plan", "reads_in_place", "reuse_inputs", "run_plain", "unfold", "unread", "use_gram",
 ]

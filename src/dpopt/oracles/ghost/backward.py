@@ -12,17 +12,21 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ... import _validate
+from .in_place import InPlace, ReadInPlace
 from .layers import Block, Embedding, Layer
 from .stages import LINEAR_KINDS, Stage, rms_normalised
 
 
-def capture(taps: list[tuple], total_loss: Tensor) -> tuple[Layer | Block | Embedding, ...]:
+def capture(taps: list[tuple], total_loss: Tensor) -> tuple[Layer | Block | Embedding | InPlace, ...]:
     """One backward of ``total_loss`` (= Σ_i ℓ_i) to every tap: the per-layer records."""
     targets = [t for stage, _, tap in taps
                for t in ((*tap[1].values(), *tap[4]) if stage.kind == "block" else (tap,))]
     grads = iter(torch.autograd.grad(total_loss, targets, allow_unused=True) if targets else ())
-    layers: list[Layer | Block | Embedding] = []
+    layers: list[Layer | Block | Embedding | InPlace] = []
     for stage, x, tap in taps:
+        if isinstance(x, ReadInPlace):  # a first layer whose input, the records, was read in place
+            layers.append(x.layer(stage, _given(next(grads), tap)))
+            continue
         if stage.kind != "block":
             layers.append(layer_from(stage, *_alike(stage, x.detach(), _given(next(grads), tap))))
             continue

@@ -4,8 +4,9 @@ record and reused at every later step.
 A Linear layer at T > 1 positions in the Gram form (:func:`~.layers.use_gram`) bounds record i's
 gradient norm by ``⟨A_i A_iᵀ, G_i G_iᵀ⟩`` (:func:`~.rounding.gram_sq_norms`). Where its input is the
 chunk of records the oracle gathered, unchanged (augmentation multiplicity's fixed views of each
-record, ``[B, T, p]``, into the first layer), ``A_i A_iᵀ`` (T × T, float64, its diagonal the
-squared norms ``‖a_t‖²`` the rounding bound takes) is a function of record i alone: formed the
+record, ``[B, T, p]``, into the first layer; or those records read in place, block by block:
+:mod:`.in_place`), ``A_i A_iᵀ`` (T × T, float64, its diagonal the squared norms ``‖a_t‖²`` the
+rounding bound takes) is a function of record i alone: formed the
 first time the record is drawn (:func:`~.rounding.record_grams`, whose bits do not depend on the
 record's place in the chunk) and looked up by record index afterwards, so a step forms only the
 T × T Gram matrices of the output gradients (augmentation multiplicity's views, T = 5, p = 3,969:
@@ -96,10 +97,15 @@ class InputGrams:
 
 def kept(layer: Layer) -> bool:
     """Whether ``layer``'s input Gram matrices are kept by record: a Linear layer with a trainable
-    weight whose norms take the Gram form, at 1 < T positions, T² ≤ :data:`MAX_ENTRIES`, its
-    matrices no larger than its input (8·T² ≤ T·p·itemsize bytes a record)."""
+    weight whose shape :func:`kept_shape` accepts."""
     if layer.stage.kind not in LINEAR_KINDS or layer._trainable("weight") is None:
         return False
     _, T, p, q = layer.shape()
-    size = layer.a.element_size()
-    return 1 < T and T * T <= MAX_ENTRIES and 8 * T <= p * size and layers.use_gram(T, p, q, size)
+    return kept_shape(T, p, q, layer.a.element_size())
+
+
+def kept_shape(T: int, p: int, q: int, itemsize: int) -> bool:
+    """Whether a Linear layer's input Gram matrices are kept by record: its norms take the Gram
+    form, at 1 < T positions, T² ≤ :data:`MAX_ENTRIES`, its matrices no larger than its input
+    (8·T² ≤ T·p·itemsize bytes a record)."""
+    return 1 < T and T * T <= MAX_ENTRIES and 8 * T <= p * itemsize and layers.use_gram(T, p, q, itemsize)

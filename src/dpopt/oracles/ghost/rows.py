@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from ...clipping import exact, weights_in
+from .in_place import InPlace
 from .layers import Layer, Layout, difference, same_memory, share_input
 from .rounding import U64, gamma, unit
 from .stages import LINEAR_KINDS
@@ -85,6 +86,6 @@ class GhostRows:
             return NotImplemented
         if self.sizes != other.sizes or [len(c) for c in self.chunks] != [len(c) for c in other.chunks]:
             raise ValueError("ghost rows can only be subtracted on the same records, chunked the same way")
-        chunks = tuple(tuple(difference(a, b) for a, b in zip(mine, theirs))
+        chunks = tuple(tuple(a - b if isinstance(a, InPlace) else difference(a, b) for a, b in zip(mine, theirs))
                        for mine, theirs in zip(self.chunks, other.chunks))
         return GhostRows(chunks, self.sizes, self.layout, self.like, self.dtype, self.device)
