@@ -1,6 +1,6 @@
 """Augmentation multiplicity's DP-SGD step (five views of each record through one linear layer):
 the step of today against the step as it was before the Gram form, the input Gram matrices kept by
-record and the reused gather buffers, side by side in one process.
+record, the reused gather buffers and the records read in place, side by side in one process.
 
 Setting: the ``scatternet-views:mnist`` problem's model and chunk on synthetic features of its shape
 (no data needed: the step's cost does not depend on the values): ``make_model("linear", seed=0,
@@ -20,12 +20,14 @@ the two parts that changed (T = 5 positions, p = 3,969 inputs, q = 10 outputs):
 * ``this step (Gram form, input Grams kept, reused buffers)``: the engine as it is: the per-record
   5 × 5 Gram matrices of the views' output gradients in float64, with those of the views' inputs
   (the data itself, a function of the record alone) formed the first time a record is drawn and
-  kept by the oracle by record index (:class:`dpopt.oracles.ghost.InputGrams`), the sum by one
-  backward product, and each chunk gathered into a buffer no tensor refers to any more.
+  kept by the oracle by record index (:class:`dpopt.oracles.ghost.InputGrams`), and the records read
+  in place (:mod:`dpopt.oracles.ghost.in_place`): the forward and the sum read each chunk's records
+  from the records' tensor 2.5 MiB at a time into one reused buffer, the chunk never gathered whole.
 
 Also timed: the ghost engine's own work in a step, the norms and the clipped sum of one batch of
-4,096 records (the records' gather, forward and backward, and the look-up of the kept input Gram
-matrices, outside the timer), with each rule.
+4,096 records (the records' gather or first read, forward and backward, and the look-up of the kept
+input Gram matrices, outside the timer; the sum's read of the records in place, inside), with each
+rule.
 
 Target: previous / this ≥ 3× per step.
 """
@@ -103,7 +105,7 @@ def measure(quick: bool) -> dict[str, Any]:
 
     def ghost_work() -> Timed:
         """The engine's norms and sum of one batch of BATCH records (its forward and backward, and
-        the gather of the records, outside the timer)."""
+        the gather or first read of the records, outside the timer)."""
         oracle = TorchModel(make_model("linear", seed=0, inputs=FEATURES), mean_over_views(cross_entropy), X, y,
                             microbatch_size=CHUNK)
         theta, batches = oracle.flat_params().double(), torch.Generator().manual_seed(1)

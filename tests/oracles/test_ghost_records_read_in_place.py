@@ -11,7 +11,7 @@ weight 0, one of them NaN:
   computed as the batch's is), and within 1e−5 of the vmap engine's.
 * Given the same output gradients, the norms are those of the layer of the gathered chunk, bit
   for bit; the input Gram matrices formed in the first epoch are ``record_grams`` of the records,
-  bit for bit, kept by record.
+  bit for bit, kept by record and looked up at a later step.
 * Mutants caught: a sum that adds a block of records twice (both measurements), a bound without
   its rounding terms (float32: a record would add more than its norm).
 * A sum asked of records changed in place since their norms were taken is refused; the layer is
@@ -180,6 +180,8 @@ def test_the_first_epochs_input_grams_are_the_records_grams_bit_for_bit():
     assert torch.equal(kept.known, torch.isin(torch.arange(N), indices)) and torch.equal(kept.grams[indices], want)
     alone = torch.stack([rounding.record_grams(X[i:i + 1])[0] for i in indices[:40]])
     assert torch.equal(want[:40], alone)
+    again = model.per_record(theta_at(model, 3), indices[1::2])  # all kept: looked up, not formed
+    assert torch.equal(torch.cat([chunk[0].input_grams for chunk in again.chunks]), want[1::2])
 
 
 add_blocks = in_place.add_blocks

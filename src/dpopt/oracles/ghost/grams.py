@@ -88,6 +88,16 @@ class InputGrams:
                 self.known[indices[rows]] = True
             return self.grams[indices]
 
+    def kept_of(self, indices: Tensor, like: Tensor) -> Tensor | None:
+        """``A_i A_iᵀ`` ``[R, T, T]`` of the records ``indices`` for inputs like ``like [·, T, p]`` if all
+        are kept (one look-up); else None, and :meth:`of` forms those not seen before."""
+        key, indices = self.of_what(like), indices.to(like.device)
+        with self.lock:
+            if key != self.key or self.known is None or not bool(self.known[indices].all()):
+                return None
+            assert self.grams is not None
+            return self.grams[indices]
+
     def of_what(self, A: Tensor) -> tuple[object, ...]:
         """What the kept matrices are of: the layer's shape, dtype and device, and the records'
         tensor, its memory and its version (moved by every in-place change): another key drops them."""

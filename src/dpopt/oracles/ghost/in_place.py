@@ -96,13 +96,15 @@ def forward_in_place(stages: tuple[Stage, ...], views: dict[str, Tensor], record
     weight = views[names["weight"]].detach()
     bias = views[names["bias"]].detach() if "bias" in names else module.bias
     idx, p = indices.to(X.device), X.shape[-1]
-    outs, input_grams = [], []
+    input_grams = grams.kept_of(idx, X[:1].view(1, -1, p))
+    outs, formed = [], []
     with torch.no_grad():
         for start, A in read_blocks(records, idx):
             outs.append(block_output(A.view(-1, p), weight, bias))
-            input_grams.append(grams.of(idx[start:start + len(A)], A.view(len(A), -1, p)))
+            if input_grams is None:  # some records not seen before: their matrices formed from the block
+                formed.append(grams.of(idx[start:start + len(A)], A.view(len(A), -1, p)))
     out = torch.cat(outs).view(len(idx), *X.shape[1:-1], weight.shape[0]).requires_grad_()
-    read = ReadInPlace(records, idx, X._version, torch.cat(input_grams))
+    read = ReadInPlace(records, idx, X._version, torch.cat(formed) if input_grams is None else input_grams)
     x, taps = forward(stages[1:], views, out)
     return x, [(stage, read, out), *taps]
 
@@ -202,7 +204,7 @@ class InPlace(ReadInPlace):
 
     def __sub__(self, other: InPlace) -> InPlace:
         """The layer of ``∇ℓ_i(θ) − ∇ℓ_i(θ′)`` on the same records: ``Σ_t (g_t − g′_t) a_tᵀ``, exactly."""
-        if not (self.records is other.records and self.version == other.version
+        if not (isinstance(other, InPlace) and self.records is other.records and self.version == other.version
                 and torch.equal(self.indices, other.indices)):
             raise ValueError(f"layer {self.stage.path!r} read other records at the two points")
         return self.layer(self.stage, self.g - other.g)
