@@ -22,7 +22,7 @@ the two parts that changed (T = 5 positions, p = 3,969 inputs, q = 10 outputs):
   (the data itself, a function of the record alone) formed the first time a record is drawn and
   kept by the oracle by record index (:class:`dpopt.oracles.ghost.InputGrams`), and the records read
   in place (:mod:`dpopt.oracles.ghost.in_place`): the forward and the sum read each chunk's records
-  from the records' tensor 2.5 MiB at a time into one reused buffer, the chunk never gathered whole.
+  from the records' tensor 2 MiB at a time into one reused buffer, the chunk never gathered whole.
 
 Also timed: the ghost engine's own work in a step, the norms and the clipped sum of one batch of
 4,096 records (the records' gather or first read, forward and backward, and the look-up of the kept

@@ -30,12 +30,13 @@ from .layers import Layout
 from .rounding import gram_bounds, sq_rows, unit
 from .stages import Stage
 
-#: Bytes of records read into one buffer at a time (:func:`read_blocks`): 2.5 MiB, 33 records of
+#: Bytes of records read into one buffer at a time (:func:`read_blocks`): 2 MiB, 26 records of
 #: augmentation multiplicity's views (5 × 3,969 float32 numbers, 79 kB a record). Measured there, DP-SGD
 #: steps of 4,096 records in chunks of 128, one thread, the machine's other core busy (medians of 10
-#: steps, two runs): blocks of 16, 26, 32, 52 and 64 records took 0.37–0.50, 0.38–0.55, 0.37–0.44,
-#: 0.41–0.58 and 0.41–0.53 s a step; 32 records were the fastest or tied in every run.
-BLOCK_BYTES = 5 * 2**19
+#: to 12 steps, interleaved): blocks of 16 to 33 records within noise of each other (0.27–0.32 s a
+#: step in the last runs), 48 to 64 records no faster and often slower (0.29–0.45 s), a whole chunk
+#: of 128 slower (0.43 s).
+BLOCK_BYTES = 2**21
 
 
 def block_records(X: Tensor) -> int:
@@ -183,8 +184,8 @@ class InPlace(ReadInPlace):
         sq = self.g.new_zeros(B, dtype=torch.float64)
         if self._trainable("weight"):
             G = self.g.reshape(B, T, q)
-            unread = G.new_zeros(()).expand(B, T, p)
-            sq = sq + gram_bounds([(unread, G)], B, 1, T, self.g.dtype, self.input_grams).square()
+            not_read = G.new_zeros(()).expand(B, T, p)
+            sq = sq + gram_bounds([(not_read, G)], B, 1, T, self.g.dtype, self.input_grams).square()
         if self._trainable("bias"):
             sq = sq + (1 + unit(self.g.dtype)) ** 4 * sq_rows(self.bias_g)
         return sq
