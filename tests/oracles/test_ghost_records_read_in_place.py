@@ -8,7 +8,7 @@ weight 0, one of them NaN:
 * float64: norms and weighted sums equal the vmap engine's per-record gradients to 1e−10, and so
   do those of the difference at two points (DP-SRM), itself a layer read in place.
 * float32: each norm is at least the norm of what the sum adds for that record (its sum alone,
-  computed as the batch's is), and within 1e−5 of the vmap engine's.
+  computed as the batch's is), and within 1e−5 of the vmap engine's, at a point and for a difference.
 * Given the same output gradients, the norms are those of the layer of the gathered chunk, bit
   for bit; the input Gram matrices formed in the first epoch are ``record_grams`` of the records,
   bit for bit, kept by record and looked up at a later step.
@@ -134,20 +134,24 @@ def contributions(rows: ghost.GhostRows, size: int) -> torch.Tensor:
     return torch.stack(norms)
 
 
-def float32_verdict(X: torch.Tensor, y: torch.Tensor, bias: bool = True) -> bool:
+def float32_verdict(X: torch.Tensor, y: torch.Tensor, bias: bool = True, difference: bool = False) -> bool:
     """Every norm covers what the sum adds for its record (a bound of the norm of what is computed,
-    from the output gradients computed), and is within 1e−5 of the vmap engine's norm."""
+    from the output gradients computed), and is within 1e−5 of the vmap engine's norm; at one point,
+    or for the difference of two (DP-SRM)."""
     model, indices = oracle(X, y, bias=bias), batch()[:120]  # (four chunks: one weighted sum per record)
-    theta = theta_at(model, 2)
+    theta, other = theta_at(model, 2), theta_at(model, 3)
     rows = model.per_record(theta, indices)
-    norms, vmapped = rows.norms(), reference(X, y, theta, indices, bias).norm(dim=1)
+    want = reference(X, y, theta, indices, bias)
+    if difference:
+        rows, want = rows - model.per_record(other, indices), want - reference(X, y, other, indices, bias)
+    norms, vmapped = rows.norms(), want.norm(dim=1)
     return bool((norms >= contributions(rows, len(indices))).all()
                 and ((norms - vmapped).abs() <= 1e-5 * vmapped).all())
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_float32_norms_cover_what_the_sum_adds_for_each_record(bias):
-    assert float32_verdict(*views(torch.float32), bias)
+@pytest.mark.parametrize(("bias", "difference"), [(True, False), (False, False), (True, True)])
+def test_float32_norms_cover_what_the_sum_adds_for_each_record(bias, difference):
+    assert float32_verdict(*views(torch.float32), bias, difference)
 
 
 def test_the_norms_are_those_of_the_gathered_chunk_bit_for_bit():
