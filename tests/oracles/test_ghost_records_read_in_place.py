@@ -247,3 +247,16 @@ def test_only_records_held_as_tensors_of_the_layers_dtype_are_read_in_place():
         assert not ghost.reads_in_place(other.stages, other.records, other.dtype, other.device)
         rows = other.per_record(theta_at(other, 2), batch())
         assert not isinstance(rows.chunks[0][0], in_place.InPlace)
+
+
+def test_an_in_place_activation_after_the_layer_is_refused_as_for_a_gathered_chunk():
+    """The layer's output is the tap: a later ReLU(inplace=True) overwriting it is refused with the
+    message of the gathered path (naming dpopt.fix), not with autograd's error about a leaf."""
+    X, y = views(F64)
+    p, q = SHAPES[F64]
+    model = nn.Sequential(nn.Linear(p, q), nn.ReLU(inplace=True), nn.Linear(q, q)).double()
+    ghosted = TorchModel(model, mean_over_views(cross_entropy), X, y, microbatch_size=CHUNK)
+    assert ghost.reads_in_place(ghosted.stages, ghosted.records, F64, torch.device("cpu"))
+    with pytest.raises(_validate.DpoptError, match=r"the output of layer '0' \(Linear\) is overwritten in place by "
+                                                   r"a later module .*dpopt.fix\(model\)"):
+        ghosted.per_record(ghosted.flat_params(), batch())

@@ -106,11 +106,11 @@ def forward(stages: tuple[Stage, ...], views: dict[str, Tensor], x: Tensor, taps
             out_taps.append((stage, x, out))
         x = out
     if taps:
-        _check_not_overwritten(out_taps)
+        check_not_overwritten(out_taps)
     return x, out_taps
 
 
-def _check_not_overwritten(out_taps: list[tuple]) -> None:
+def check_not_overwritten(out_taps: list[tuple]) -> None:
     """Refuse a ghost layer's kept output that was modified in place after the layer made it (a
     fresh output's version counter is 0): autograd would give the gradient with respect to the
     new values, not the layer's output gradient ``g``."""

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from ... import _validate
 from ..records import Records, Tensors
-from .functional import forward
+from .functional import check_not_overwritten, forward
 from .grams import InputGrams, kept_shape
 from .layers import Layout
 from .rounding import gram_bounds, sq_rows, unit
@@ -88,8 +88,8 @@ def forward_in_place(stages: tuple[Stage, ...], views: dict[str, Tensor], record
                      grams: InputGrams) -> tuple[Tensor, list[tuple]]:
     """:func:`~.functional.forward` of the records ``indices`` of ``records`` (where
     :func:`reads_in_place`), the first stage's input read in place: its output ``[B, T…, q]``,
-    formed block by block (:func:`block_output`), is the tap, a leaf to differentiate against,
-    and its input the :class:`ReadInPlace` records."""
+    formed block by block (:func:`block_output`), is the tap to differentiate against, and its
+    input the :class:`ReadInPlace` records."""
     assert isinstance(records, Tensors)
     stage, X = stages[0], records.X
     module: Any = stage.module  # an nn.Linear (the stage's kind)
@@ -104,10 +104,14 @@ def forward_in_place(stages: tuple[Stage, ...], views: dict[str, Tensor], record
             outs.append(block_output(A.view(-1, p), weight, bias))
             if input_grams is None:  # some records not seen before: their matrices formed from the block
                 formed.append(grams.of(idx[start:start + len(A)], A.view(len(A), -1, p)))
-    out = torch.cat(outs).view(len(idx), *X.shape[1:-1], weight.shape[0]).requires_grad_()
+    # the tap, a copy of the leaf: a later stage that writes into it in place moves its version and is
+    # refused with the gathered chunk's message (check_not_overwritten), not by autograd's leaf check
+    out = torch.cat(outs).view(len(idx), *X.shape[1:-1], weight.shape[0]).requires_grad_().clone()
     read = ReadInPlace(records, idx, X._version, torch.cat(formed) if input_grams is None else input_grams)
     x, taps = forward(stages[1:], views, out)
-    return x, [(stage, read, out), *taps]
+    taps = [(stage, read, out), *taps]
+    check_not_overwritten(taps[:1])
+    return x, taps
 
 
 def block_output(A: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
