@@ -6,7 +6,7 @@ Setting: the ``scatternet-views:mnist`` problem's model and chunk on synthetic f
 (no data needed: the step's cost does not depend on the values): ``make_model("linear", seed=0,
 inputs=3969)`` (10 classes), each record ``[5, 3969]`` float32 random features (its five views),
 the loss the mean of the views' cross-entropies (:func:`dpopt.augmentation.mean_over_views`),
-``TorchModel(..., microbatch_size=128)`` as the preset runs it, ``train.step`` of ``DPSGD`` with
+``TorchModel(..., microbatch_size=512)`` as the preset runs it, ``train.step`` of ``DPSGD`` with
 Poisson batches of expected size 4,096 (lr 8, C = 0.1, z = 1), one torch thread.
 
 Contenders (interleaved: one warm-up each, then rounds in a rotated order), the same engine but for
@@ -48,7 +48,7 @@ from _timing import (Stepper, in_child, interleaved, load_sentence, other_proces
 
 TITLE = "Augmentation multiplicity's step (5 views, linear layer): today's step vs the previous"
 THREADS, VIEWS, FEATURES, CLASSES = 1, 5, 3969, 10
-RECORDS, BATCH, CHUNK, STEPS_PER_ROUND = 4608, 4096, 128, 2
+RECORDS, BATCH, CHUNK, STEPS_PER_ROUND = 4608, 4096, 512, 2
 TARGET = 3.0
 PREVIOUS, THIS = "previous step (direct form, fresh gathers)", "this step (Gram form, input Grams kept, reused buffers)"
 
