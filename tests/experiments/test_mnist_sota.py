@@ -32,11 +32,11 @@ DATA = mnist_sota.DATA
 
 def test_the_published_recipes_are_the_dp_sgd_rows():
     """Tramèr & Boneh's README: CNN b = 512, lr 0.5, 40 epochs; ScatterNet b = 4096, lr 8; C = 0.1,
-    SGD momentum 0.9; the ε = 1 row is the ScatterNet recipe."""
+    SGD momentum 0.9; the rows at other ε are the ScatterNet recipe."""
     tuned = mnist_sota.PRESET.TUNED
     assert tuned["tanh-cnn:mnist"]["DP-SGD"] == {3.0: {"lr": 0.5, "batch_size": 512, "epochs": 40, "clip": 0.1}}
     scatter = tuned["scatternet:mnist"]["DP-SGD"]
-    assert set(scatter) == {3.0, 2.0, 1.0} and all((p["lr"], p["batch_size"], p["clip"]) == (8.0, 4096, 0.1)
+    assert set(scatter) == {8.0, 3.0, 2.0, 1.0, 0.5} and all((p["lr"], p["batch_size"], p["clip"]) == (8.0, 4096, 0.1)
                                               for p in scatter.values())
     for spec in DATA["methods"].values():
         assert spec["settings"]["algorithm"] == "dp-sgd" and spec["grid"] == {}
@@ -247,7 +247,7 @@ def test_quick_reproduction(shared_data_dir, tmp_path, monkeypatch):
     assert "{'" not in markdown
     assert "NOT PRIVATE tuning" in mnist_sota.PRESET.FIGURE_NOTE
     scatternet = {f"curves_scatternet{views}-mnist-smoke_eps{eps}.png"
-                  for views in ("", "-views") for eps in ("3.0", "2.0", "1.0")}
+                  for views in ("", "-views") for eps in ("8.0", "3.0", "2.0", "1.0", "0.5")}
     assert {p.name for p in tmp_path.glob("*.png")} == {"curves_tanh-cnn-mnist-smoke_eps3.0.png", *scatternet,
                                                          mnist_sota.ACCURACY_FIGURE}
     facts = {f["problem"]: f for f in written["facts"]}
@@ -281,13 +281,13 @@ def test_the_analysis_compares_each_epsilons_best_row_with_the_best_published_nu
 
 
 def test_below_epsilon_three_the_views_recipe_takes_a_smaller_step_at_epsilon_one():
-    """The rows at ε = 2 and 1 beyond DP-SGD: the views problem's one method; at ε = 2 the ε = 3 recipe
-    unchanged, at ε = 1 plain SGD (the row's momentum 0 overrides the method's 0.9) at lr 16; DP-SGD
-    on the ScatterNet features at each ε with the published recipe."""
+    """The rows at ε ≠ 3 beyond DP-SGD: the views problem's one method; at ε = 8 and 2 the ε = 3 recipe
+    unchanged, at ε = 1 and 0.5 plain SGD (the row's momentum 0 overrides the method's 0.9) at lr 16;
+    DP-SGD on the ScatterNet features at each ε with the published recipe."""
     views = mnist_sota.PRESET.TUNED["scatternet-views:mnist"]["DP-SGD + augmentation multiplicity"]
-    assert views[2.0] == views[3.0]
-    assert views[1.0] == views[3.0] | {"lr": 16.0, "momentum": 0.0}
-    for epsilon, momentum, lr in ((2.0, 0.9, 8.0), (1.0, 0.0, 16.0)):
+    assert views[8.0] == views[2.0] == views[3.0]
+    assert views[0.5] == views[1.0] == views[3.0] | {"lr": 16.0, "momentum": 0.0}
+    for epsilon, momentum, lr in ((8.0, 0.9, 8.0), (2.0, 0.9, 8.0), (1.0, 0.0, 16.0), (0.5, 0.0, 16.0)):
         method, = mnist_sota.PRESET.methods(epsilon, "scatternet-views:mnist")
         assert method.name == "DP-SGD + augmentation multiplicity"
         assert method.loop(method.tuned[epsilon]) == OptimizerLoop("torch.optim.SGD", lr=lr,
@@ -295,7 +295,7 @@ def test_below_epsilon_three_the_views_recipe_takes_a_smaller_step_at_epsilon_on
         assert [m.name for m in mnist_sota.PRESET.methods(epsilon, "scatternet:mnist")] == ["DP-SGD"]
         assert mnist_sota.PRESET.methods(epsilon, "tanh-cnn:mnist") == []
     dp_sgd = mnist_sota.PRESET.TUNED["scatternet:mnist"]["DP-SGD"]
-    assert dp_sgd[1.0] == dp_sgd[2.0] == dp_sgd[3.0]
+    assert dp_sgd[0.5] == dp_sgd[1.0] == dp_sgd[2.0] == dp_sgd[3.0] == dp_sgd[8.0]
 
 
 def test_the_accuracy_figure_draws_dp_sgd_and_each_epsilons_best_row_beside_the_published_points(tmp_path):
