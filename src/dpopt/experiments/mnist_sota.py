@@ -317,6 +317,7 @@ def figures(out_dir: Path, payload: Payload) -> None:
         ax.errorbar(eps, mean, yerr=None if published else std, label=label, marker="D" if published else "o",
                     linestyle="none" if published else "-", capsize=3)
     ax.set_xscale("log")
+    ax.minorticks_off()  # only the run's ε are labelled (a log axis labels some minor ticks too)
     ax.set_xticks(sorted({eps for points in series.values() for eps, _, _ in points}))
     ax.get_xaxis().set_major_formatter(plt.FuncFormatter(lambda value, _: f"{value:g}"))
     ax.set_xlabel("ε (δ = 1e-5)")
