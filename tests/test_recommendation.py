@@ -149,12 +149,13 @@ def mnist_claims(rows: dict[tuple[str, float], Summary]) -> list[str]:
               f"{compared(views[0], views[1], DPSUR[3.0])} DPSUR's {DPSUR[3.0]:.2f} %",
               f"{len(others)} other variants of the recipe: not above DP-SGD "
               f"(p ≥ {math.floor(100 * weakest) / 100:.2f})"]
-    for epsilon in (2.0, 1.0):  # the best row below ε = 3 against DP-SGD's and DPSUR's
+    for epsilon in sorted({e for _, e in rows} - {3.0}, reverse=True):  # each other ε's best row against DP-SGD's
         low = rows["DP-SGD", epsilon]
         best = max((row for (_, e), row in rows.items() if e == epsilon), key=lambda row: row[0])
-        claims += [f"{shown(best)} over {best[2]} seeds, against DP-SGD's {shown(low)} "
-                   f"(one-sided Welch p = {above_p(low, best):.2g})",
-                   f"{compared(best[0], best[1], DPSUR[epsilon])} DPSUR's {DPSUR[epsilon]:.2f} %"]
+        claims.append(f"{shown(best)} over {best[2]} seeds, against DP-SGD's {shown(low)} "
+                      f"(one-sided Welch p = {above_p(low, best):.2g})")
+        if epsilon in DPSUR:  # and DPSUR's, where it published one
+            claims.append(f"{compared(best[0], best[1], DPSUR[epsilon])} DPSUR's {DPSUR[epsilon]:.2f} %")
     return claims
 
 
@@ -207,10 +208,10 @@ def test_the_recommendation_check_catches_a_number_no_result_holds():
 
 def test_the_mnist_sota_reader_finds_every_scatternet_row():
     rows = mnist_sota()
-    assert len(rows) == 10 and all(seeds == 3 for _, _, seeds in rows.values())
+    assert len(rows) == 14 and all(seeds == 3 for _, _, seeds in rows.values())
     assert sorted(method for method, _ in rows) == sorted(
-        ["DP-SGD"] * 3 + ["DP-SGD + EMA", "DP-SGD + banded noise", "DP-SGD + quantile clipping", "DP-AdamBC"]
-        + ["DP-SGD + augmentation multiplicity"] * 3)
+        ["DP-SGD"] * 5 + ["DP-SGD + EMA", "DP-SGD + banded noise", "DP-SGD + quantile clipping", "DP-AdamBC"]
+        + ["DP-SGD + augmentation multiplicity"] * 5)
 
 
 def table_rows(bench: dict) -> list[str]:
