@@ -23,13 +23,13 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import Dataset
 
 from dpopt import _validate
 from dpopt.augmentation import mean_over_views
 from dpopt.models import cross_entropy, make_model
 from dpopt.oracles import TorchModel, ghost
 from dpopt.oracles.ghost import in_place, rounding
+from test_ghost_input_grams import ViewsDataset  # a Dataset of the views (tests/ is on sys.path)
 
 N, VIEWS, CHUNK, BLOCK = 300, 5, 37, 5
 F64 = torch.float64
@@ -223,17 +223,6 @@ def test_a_sum_of_records_changed_since_their_norms_is_refused():
     X[3].mul_(2.0)
     with pytest.raises(_validate.DpoptError, match="modified in place"):
         rows.weighted_sum(w)
-
-
-class ViewsDataset(Dataset):
-    def __init__(self, X: torch.Tensor, y: torch.Tensor) -> None:
-        self.X, self.y = X, y
-
-    def __len__(self) -> int:
-        return len(self.X)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.X[i], self.y[i]
 
 
 def test_only_records_held_as_tensors_of_the_layers_dtype_are_read_in_place():
