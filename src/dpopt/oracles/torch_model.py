@@ -323,15 +323,14 @@ class TorchModel:
     def _per_record(self, point: Tensor, indices: Tensor, theta: Tensor) -> Dense | ghost.GhostRows:
         """The rows; the per-record losses their forward evaluated go to ``_evaluated``, chunk by chunk."""
         if self.engine == "vmap":
-            parts = [self._dense_rows(point, x, y) for x, y in self._chunks(indices)]
-            dense = torch.cat(parts) if parts else point.new_zeros(0, self.dim)
-            return Dense(dense.to(theta.device, theta.dtype))
-        inplace = ghost.reads_in_place(self.stages, self.records, self.dtype, self.device)
-        chunks = ghost.unread(self.records, self._parts(indices), self._on_device) if inplace else self._chunks(indices)
+            rows = [self._dense_rows(point, x, y) for x, y in self._chunks(indices)]
+            return Dense((torch.cat(rows) if rows else point.new_zeros(0, self.dim)).to(theta.device, theta.dtype))
+        inplace, parts = ghost.reads_in_place(self.stages, self.records, self.dtype, self.device), self._parts(indices)
+        chunks = ghost.unread(self.records, parts, self._on_device) if inplace else self._chunks(indices)
         layers = []
         with torch.enable_grad():  # the layers' output gradients come from autograd, even under no_grad
             views = self.layout.views(point.detach().requires_grad_(True))
-            for (x, y), part in zip(chunks, self._parts(indices), strict=True):
+            for (x, y), part in zip(chunks, parts, strict=True):
                 out, taps = (ghost.forward_in_place(self.stages, views, self.records, x, self._input_grams) if inplace
                              else ghost.forward(self.stages, views, x))
                 losses = self._each_loss(out, y)
