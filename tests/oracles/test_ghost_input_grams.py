@@ -1,9 +1,11 @@
 """The input Gram matrices of a layer that takes the data itself, kept by record between steps
-(``ghost.grams.InputGrams``, augmentation multiplicity's views).
+(``ghost.grams.InputGrams``, augmentation multiplicity's views), and at one position (ScatterNet's
+features into a linear layer) the squared input norms, kept the same way.
 
 * A record's matrices (``rounding.record_grams``) have the same bits wherever the record stands in
-  its chunk and however the chunk is split into copies.
-* Norms and sums from kept matrices equal, bit for bit, those of an oracle that forms them in the
+  its chunk and however the chunk is split into copies; so do its squared norm's bound
+  (``rounding.sq_rows``), wherever the row lies in memory.
+* Norms and sums from kept matrices (or squared norms) equal, bit for bit, those of an oracle that forms them in the
   step (a fresh oracle on the same records and θ), at other positions, across chunks and for a
   difference at two points; a DP-SGD run gives the same θ whether the matrices are kept or formed
   at every step. The mutant cache keyed by position in the batch instead of record index is
@@ -33,14 +35,21 @@ from dpopt.oracles.ghost import grams, rounding
 N, VIEWS, P, CHUNK = 60, 5, 300, 16
 
 
-def views(seed: int = 0, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+#: What is kept at the first layer, by its positions T: Gram matrices of the views, squared norms at one.
+KEPT = {VIEWS: "input_grams", 1: "input_sq_norms"}
+
+
+def views(seed: int = 0, dtype: torch.dtype = torch.float32, T: int = VIEWS) -> tuple[torch.Tensor, torch.Tensor]:
+    """N records of T views of P features (``[N, P]`` at T = 1) and their labels."""
     gen = torch.Generator().manual_seed(seed)
-    return torch.randn(N, VIEWS, P, generator=gen, dtype=dtype), torch.randint(0, 10, (N,), generator=gen)
+    X = torch.randn(N, T, P, generator=gen, dtype=dtype)
+    return (X if T > 1 else X[:, 0].contiguous()), torch.randint(0, 10, (N,), generator=gen)
 
 
 def oracle(X: torch.Tensor, y: torch.Tensor, engine: str = "ghost") -> TorchModel:
     model = make_model("linear", seed=0, inputs=P).to(X.dtype)
-    return TorchModel(model, mean_over_views(cross_entropy), X, y, microbatch_size=CHUNK, engine=engine)
+    loss = mean_over_views(cross_entropy) if X.ndim == 3 else cross_entropy
+    return TorchModel(model, loss, X, y, microbatch_size=CHUNK, engine=engine)
 
 
 def theta_at(model: TorchModel, seed: int) -> torch.Tensor:
@@ -52,10 +61,11 @@ FIRST = torch.arange(0, N, 2)                     # the even records
 SECOND = torch.tensor([1, 3, 4, 10, 11, 12, 13, 30, 31, 32, 40, 44, 45, 50, 51, 52, 53, 54, 55, 58, 59])
 
 
-def kept_and_fresh(dtype: torch.dtype = torch.float32) -> tuple[ghost.GhostRows, ghost.GhostRows, TorchModel]:
+def kept_and_fresh(dtype: torch.dtype = torch.float32,
+                   T: int = VIEWS) -> tuple[ghost.GhostRows, ghost.GhostRows, TorchModel]:
     """The rows of SECOND at θ₂ from an oracle that kept the matrices of FIRST (at θ₁, other
     positions: record 4 was third there, is third here in another chunk split), and from a fresh one."""
-    X, y = views(dtype=dtype)
+    X, y = views(dtype=dtype, T=T)
     warm, fresh = oracle(X, y), oracle(X, y)
     warm.per_record(theta_at(warm, 1), FIRST).norms()
     return warm.per_record(theta_at(warm, 2), SECOND), fresh.per_record(theta_at(fresh, 2), SECOND), warm
@@ -88,10 +98,27 @@ def test_a_records_matrices_have_the_same_bits_wherever_it_stands(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_kept_matrices_give_the_norms_and_sums_of_the_step_bit_for_bit(dtype):
-    rows, fresh, warm = kept_and_fresh(dtype)
+def test_a_records_squared_norm_has_the_same_bits_wherever_it_lies(dtype):
+    """ScatterNet's rows (3,969 features) of 300 records alone, and within chunks of 1 to 1,024 records
+    gathered in other orders, from storage started 0 to 15 elements off its allocation: equal bit for
+    bit (and to the exact float64 norm within the bound's enlargement)."""
+    gen = torch.Generator().manual_seed(5)
+    X = torch.randn(300, 3969, generator=gen, dtype=dtype) * torch.rand(300, 1, generator=gen, dtype=dtype)
+    alone = torch.cat([rounding.sq_rows(X[i:i + 1]) for i in range(300)])
+    for offset, records in ((0, 1), (1, 7), (3, 64), (15, 300)):
+        order = torch.randperm(300, generator=gen)[:records]
+        storage = torch.empty(offset + records * 3969, dtype=dtype)[offset:].view(records, 3969)
+        assert torch.equal(rounding.sq_rows(storage.copy_(X[order])), alone[order])
+    exact = X.double().square().sum(1)
+    assert (alone >= exact).all() and ((alone - exact) / exact).max() < 1e-5
+
+
+@pytest.mark.parametrize("T", [VIEWS, 1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_kept_matrices_give_the_norms_and_sums_of_the_step_bit_for_bit(dtype, T):
+    rows, fresh, warm = kept_and_fresh(dtype, T)
     layer = rows.chunks[0][0]
-    assert "input_grams" in layer.__dict__ and torch.equal(warm._input_grams.known, torch.isin(  # both calls' records
+    assert KEPT[T] in layer.__dict__ and torch.equal(warm._input_grams.known, torch.isin(  # both calls' records
         torch.arange(N), torch.cat([FIRST, SECOND])))
     assert torch.equal(rows.norms(), fresh.norms())
     w = torch.minimum(torch.ones(len(SECOND), dtype=torch.float64), 0.5 / rows.norms())
@@ -108,19 +135,20 @@ def test_the_difference_at_two_points_shares_the_kept_matrices():
     assert torch.equal(got.norms(), want.norms())
 
 
-def test_the_cache_keyed_by_position_is_caught_and_would_let_records_exceed_the_clip(monkeypatch):
-    X, y = views()
+@pytest.mark.parametrize("T", [VIEWS, 1])
+def test_the_cache_keyed_by_position_is_caught_and_would_let_records_exceed_the_clip(monkeypatch, T):
+    X, y = views(T=T)
     autograd = oracle(X, y, engine="vmap")
     true = autograd.per_record(theta_at(autograd, 2), SECOND).norms()
-    rows, fresh, _ = kept_and_fresh()
+    rows, fresh, _ = kept_and_fresh(T=T)
     assert (rows.norms() >= true).all()
     by_position(monkeypatch)
-    mutant, _, _ = kept_and_fresh()
+    mutant, _, _ = kept_and_fresh(T=T)
     assert not torch.equal(mutant.norms(), fresh.norms())
     assert (mutant.norms() < true).any()  # a record whose clipped gradient would add more than C
 
 
-def dpsgd_theta(every_step_fresh: bool, monkeypatch: pytest.MonkeyPatch) -> torch.Tensor:
+def dpsgd_theta(every_step_fresh: bool, monkeypatch: pytest.MonkeyPatch, T: int = VIEWS) -> torch.Tensor:
     from dpopt.accounting import Ledger
     from dpopt.mechanisms import SeededNoise
 
@@ -128,7 +156,7 @@ def dpsgd_theta(every_step_fresh: bool, monkeypatch: pytest.MonkeyPatch) -> torc
 
     if every_step_fresh:  # the matrices formed in each step, none kept
         monkeypatch.setattr(grams.InputGrams, "of_what", lambda self, A: (object(),))
-    X, y = views()
+    X, y = views(T=T)
     algorithm = DPSGD(lr=4.0, clip=0.1, noise_multiplier=1.0, batch_size=40)
     model = oracle(X, y)
     state = algorithm.init(model.flat_params().double(), 100, torch.Generator().manual_seed(0))
@@ -139,18 +167,20 @@ def dpsgd_theta(every_step_fresh: bool, monkeypatch: pytest.MonkeyPatch) -> torc
     return state.theta
 
 
-def test_a_dpsgd_run_gives_the_same_theta_whether_the_matrices_are_kept_or_formed(monkeypatch):
-    kept_theta = dpsgd_theta(False, monkeypatch)
-    assert torch.equal(kept_theta, dpsgd_theta(True, monkeypatch))
+@pytest.mark.parametrize("T", [VIEWS, 1])
+def test_a_dpsgd_run_gives_the_same_theta_whether_the_matrices_are_kept_or_formed(monkeypatch, T):
+    kept_theta = dpsgd_theta(False, monkeypatch, T)
+    assert torch.equal(kept_theta, dpsgd_theta(True, monkeypatch, T))
     by_position(monkeypatch)
-    assert not torch.equal(kept_theta, dpsgd_theta(False, monkeypatch))
+    assert not torch.equal(kept_theta, dpsgd_theta(False, monkeypatch, T))
 
 
+@pytest.mark.parametrize("T", [VIEWS, 1])
 @pytest.mark.parametrize("mutant", [None, without_version])
-def test_an_in_place_change_of_the_records_drops_the_kept_matrices(monkeypatch, mutant):
+def test_an_in_place_change_of_the_records_drops_the_kept_matrices(monkeypatch, mutant, T):
     if mutant:
         mutant(monkeypatch)
-    X, y = views()
+    X, y = views(T=T)
     warm = oracle(X, y)
     warm.per_record(theta_at(warm, 1), FIRST).norms()
     X[4].mul_(3.0)  # record 4 (kept) changes
@@ -195,3 +225,17 @@ def test_which_layers_keep_their_matrices(T, p, q, dtype, keeps):
     stage = ghost.Stage("linear", torch.nn.Linear(p, q), "0", (("weight", "w"),))
     layer = ghost.Layer(stage, torch.zeros(2, T, p, dtype=dtype), torch.zeros(2, T, q, dtype=dtype))
     assert grams.kept(layer) is keeps
+
+
+@pytest.mark.parametrize(("shape", "p", "dtype", "trainable", "keeps"), [
+    ((2, 3969), 3969, torch.float32, True, True),       # ScatterNet's features
+    ((2, 1, 3969), 3969, torch.float32, True, True),    # one position, as [B, 1, p]
+    ((2, 5, 3969), 3969, torch.float32, True, False),   # five views: the Gram matrices instead
+    ((2, 1), 1, torch.float32, True, False),            # a record of 4 bytes: its norm (8) would take more
+    ((2, 1), 1, torch.float64, True, True),
+    ((2, 3969), 3969, torch.float32, False, False),     # a frozen weight: its norm bound reads no input
+])
+def test_which_layers_keep_their_squared_input_norms(shape, p, dtype, trainable, keeps):
+    stage = ghost.Stage("linear", torch.nn.Linear(p, 10), "0", (("weight", "w"),) if trainable else (("bias", "b"),))
+    layer = ghost.Layer(stage, torch.zeros(*shape, dtype=dtype), torch.zeros(*shape[:-1], 10, dtype=dtype))
+    assert grams.kept_norms(layer) is keeps

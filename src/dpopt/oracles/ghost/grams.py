@@ -21,6 +21,12 @@ themselves, by the oracle that gathered them, on the device and in the dtype it 
 are dropped when the records' tensor is changed in place (its version counter moves; the oracle's
 records are not to be modified, see :class:`~dpopt.oracles.TorchModel`) or another layer shape
 asks. Nothing kept is written out: a copy or pickle of the oracle starts with none.
+
+At one position (T = 1: ScatterNet's features into a linear layer) the norm bound takes from the input
+only its squared norm ``‖a_i‖²`` (:attr:`~.layers.Layer.input_sq_norms`, :func:`~.rounding.sq_rows`,
+whose float32 runs are reduced in an order set by the row's length alone, not by where the row lies):
+kept the same way, one float64 number a record, a pass over each chunk's records fewer a step
+(ScatterNet's step of 4,096 records in chunks of 1,024: BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from torch import Tensor
 from ..records import Tensors
 from . import layers
 from .layers import Layer, same_memory
-from .rounding import record_grams
+from .rounding import record_grams, sq_rows
 from .stages import LINEAR_KINDS
 
 #: At most this many entries (T²) per record are kept.
@@ -62,16 +68,22 @@ class InputGrams:
 
     def attach(self, chunk: tuple, x: Tensor, indices: Tensor) -> tuple:
         """The layers of one chunk (its records ``indices``, their input ``x`` as the oracle gave it
-        to the module), each Linear layer whose input is ``x`` itself and whose norms take the
-        Gram form given its records' ``A_i A_iᵀ`` (``Layer.input_grams``)."""
+        to the module), each Linear layer whose input is ``x`` itself given its records'
+        ``A_i A_iᵀ`` where its norms take the Gram form (``Layer.input_grams``), their ``‖a_i‖²`` at
+        one position (``Layer.input_sq_norms``)."""
         for layer in chunk:
-            if self.data is not None and isinstance(layer, Layer) and kept(layer) and same_memory(layer.a, x):
+            if self.data is None or not isinstance(layer, Layer) or not same_memory(layer.a, x):
+                continue
+            if kept(layer):
                 layer.__dict__["input_grams"] = self.of(indices, layer.matrices()[0])
+            elif kept_norms(layer):
+                layer.__dict__["input_sq_norms"] = self.of(indices, layer.matrices()[0]).view(-1)
         return chunk
 
     def of(self, indices: Tensor, A: Tensor) -> Tensor:
         """``A_i A_iᵀ`` ``[R, T, T]`` of the records ``indices`` whose inputs are ``A [R, T, p]``: the
-        kept ones, and those of the records not seen before, formed now and kept."""
+        kept ones, and those of the records not seen before, formed now and kept; at T = 1, the bound
+        ``[R, 1, 1]`` of ``‖a_i‖²`` that :func:`~.rounding.sq_rows` gives."""
         R, T, _ = A.shape
         key, indices = self.of_what(A), indices.to(A.device)
         with self.lock:
@@ -84,7 +96,7 @@ class InputGrams:
             new = ~self.known[indices]
             if bool(new.any()):
                 rows = new.nonzero().squeeze(1)
-                self.grams[indices[rows]] = record_grams(A if len(rows) == R else A[rows])
+                self.grams[indices[rows]] = record_inputs(A if len(rows) == R else A[rows])
                 self.known[indices[rows]] = True
             return self.grams[indices]
 
@@ -112,6 +124,24 @@ def kept(layer: Layer) -> bool:
         return False
     _, T, p, q = layer.shape()
     return kept_shape(T, p, q, layer.a.element_size())
+
+
+def kept_norms(layer: Layer) -> bool:
+    """Whether ``layer``'s squared input norms are kept by record: a Linear layer at one position
+    with a trainable weight (its norm bound ``‖a_i‖²·‖g_i‖²``), whose float64 number a record takes
+    no more memory than the record's input."""
+    if layer.stage.kind not in LINEAR_KINDS or layer._trainable("weight") is None:
+        return False
+    _, T, p, _ = layer.shape()
+    return T == 1 and 8 <= p * layer.a.element_size()
+
+
+def record_inputs(A: Tensor) -> Tensor:
+    """What is kept of the records ``A [R, T, p]``: :func:`~.rounding.record_grams`, or at T = 1 the
+    squared norms of :func:`~.rounding.sq_rows` as ``[R, 1, 1]``; either the same bits wherever a
+    record stands in ``A``."""
+    R, T, _ = A.shape
+    return record_grams(A) if T > 1 else sq_rows(A.reshape(R, -1)).view(R, 1, 1)
 
 
 def kept_shape(T: int, p: int, q: int, itemsize: int) -> bool:
