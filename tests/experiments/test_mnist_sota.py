@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ from dpopt._validate import DpoptError
 from dpopt.algorithms import DPSGD
 from dpopt.augmentation import ONE_PIXEL_SHIFTS, shift
 from dpopt.experiments import mnist_sota
+from dpopt.experiments import _runner
 from dpopt.experiments._runner import Problem, Training
 from dpopt.jobs import Saved
 from dpopt.experiments.optimizer_loop import OptimizerLoop
@@ -47,6 +49,8 @@ def test_the_published_recipes_are_the_dp_sgd_rows():
     assert repr(mnist_sota.feature_map(scatternet)) == repr(mnist_sota.GroupNormalised(mnist_sota.SCATTERING, 27))
     # the CNN's runs cost more than ScatterNet's (measured): they are queued first
     assert mnist_sota.SETTINGS["tanh-cnn:mnist"].run_cost > mnist_sota.SETTINGS["scatternet:mnist"].run_cost
+    costs = [mnist_sota.PRESET.run_cost(key) for key in mnist_sota.PRESET.PROBLEMS]  # declared: each built in turn
+    assert costs == [mnist_sota.SETTINGS[key].run_cost for key in mnist_sota.PRESET.PROBLEMS] and None not in costs
 
 
 def test_methods_run_where_the_file_gives_values_and_this_dpopt_has_them():
@@ -145,6 +149,62 @@ def test_the_moving_average_is_post_processing_of_the_iterates():
     assert not torch.allclose(last[-1], averaged[-1])
     assert history.final["epsilon"] == pytest.approx(plan.epsilon(), rel=1e-6) and plan.epsilon() <= 2.0
     assert set(history.diagnostics["final"]) == {"cpu_time_s", "wall_time_s"}
+
+
+def _untimed(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Measurements without the training times (which differ between any two runs)."""
+    return [{k: v for k, v in row.items() if k not in ("cpu_time_s", "wall_time_s")} for row in records]
+
+
+def test_outputs_of_one_trajectory_share_a_run_and_give_each_its_own_runs_history():
+    """The last iterate and two moving averages of one run: each history equal, measurement by
+    measurement and in its output θ, to its loop's own run on the same seed; the loops evaluated at
+    every log point (3 outputs × 12 steps); a loop of another learning rate is refused."""
+    plan, seen = _plan(200), []
+    loops = [OptimizerLoop("torch.optim.SGD", lr=0.3, options=(("momentum", 0.9),), ema=ema)
+             for ema in (None, 0.5, 0.9)]
+    together = loops[0].run_outputs(_toy_problem(seen), plan, seed=5, log_every=1, loops=loops)
+    assert len(seen) == 3 * 12
+    for loop, history in zip(loops, together, strict=True):
+        alone = loop.run(_toy_problem([]), plan, seed=5, log_every=1)
+        assert _untimed(history.records) == _untimed(alone.records) and history.records[0]["wall_time_s"] > 0
+        assert _untimed([history.final]) == _untimed([alone.final])
+        assert torch.equal(history.theta, alone.theta) and history.steps_done == alone.steps_done == 12
+        assert set(history.diagnostics["final"]) == {"cpu_time_s", "wall_time_s"}
+    assert not torch.equal(together[0].theta, together[1].theta)
+    other = OptimizerLoop("torch.optim.SGD", lr=0.6, options=(("momentum", 0.9),))
+    with pytest.raises(ValueError, match="do not all take the iterates of"):
+        loops[0].run_outputs(_toy_problem([]), plan, seed=5, log_every=1, loops=[loops[1], other])
+
+
+def test_rows_that_differ_only_in_their_output_share_their_runs():
+    """start_rows: DP-SGD and DP-SGD + EMA of one recipe run once per seed (Together), each row given
+    the histories of its own runs (start_seeds); another learning rate or ε runs apart."""
+    problem, jobs = _toy_problem([]), []
+    methods = {m.name: m for m in mnist_sota.PRESET.methods(3.0, "scatternet:mnist")}
+    recipe = {"lr": 0.3, "batch_size": 20, "epochs": 1, "clip": 0.5}
+    rows = [(methods["DP-SGD"], recipe, 3.0), (methods["DP-SGD + EMA"], recipe | {"ema": 0.9}, 3.0),
+            (methods["DP-SGD"], recipe | {"lr": 0.6}, 3.0), (methods["DP-SGD"], recipe, 2.0)]
+
+    class Recording:  # a pool that runs each job now and records it
+        def start(self, job: Any, problem: Problem, key: Any) -> Future:
+            jobs.append(job)
+            done: Future = Future()
+            done.set_result(job.run(problem))
+            return done
+
+        def expect(self, runs: int) -> None:
+            jobs.append(runs)
+
+    waits = _runner.start_rows(rows, problem, delta=1e-5, seeds=[0, 1], log_points=5, pool=Recording())
+    kinds = [type(job).__name__ for job in jobs if not isinstance(job, int)]
+    assert kinds == ["Together", "Together", "Training", "Training", "Training", "Training"]
+    assert [job for job in jobs if isinstance(job, int)] == [-2]  # two runs fewer than announced
+    for (method, params, epsilon), wait in zip(rows, waits, strict=True):
+        alone = _runner.start_seeds(method, params, problem, epsilon=epsilon, delta=1e-5, seeds=[0, 1],
+                                    log_points=5)()
+        for got, want in zip(wait(), alone, strict=True):
+            assert _untimed(got.records) == _untimed(want.records) and torch.equal(got.theta, want.theta)
 
 
 def test_adambc_in_the_loop_is_given_the_run_and_steps_as_by_hand():

@@ -168,27 +168,35 @@ def test_unknown_experiment_names_the_allowed_ones() -> None:
 def test_the_costliest_problem_is_queued_first_and_reported_in_the_preset_order(
         toy: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_cost: dict[str, float] | None,
         order: list[str]) -> None:
-    """Runs are queued costliest problem first: by the problems' declared run_cost, else the largest
+    """Runs are queued costliest problem first: by the problems' declared run costs, else the largest
     (n·d), so a pool's last runs are short (mnist-sota's CNN has fewer parameters than ScatterNet's
-    linear layer but a run costs 2.6 times as much); the report keeps the preset's order."""
+    linear layer but a run costs 2.6 times as much); the report keeps the preset's order. With
+    declared costs each problem is built just before its runs are queued (the workers run the first
+    problem's runs while the next is built: mnist-sota's CNN while the scattering features are
+    computed); without, every problem is built first (their sizes order the queue)."""
     driver = sys.modules["dpopt.experiments.reproduce"]
+    events: list[str] = []
 
     def problem(data_dir: str | None, key: str) -> tuple[Problem, dict[str, Any]]:
         made, _ = _problem(data_dir)
         size = {"small": 100, "large": 400}[key]
         gen = torch.Generator().manual_seed(0)
         X = torch.randn(size, 4, generator=gen, dtype=torch.float64)
-        cost = None if run_cost is None else run_cost[key]
-        return Problem(Logistic(X, torch.where(X[:, 0] > 0, 1.0, -1.0)), made.test_error, run_cost=cost), {"n": size}
+        events.append(f"build {key}")
+        return Problem(Logistic(X, torch.where(X[:, 0] > 0, 1.0, -1.0)), made.test_error), {"n": size}
 
     _with(monkeypatch, PROBLEMS=("small", "large"), make_problem=lambda key, data_dir: problem(data_dir, key),
-          make_methods=lambda key, epochs, tuned, eps: _methods(eps)[:1], EPSILONS=(1.0,), PAPER=[])
-    queued = []
-    start = driver.start_seeds
-    monkeypatch.setattr(driver, "start_seeds",
-                        lambda *args, key, **kw: queued.append(key) or start(*args, key=key, **kw))
+          make_methods=lambda key, epochs, tuned, eps: _methods(eps)[:1], EPSILONS=(1.0,), PAPER=[],
+          run_cost_of=lambda key: None if run_cost is None else run_cost[key])
+    start = driver.start_rows
+    monkeypatch.setattr(driver, "start_rows",
+                        lambda *args, key, **kw: events.append(f"queue {key}") or start(*args, key=key, **kw))
     payload = reproduce(toy, seeds=1, out=tmp_path, workers=1)
-    assert queued == order
+    assert [event for event in events if event.startswith("queue")] == [f"queue {key}" for key in order]
+    if run_cost is None:
+        assert events == ["build small", "build large", "queue large", "queue small"]
+    else:
+        assert events == ["build small", "queue small", "build large", "queue large"]
     assert [row["problem"] for row in payload["rows"]] == ["small", "large"]
     assert [facts["problem"] for facts in payload["facts"]] == ["small", "large"]
 

@@ -8,13 +8,14 @@ the privacy target and its hyper-parameters; the runs of a private method take i
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 import math
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, cast
 
 import numpy as np
 import torch
@@ -22,7 +23,7 @@ from torch import Tensor
 
 from ..accounting import scaled
 from ..base import Algorithm, S
-from ..jobs import Pool
+from ..jobs import Job, Pool
 from ..json_types import JsonValue
 from ..outputs import NOT_PRIVATE
 from ..report import Curve, summarise
@@ -33,6 +34,7 @@ from ..train import History, Options, train
 from .payload import Tuned
 
 Params = dict[str, Any]
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -63,9 +65,17 @@ class Method:
 class Loop(Protocol):
     """A run of a calibrated plan other than the algorithm's own update: ``run(problem, plan, seed,
     log_every) -> History`` (logged as :meth:`Problem.run` logs); its ``repr`` names everything
-    about it that changes the run (a saved run is found again by it)."""
+    about it that changes the run (a saved run is found again by it). ``trajectory()``: what sets its
+    iterates, the loop but for its output rule (e.g. a moving average of the iterates); loops of one
+    trajectory run once together, ``run_outputs(problem, plan, seed, log_every, loops)`` giving each
+    loop's history, the one its own ``run`` would give (but for its training time)."""
 
     def run(self, problem: Problem, plan: Plan[S], seed: int, log_every: int) -> History: ...
+
+    def trajectory(self) -> Hashable: ...
+
+    def run_outputs(self, problem: Problem, plan: Plan[S], seed: int, log_every: int,
+                    loops: Sequence[Any]) -> list[History]: ...
 
 
 @dataclass(frozen=True)
@@ -75,10 +85,7 @@ class Problem:
     (``history_metrics(history) -> {name: value}``), both added to ``History.final``.
     ``theta0``: the starting point (default 0; a network's initial weights); ``train_metrics``:
     whether the run logs F and ‖∇F‖; ``log_metrics(θ) -> {name: value}``: more measurements at
-    every log point and at the output (see :func:`dpopt.train.run`). ``run_cost``: what one run
-    costs, relative to the other problems of its experiment (e.g. measured CPU seconds), which
-    orders the queue (costliest first); None: the oracle's records × dimensions. The problems
-    run together give it all or none."""
+    every log point and at the output (see :func:`dpopt.train.run`)."""
 
     oracle: Any
     test_error: Callable[[Tensor], float]
@@ -87,12 +94,12 @@ class Problem:
     theta0: torch.Tensor | None = None
     train_metrics: bool = True
     log_metrics: Callable[[Tensor], dict[str, float]] | None = None
-    run_cost: float | None = None
 
     @property
     def queue_weight(self) -> float:
-        """How early this problem's runs are queued: :attr:`run_cost`, else records × dimensions."""
-        return self.run_cost if self.run_cost is not None else float(self.oracle.n * self.oracle.dim)
+        """How early this problem's runs are queued where its experiment declares no run costs
+        (:meth:`~dpopt.experiments.preset.Experiment.run_cost`): records × dimensions."""
+        return float(self.oracle.n * self.oracle.dim)
 
     def run(self, plan: Plan[S], seed: int, log_every: int) -> History:
         """One run of ``plan`` on ``seed``, logged every ``log_every`` steps, with the papers'
@@ -154,22 +161,85 @@ def start_seeds(method: Method, params: Params, problem: Problem, *, epsilon: fl
     """:func:`run_seeds` without waiting: the runs are queued in ``pool`` (so that the runs of
     several methods share the workers) and the returned function waits for their histories.
     Without a pool they run now."""
+    return start_rows([(method, params, epsilon)], problem, delta=delta, seeds=seeds, log_points=log_points,
+                      step_fraction=step_fraction, pool=pool, key=key)[0]
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What one row's runs are: the calibrated ``plan``, logged every ``log_every`` steps, on ``seeds``,
+    by ``loop`` (None: the algorithm's own update)."""
+
+    plan: Plan[Any]
+    log_every: int
+    seeds: tuple[int, ...]
+    loop: Loop | None
+
+    def shares_runs_with(self, other: Planned) -> bool:
+        """Whether ``other``'s runs are these but for the loop's output rule (:meth:`Loop.trajectory`)."""
+        return (self.loop is not None and other.loop is not None and self.plan == other.plan
+                and (self.log_every, self.seeds) == (other.log_every, other.seeds)
+                and self.loop.trajectory() == other.loop.trajectory())
+
+
+def planned(method: Method, params: Params, problem: Problem, *, epsilon: float | None, delta: float,
+            seeds: Sequence[int], log_points: int, step_fraction: float) -> Planned:
+    """The runs of ``method`` with ``params`` at ``epsilon`` (calibrated once, for a private method),
+    for ``step_fraction`` of its steps; a deterministic method's on the first seed only."""
     algorithm, steps = method.build(problem.oracle.n, params)
-    loop = None if method.loop is None else method.loop(params)
     steps = max(1, round(steps * step_fraction))
     # a reproduction runs at its paper's δ (AClip's is 1/n), which its results state beside every row
     plan = Plan(algorithm, n=problem.oracle.n, steps=steps, delta=delta, allow_large_delta=True)
     if method.private:
+        assert epsilon is not None
         plan = plan.calibrated(epsilon)
         if method.noise_scale != 1.0:
             plan = plan.with_algorithm(scaled(plan.algorithm, method.noise_scale, plan.algorithm.noise_ratios))
-    log_every = max(1, steps // log_points)
-    seeds = list(seeds)[:1] if method.deterministic else list(seeds)
+    return Planned(plan, max(1, steps // log_points), tuple(seeds)[:1] if method.deterministic else tuple(seeds),
+                   None if method.loop is None else method.loop(params))
+
+
+def start_rows(rows: Sequence[tuple[Method, Params, float]], problem: Problem, *, delta: float, seeds: Sequence[int],
+               log_points: int = 40, step_fraction: float = 1.0, pool: Pool | None = None,
+               key: Hashable = None) -> list[Callable[[], list[History]]]:
+    """:func:`start_seeds` of each row ``(method, params, ε)``, in order. Rows whose runs differ only in
+    their outputs (:meth:`Planned.shares_runs_with`: e.g. the last iterate and a moving average of the
+    same iterates, post-processing) share one run per seed (:class:`Together`), which gives each row
+    the histories its own runs would give (but for their training time)."""
+    runs = [planned(method, params, problem, epsilon=epsilon, delta=delta, seeds=seeds, log_points=log_points,
+                    step_fraction=step_fraction) for method, params, epsilon in rows]
+    waits: list[Callable[[], list[History]] | None] = [None] * len(runs)
+    for first, run in enumerate(runs):
+        if waits[first] is not None:
+            continue
+        rows_of_run = [i for i in range(first, len(runs)) if waits[i] is None and (
+            i == first or run.shares_runs_with(runs[i]))]
+        if len(rows_of_run) == 1:
+            waits[first] = _started([Training(run.plan, run.log_every, seed, run.loop) for seed in run.seeds],
+                                    problem, pool, key)
+            continue
+        loops = tuple(cast(Loop, runs[i].loop) for i in rows_of_run)
+        if pool is not None:  # announced as each row's runs
+            pool.expect(-(len(rows_of_run) - 1) * len(run.seeds))
+        together = _started([Together(run.plan, run.log_every, seed, loops) for seed in run.seeds], problem, pool, key)
+        for k, i in enumerate(rows_of_run):
+            waits[i] = functools.partial(_output, together, k)
+    return cast(list[Callable[[], list[History]]], waits)
+
+
+def _output(together: Callable[[], list[list[History]]], k: int) -> list[History]:
+    """The ``k``-th output's history of each seed's run together."""
+    return [histories[k] for histories in together()]
+
+
+def _started(jobs: Sequence[Job[Problem, R]], problem: Problem, pool: Pool | None,
+             key: Hashable) -> Callable[[], list[R]]:
+    """``jobs`` queued in ``pool`` (or run now, without one), and a function that waits for their results."""
     if pool is not None:
-        futures = [pool.start(Training(plan, log_every, seed, loop), problem, key) for seed in seeds]
+        futures = [pool.start(job, problem, key) for job in jobs]
         return lambda: [future.result() for future in futures]
-    histories = [Training(plan, log_every, seed, loop).run(problem) for seed in seeds]
-    return lambda: histories
+    results = [job.run(problem) for job in jobs]
+    return lambda: results
 
 
 @dataclass(frozen=True)
@@ -191,12 +261,36 @@ class Training:
     def described(self, problem: Problem) -> dict[str, str]:
         """The problem's oracle and starting point, the calibrated plan, the logging, the seed and
         the loop (if any)."""
-        theta0 = None if problem.theta0 is None else hashlib.sha256(
-            problem.theta0.detach().cpu().numpy().tobytes()).hexdigest()
         loop = {} if self.loop is None else {"loop": self.loop}
-        return describe(self.plan.algorithm, problem.oracle, seed=self.seed, theta0=theta0,
-                        train_metrics=problem.train_metrics, steps=self.plan.steps, delta=self.plan.delta,
-                        log_every=self.log_every, **loop)
+        return _described(self.plan, problem, seed=self.seed, log_every=self.log_every, **loop)
+
+
+@dataclass(frozen=True)
+class Together:
+    """A reproduction's job (:class:`dpopt.jobs.Job`) for the rows whose runs differ only in their
+    outputs: one training run of the calibrated ``plan`` on ``seed``, logged every ``log_every``
+    steps, by ``loops`` (of one trajectory, :meth:`Loop.trajectory`); its result is each loop's
+    :class:`~dpopt.train.History`, in order (:meth:`Loop.run_outputs`)."""
+
+    plan: Plan[Any]
+    log_every: int
+    seed: int
+    loops: tuple[Loop, ...]
+
+    def run(self, problem: Problem) -> list[History]:
+        return self.loops[0].run_outputs(problem, self.plan, self.seed, self.log_every, self.loops)
+
+    def described(self, problem: Problem) -> dict[str, str]:
+        """:meth:`Training.described` with every loop."""
+        return _described(self.plan, problem, seed=self.seed, log_every=self.log_every, loops=self.loops)
+
+
+def _described(plan: Plan[Any], problem: Problem, **settings: object) -> dict[str, str]:
+    """The problem's oracle and starting point, the calibrated plan and ``settings``."""
+    theta0 = None if problem.theta0 is None else hashlib.sha256(
+        problem.theta0.detach().cpu().numpy().tobytes()).hexdigest()
+    return describe(plan.algorithm, problem.oracle, seed=settings.pop("seed"), theta0=theta0,
+                    train_metrics=problem.train_metrics, steps=plan.steps, delta=plan.delta, **settings)
 
 
 def grid_points(grid: Mapping[str, Sequence[object]]) -> list[Params]:

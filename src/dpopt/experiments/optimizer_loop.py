@@ -10,7 +10,9 @@ average of the iterates
 
 (the usual warm-up of the decay, so that the first iterates do not weigh for long). Everything
 after the release is post-processing of released values and of the public θ_0: the optimizer,
-its state, the schedule and the average cost no privacy; the plan's ε is the run's.
+its state, the schedule and the average cost no privacy; the plan's ε is the run's. So loops that
+differ only in their output run once together (:meth:`OptimizerLoop.run_outputs`): one run gives the
+last iterate's history and each average's, each the one its own run would give.
 
 Logged like :meth:`dpopt.experiments._runner.Problem.run`: at every ``log_every`` steps and at
 the end the private metrics of the output so far (ε of the ledger, test error, expected data
@@ -23,8 +25,8 @@ import copy
 import importlib
 import inspect
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -91,10 +93,25 @@ class OptimizerLoop:
         given = {"private": private} if "private" in inspect.signature(cls).parameters else {}
         return cls(module.parameters(), lr=self.lr, **given, **dict(self.options))
 
+    def trajectory(self) -> OptimizerLoop:
+        """What sets the iterates: this loop without its output rule (a moving average is
+        post-processing of the iterates), so loops of equal trajectories can share a run."""
+        return replace(self, ema=None)
+
     def run(self, problem: Problem, plan: Plan[S], seed: int, log_every: int) -> History:
         """One run of ``plan`` on ``problem`` (its oracle's module from θ0, its data, engine and
         chunks) with ``seed``, logged every ``log_every`` steps; the output's final metrics and the
         problem's (:meth:`Problem.completed`)."""
+        return self.run_outputs(problem, plan, seed, log_every, (self,))[0]
+
+    def run_outputs(self, problem: Problem, plan: Plan[S], seed: int, log_every: int,
+                    loops: Sequence[OptimizerLoop]) -> list[History]:
+        """:meth:`run` once, with the output of each of ``loops`` (of this loop's trajectory: the last
+        iterate, moving averages of the iterates): each loop's history, in order, the one its own run
+        would give (the same releases, iterates and measurements; stopped where an output is not
+        finite) but for its training time, which counts every output's average."""
+        if any(loop.trajectory() != self.trajectory() for loop in loops):
+            raise ValueError(f"loops {loops!r} do not all take the iterates of {self.trajectory()!r}")
         oracle = problem.oracle
         module = copy.deepcopy(oracle.module)
         if problem.theta0 is not None:
@@ -109,42 +126,43 @@ class OptimizerLoop:
                                        f"{plan.run_event})")
         optimizer = self.optimizer_for(module, private)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: SCHEDULES[self.schedule](t / plan.steps))
-        average = private.oracle.flat_params().double() if self.ema is not None else None
+        start = private.oracle.flat_params().double()
+        averages = [None if loop.ema is None else start.clone() for loop in loops]
         per_step = plan.algorithm.sampler(0, plan.n).expected_size / plan.n
-        records: list[dict[str, float]] = []
+        records: list[list[dict[str, float]]] = [[] for _ in loops]
         logged: list[dict[str, float]] = []
         stopped = None
 
-        def output() -> Tensor:
-            return average if average is not None else private.oracle.flat_params().double()
-
-        def measure(t: int) -> dict[str, float]:
-            theta = output()
-            return {"epsilon": private.epsilon(), "test_error": problem.test_error(theta),
-                    "expected_passes": t * per_step}
+        def outputs() -> list[Tensor]:
+            iterate = private.oracle.flat_params().double()
+            return [iterate if average is None else average for average in averages]
 
         clock = StepClock()
         for t in private:
             private.backward()
             optimizer.step()
             schedule.step()
-            if average is not None and self.ema is not None:
-                decay = min(self.ema, (1 + t) / (10 + t))
-                average.mul_(decay).add_(private.oracle.flat_params().double(), alpha=1 - decay)
+            iterate = private.oracle.flat_params().double()
+            for average, loop in zip(averages, loops):
+                if average is not None and loop.ema is not None:
+                    decay = min(loop.ema, (1 + t) / (10 + t))
+                    average.mul_(decay).add_(iterate, alpha=1 - decay)
             if (t + 1) % log_every == 0 or t + 1 == plan.steps:
                 with clock.paused():
-                    records.append({"step": t + 1} | measure(t + 1))
+                    shared = {"step": t + 1, "epsilon": private.epsilon()}
+                    for kept, theta in zip(records, outputs()):
+                        kept.append(shared | {"test_error": problem.test_error(theta),
+                                              "expected_passes": (t + 1) * per_step})
                     logged.append({"step": t + 1, "cpu_time_s": clock.cpu, "wall_time_s": clock.wall})
-                if not all_finite(output()):
+                if not all(all_finite(theta) for theta in outputs()):
                     stopped = f"diverged at step {t + 1}: θ has non-finite entries"
                     break
         clock.stop()
         ledger = private.ledger
         final_time = {"cpu_time_s": clock.cpu, "wall_time_s": clock.wall}
-        history = History(records=records, final=dict(records[-1]) | {"step": private.t}, theta=output(),
-                          delta=plan.delta, accountant=ledger.accountant,
-                          neighboring_relation=ledger.neighboring_relation, steps_done=private.t,
-                          randomness=private.stepper.origin, stopped=stopped,
-                          diagnostics={"label": NOT_PRIVATE, "records": logged, "final": final_time},
-                          diverged_at=private.t if stopped else None)
-        return problem.completed(history)
+        return [problem.completed(History(
+            records=kept, final=dict(kept[-1]) | {"step": private.t}, theta=theta, delta=plan.delta,
+            accountant=ledger.accountant, neighboring_relation=ledger.neighboring_relation, steps_done=private.t,
+            randomness=private.stepper.origin, stopped=stopped,
+            diagnostics={"label": NOT_PRIVATE, "records": [dict(row) for row in logged], "final": dict(final_time)},
+            diverged_at=private.t if stopped else None)) for kept, theta in zip(records, outputs())]

@@ -47,7 +47,10 @@ class Experiment:
     ``describe(payload)`` (the report's notes) and ``draw(out_dir, payload)`` (a preset's own
     figures, if any) build the rest. ``preparation(key)`` declares how problem ``key``'s data are
     prepared (:mod:`dpopt.jobs.preparation`; ``make_problem`` prepares them so), which the
-    report shows, labelled NOT PRIVATE where it reads the data."""
+    report shows, labelled NOT PRIVATE where it reads the data. ``run_cost_of(key)``: what one run
+    on problem ``key`` costs relative to the other problems (e.g. measured CPU seconds), known
+    before its data are read, which orders the queue (costliest first); None where not declared
+    (the problems of an experiment declare it all or none)."""
 
     NAME: str
     EPSILONS: tuple[float, ...]
@@ -77,6 +80,7 @@ class Experiment:
     TUNED_BY: str = ""
     #: A line added to every figure's title ("" for none).
     FIGURE_NOTE: str = ""
+    run_cost_of: Callable[[ProblemKey], float | None] = lambda key: None
 
     @property
     def keyed(self) -> bool:
@@ -95,6 +99,9 @@ class Experiment:
     def delta(self, key: ProblemKey) -> float:
         return self.delta_of(key)
 
+    def run_cost(self, key: ProblemKey) -> float | None:
+        return self.run_cost_of(key)
+
     def notes(self, payload: Payload) -> str:
         return self.describe(payload)
 
@@ -112,9 +119,10 @@ Builder = Callable[[Settings, float, ProblemKey], Callable[[int, Params], tuple[
 def declared_experiment(data: Declared, *, make_problem: MakeProblem, make_methods: MakeMethods,
                         preparation: Callable[[ProblemKey], Preparation],
                         analyses: Callable[[Payload], list[str]] | None = None,
-                        draw: Callable[[Path, Payload], None] | None = None) -> Experiment:
+                        draw: Callable[[Path, Payload], None] | None = None,
+                        run_cost: Callable[[ProblemKey], float | None] = lambda key: None) -> Experiment:
     """The :class:`Experiment` of a preset file: its declared fields, the code's problem and method
-    builders and its problems' preparation, and as notes the file's text (``notes``, a ``problem_note``
+    builders, its problems' preparation and run costs, and as notes the file's text (``notes``, a ``problem_note``
     per problem, the ``quick_note`` under ``--quick``), then
     :func:`~dpopt.experiments.verdicts.comparison_lines` (the generic rule), then what
     ``analyses(payload)`` computes for this preset, if anything."""
@@ -146,7 +154,7 @@ def declared_experiment(data: Declared, *, make_problem: MakeProblem, make_metho
         TUNING_SEEDS=tuple(data["tuning_seeds"]),
         TUNE_EPSILON=data.get("tune_epsilon"), LOG_POINTS=data["log_points"], SEEDS=data["seeds"], draw=draw,
         TUNED_BY=f"{_command(tuning['command'])} on {tuning['date']}" if (tuning := data.get("tuning")) else "",
-        FIGURE_NOTE=data.get("figure_note", ""))
+        FIGURE_NOTE=data.get("figure_note", ""), run_cost_of=run_cost)
 
 
 #: How a method's grid is searched, by the name a preset file gives (``tuner``): every grid point

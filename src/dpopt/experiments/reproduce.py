@@ -23,9 +23,10 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from fnmatch import fnmatchcase
 from pathlib import Path
+from typing import cast
 
 from tqdm import tqdm
 
@@ -34,7 +35,7 @@ from ..json_types import JsonObject, JsonValue
 from ..report import Curve
 from ..train import History
 from ..jobs import Pool, Saved, made_for, one_sided_p, running, source_digest
-from ._runner import Method, Params, Problem, explore_grid, mean_curve, metrics, start_seeds
+from ._runner import Method, Params, Problem, explore_grid, mean_curve, metrics, start_rows
 from .declared import PaperEntry
 from .payload import ClassifiedRow, PaperRow, Payload, ProblemKey, Results, Row, TTest, Tuned
 from ..jobs.preparation import LABEL, described, is_public
@@ -119,10 +120,28 @@ def selected(jobs: list[tuple[ProblemKey, Method, float]],
     return chosen
 
 
+def _built(exp: Experiment, keys: tuple[ProblemKey, ...],
+           data_dir: str | None) -> Iterator[tuple[ProblemKey, tuple[Problem, JsonObject]]]:
+    """The problems ``keys``, each with its facts, in the order their runs are queued: costliest
+    first, so the workers' last runs are short ones (a stable order: the preset's among equals).
+    Where every problem declares a run's cost before its data are read (:meth:`Experiment.run_cost`),
+    each is built just before its runs are queued, so the workers run the first problems' runs while
+    the next are built (mnist-sota: the CNN's runs while the scattering features are computed); else
+    all are built first and ordered by records × dimensions (:attr:`Problem.queue_weight`)."""
+    declared = {key: exp.run_cost(key) for key in keys}
+    if all(cost is not None for cost in declared.values()):
+        for key in sorted(keys, key=lambda key: -cast(float, declared[key])):
+            yield key, exp.problem(data_dir, key)
+        return
+    built = {key: exp.problem(data_dir, key) for key in keys}
+    for key in sorted(keys, key=lambda key: -built[key][0].queue_weight):
+        yield key, built.pop(key)
+
+
 def _run_all(exp: Experiment, jobs: list[tuple[ProblemKey, Method, float]], data_dir: str | None, n_seeds: int,
              quick: bool, retune: bool, progress: bool, pool: Pool, only: tuple[str, ...] = ()) -> Payload:
-    """Run ``jobs`` (:func:`selected`), building only the problems they need; the costliest problems'
-    runs are queued first (:attr:`Problem.queue_weight`), so the workers' last runs are short ones."""
+    """Run ``jobs`` (:func:`selected`), building only the problems they need, the costliest problems'
+    runs queued first (:func:`_built`)."""
     started = time.perf_counter()
     rows: list[Row] = []
     tuning: dict[str, Tuned] = {}
@@ -133,21 +152,25 @@ def _run_all(exp: Experiment, jobs: list[tuple[ProblemKey, Method, float]], data
     # every run is queued before any is awaited: the workers stay busy to the end
     started_runs: list[tuple[ProblemKey, str, float | None, float, Params, Callable[[], list[History]]]] = []
     keys = tuple(key for key in exp.problems(quick) if any(job[0] == key for job in jobs))
-    built = {key: exp.problem(data_dir, key) for key in keys}
-    stated = {key: given | {"preparation": described(exp.preparation(key))} for key, (_, given) in built.items()}
-    jobs = sorted(jobs, key=lambda job: -built[job[0]][0].queue_weight)  # stable: the preset's order within
+    stated: dict[ProblemKey, JsonObject] = {}
     pool.expect(sum(1 if method.deterministic else n_seeds for _, method, _ in jobs))
-    for key, method, epsilon in jobs:
-        delta = exp.delta(key)
-        params, tuned = _params(method, epsilon if method.private else None, retune, built[key][0], exp, progress,
-                                pool, key, delta, chosen)
-        if tuned:
-            tuning[f"{'' if key is None else f'{key} '}{method.name} ε={epsilon if method.private else None}"] = tuned
-        wait = start_seeds(method, params, built[key][0], epsilon=epsilon, delta=delta, seeds=range(n_seeds),
-                           log_points=log_points, step_fraction=QUICK_STEPS if quick else 1.0, pool=pool, key=key)
-        started_runs.append((key, method.name, epsilon if method.private else None, delta, params, wait))
-    built.clear()  # every run is queued: workers build their own problems (mnist-sota's views: 4.8 GB a process)
-    started_runs.sort(key=lambda run: keys.index(run[0]))  # reported in the preset's order (a stable sort)
+    for key, (problem, given) in _built(exp, keys, data_dir):
+        stated[key] = given | {"preparation": described(exp.preparation(key))}
+        delta, queued = exp.delta(key), []
+        for _, method, epsilon in (job for job in jobs if job[0] == key):  # the preset's order
+            params, tuned = _params(method, epsilon if method.private else None, retune, problem, exp, progress,
+                                    pool, key, delta, chosen)
+            if tuned:
+                tuning[f"{'' if key is None else f'{key} '}{method.name} "
+                       f"ε={epsilon if method.private else None}"] = tuned
+            queued.append((method, params, epsilon))
+        waits = start_rows(queued, problem, delta=delta, seeds=range(n_seeds), log_points=log_points,
+                           step_fraction=QUICK_STEPS if quick else 1.0, pool=pool, key=key)
+        for (method, params, epsilon), wait in zip(queued, waits, strict=True):  # (rows of one run share it)
+            started_runs.append((key, method.name, epsilon if method.private else None, delta, params, wait))
+        del problem  # its runs are queued, and the workers build their own (mnist-sota's views: 4.8 GB a process)
+    stated = {key: stated[key] for key in keys}  # reported in the preset's order
+    started_runs.sort(key=lambda run: keys.index(run[0]))  # (a stable sort)
     for key, name, row_epsilon, delta, params, wait in started_runs:  # row_epsilon: None for a non-private method
         histories = wait()
         rows.append({"problem": key, "algorithm": name, "epsilon": row_epsilon, "seeds": len(histories),

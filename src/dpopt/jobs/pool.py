@@ -170,7 +170,7 @@ class Pool:
                                                  initializer=partial(_worker_init, make_problem, args))
 
     def expect(self, runs: int) -> None:
-        """``runs`` more runs will be submitted (the progress bar's total)."""
+        """``runs`` more runs will be submitted (the progress bar's total; negative: fewer than announced)."""
         self.bar.total += runs
         self.bar.refresh()
 
