@@ -8,10 +8,11 @@ import io
 from pathlib import Path
 
 import pytest
+import torch
 
 from dpopt import _validate, report
 from dpopt.cli import main
-from dpopt.jobs import Pool
+from dpopt.jobs import Pool, running
 from dpopt.experiments.reproduce import reproduce
 import warning_job
 from test_reproduce import _with
@@ -31,6 +32,26 @@ def test_the_workers_warn_in_one_line_as_the_command_line(capfd: pytest.CaptureF
     err = capfd.readouterr().err
     assert "dpopt: warning: a setting of the problem means little\n" in err
     assert "DpoptWarning" not in err and "warnings.warn" not in err
+
+
+def test_the_driver_computes_on_one_thread_while_its_workers_run() -> None:
+    """Finding: mnist-sota's driver computed its scattering features on two torch threads beside two
+    one-thread workers, and each set of features took 186-229 s instead of 30-34 s alone: its threads
+    waited on each other while one of them was off the CPU. While a pool's workers run, the driver
+    uses one thread, and its own count again afterwards (also after an error); a pool without
+    workers (its jobs run in the driver) keeps the count."""
+    torch.set_num_threads(2)
+    try:
+        with running(Pool(2, warning_job.problem)):
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+        with pytest.raises(RuntimeError, match="stopped"), running(Pool(2, warning_job.problem)):
+            raise RuntimeError("stopped")
+        assert torch.get_num_threads() == 2
+        with running(Pool(1)):
+            assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)
 
 
 def test_a_refused_reproduction_leaves_nothing_in_a_fresh_out(monkeypatch: pytest.MonkeyPatch,

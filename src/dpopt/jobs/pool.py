@@ -251,7 +251,16 @@ def _run_and_save(job: Job[P, R], problem: P, kept: tuple[Saved, str] | None) ->
 def running(pool: Pool) -> Iterator[Pool]:
     """``pool`` while its jobs are queued and gathered, then closed. Interrupted (KeyboardInterrupt), it
     stops the workers and raises KeyboardInterrupt saying how many jobs are saved and how to resume; on
-    any other error it stops them too (the finished jobs are saved)."""
+    any other error it stops them too (the finished jobs are saved).
+
+    While a pool's workers run, this process computes on one torch thread: what it computes meanwhile
+    (mnist-sota's scattering features, while the workers run the CNN's runs) shares the cores with
+    them, and its threads would wait on each other at every parallel region while one of them is off
+    the CPU (measured: on two threads beside two one-thread workers, each set of features took 186-229 s
+    at about one core, against 30-34 s alone)."""
+    threads = torch.get_num_threads()
+    if pool._executor is not None:
+        torch.set_num_threads(1)
     try:
         yield pool
     except KeyboardInterrupt:
@@ -264,4 +273,6 @@ def running(pool: Pool) -> Iterator[Pool]:
     except BaseException:
         pool.close(abort=True)
         raise
+    finally:
+        torch.set_num_threads(threads)
     pool.close()
