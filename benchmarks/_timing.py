@@ -98,6 +98,15 @@ def summary(rows: list[dict[str, float]], key: str = "seconds") -> dict[str, flo
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def ratio_table(stats: dict[str, dict[str, float]], baseline: str, columns: tuple[str, str],
+                digits: int = 3) -> list[str]:
+    """A Markdown table of :func:`summary` rows by contender, ``columns`` = (the time's heading, the
+    ratio's heading), each row's median against ``baseline``'s as the ratio ``baseline / row``."""
+    lines = [f"| contender | {columns[0]} | min | max | {columns[1]} |", "|---|---:|---:|---:|---:|"]
+    return lines + [f"| {name} | {s['median']:.{digits}f} | {s['min']:.{digits}f} | {s['max']:.{digits}f} | "
+                     f"{stats[baseline]['median'] / s['median']:.2f}× |" for name, s in stats.items()]
+
+
 def at_most(name: str, value: float, target: float) -> tuple[str, dict[str, Any]]:
     """A ratio check "``value`` ≤ ``target``×": its verdict sentence and its row of the targets table."""
     passed = value <= target
@@ -148,6 +157,16 @@ def in_child(script: str | Path, quick: bool, timeout: float = 900) -> tuple[dic
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"the measuring process failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
     return json.loads(lines[-1][len(RESULT_MARK):]), how
+
+
+def measured_in_child(script: str | Path,
+                      report: Callable[[dict[str, Any], str], dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    """A benchmark's ``run(quick=False)``: measure in a child process (:func:`in_child` of ``script``)
+    and return ``report(data, how)``, its ``{"title", "markdown", "checks", "data"}``."""
+    def run(quick: bool = False) -> dict[str, Any]:
+        data, how = in_child(script, quick)
+        return report(data, how)
+    return run
 
 
 def report_from_child(data: dict[str, Any]) -> None:
@@ -226,10 +245,9 @@ class Stepper:
     def __init__(self, algorithm: Any, oracle: Any, steps: int) -> None:
         import torch
 
+        from dpopt import train
         from dpopt.accounting import Ledger
         from dpopt.mechanisms import SeededNoise
-
-        from dpopt import train
 
         self.algorithm, self.oracle, self.steps = algorithm, oracle, steps
         self.gens = torch.Generator().manual_seed(0), SeededNoise(1)

@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _timing import Stepper, data_dir, in_child, interleaved, load_sentence, other_processes_share, script, summary
+from _timing import (Stepper, data_dir, interleaved, load_sentence, measured_in_child, other_processes_share, script,
+                     summary)
 
 TITLE = "Banded correlated noise: per-step cost next to a DP-SGD step"
 THREADS = 2
@@ -136,9 +137,7 @@ def report(data: dict[str, Any], how: str) -> dict[str, Any]:
     return {"title": TITLE, "markdown": "\n".join(md), "checks": checks, "data": {"stats": stats}}
 
 
-def run(quick: bool = False) -> dict[str, Any]:
-    data, how = in_child(__file__, quick)
-    return report(data, how)
+run = measured_in_child(__file__, report)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _timing import OpacusLoop, Stepper, in_child, interleaved, load_sentence, other_processes_share, script, summary
+from _timing import (OpacusLoop, Stepper, interleaved, load_sentence, measured_in_child, other_processes_share, script,
+                     summary)
 from torch import nn
 
 TITLE = "GPT-style classifier step, batch 64: dpopt DP-SGD vs plain PyTorch and Opacus"
@@ -176,10 +177,7 @@ def report(data: dict[str, Any], how: str) -> dict[str, Any]:
             "data": {"stats": stats, "other_processes_cpu_share": data["others"], "wait_policy": how}}
 
 
-def run(quick: bool = False) -> dict[str, Any]:
-    """Measure in a child process, and return ``{"title", "markdown", "checks", "data"}``."""
-    data, how = in_child(__file__, quick)
-    return report(data, how)
+run = measured_in_child(__file__, report)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _timing import (OpacusLoop, in_child, interleaved, load_sentence, mb, other_processes_share, script,
+from _timing import (OpacusLoop, interleaved, load_sentence, mb, measured_in_child, other_processes_share, script,
                      summary, with_peak_rss)
 from torch import nn
 
@@ -285,10 +285,7 @@ def report(data: dict[str, Any], how: str) -> dict[str, Any]:
                      "other_processes_cpu_share": data["others"], "wait_policy": how}}
 
 
-def run(quick: bool = False) -> dict[str, Any]:
-    """Measure in a child process, and return ``{"title", "markdown", "checks", "data"}``."""
-    data, how = in_child(__file__, quick)
-    return report(data, how)
+run = measured_in_child(__file__, report)
 
 
 if __name__ == "__main__":

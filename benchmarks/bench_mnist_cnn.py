@@ -74,8 +74,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _timing import (OpacusLoop, Stepper, data_dir, in_child, interleaved, load_sentence, mb, other_processes_share,
-                     script, status_mb, summary)
+from _timing import (OpacusLoop, Stepper, data_dir, interleaved, load_sentence, mb, measured_in_child,
+                     other_processes_share, script, status_mb, summary)
 
 TITLE = "MNIST CNN step, batch 256: dpopt DP-SGD / DP-SRM vs plain PyTorch and Opacus"
 THREADS = 2
@@ -287,10 +287,7 @@ def report(data: dict[str, Any], how: str) -> dict[str, Any]:
                      "wait_policy": how}}
 
 
-def run(quick: bool = False) -> dict[str, Any]:
-    """Measure in a child process, and return ``{"title", "markdown", "checks", "data"}``."""
-    data, how = in_child(__file__, quick)
-    return report(data, how)
+run = measured_in_child(__file__, report)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import Stepper, in_child, interleaved, load_sentence, other_processes_share, script, summary  # noqa: E402
+from _timing import (Stepper, interleaved, load_sentence, measured_in_child, other_processes_share,  # noqa: E402
+                     ratio_table, script, summary)
 
 TITLE = "ScatterNet + linear's step: each record's squared input norm kept vs computed every step"
 THREADS, FEATURES, CLASSES = 1, 3969, 10
@@ -85,11 +86,7 @@ def report(data: dict[str, Any], how: str) -> dict[str, Any]:
           f"in the {WARM_STEPS} warm-up steps but for {missed:.1%} of them, on average), chunks of {CHUNK:,} "
           f"records (the preset's), {THREADS} thread. "
           f"{len(results[KEPT])} interleaved rounds of {STEPS_PER_ROUND} steps per contender, in a child process "
-          f"with {how}. {busy}", "",
-          "| contender | median s/step | min | max | computed / kept |", "|---|---:|---:|---:|---:|"]
-    for name, s in stats.items():
-        md.append(f"| {name} | {s['median']:.4f} | {s['min']:.4f} | {s['max']:.4f} | "
-                  f"{stats[COMPUTED]['median'] / s['median']:.2f}× |")
+          f"with {how}. {busy}", "", *ratio_table(stats, COMPUTED, ("median s/step", "computed / kept"), digits=4)]
     md += ["", f"**computed / kept, ScatterNet step = {ratio:.2f}×**. Target ≥ {TARGET}×: "
                f"**{'PASS' if passed else 'FAIL'}**."]
     check = {"name": "computed / kept squared input norms, ScatterNet step (T = 1, p = 3,969, q = 10)",
@@ -97,10 +94,7 @@ def report(data: dict[str, Any], how: str) -> dict[str, Any]:
     return {"title": TITLE, "markdown": "\n".join(md), "checks": [check], "data": {"stats": stats}}
 
 
-def run(quick: bool = False) -> dict[str, Any]:
-    """Measure in a child process, and return ``{"title", "markdown", "checks", "data"}``."""
-    data, how = in_child(__file__, quick)
-    return report(data, how)
+run = measured_in_child(__file__, report)
 
 
 if __name__ == "__main__":

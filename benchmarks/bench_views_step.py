@@ -43,8 +43,8 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import (Stepper, in_child, interleaved, load_sentence, other_processes_share,  # noqa: E402
-                     script, summary)
+from _timing import (Stepper, interleaved, load_sentence, measured_in_child, other_processes_share,  # noqa: E402
+                     ratio_table, script, summary)
 
 TITLE = "Augmentation multiplicity's step (5 views, linear layer): today's step vs the previous"
 THREADS, VIEWS, FEATURES, CLASSES = 1, 5, 3969, 10
@@ -136,17 +136,10 @@ def report(data: dict[str, Any], how: str) -> dict[str, Any]:
           f"`make_model(\"linear\")`, the mean of the views' cross-entropies; DP-SGD, Poisson batches of expected "
           f"size {BATCH:,} from {RECORDS:,} records, chunks of {CHUNK} records (the preset's), {THREADS} thread. "
           f"{len(results[THIS])} interleaved rounds of {STEPS_PER_ROUND} steps per contender, in a child process "
-          f"with {how}. {busy}", "",
-          "| contender | median s/step | min | max | previous / this |", "|---|---:|---:|---:|---:|"]
-    for name, s in stats.items():
-        md.append(f"| {name} | {s['median']:.3f} | {s['min']:.3f} | {s['max']:.3f} | "
-                  f"{stats[PREVIOUS]['median'] / s['median']:.2f}× |")
+          f"with {how}. {busy}", "", *ratio_table(stats, PREVIOUS, ("median s/step", "previous / this"))]
     md += ["", f"The ghost engine's own work in that step (the norms and the clipped sum of {BATCH:,} records, "
                "their gather, forward and backward not timed), same rounds:", "",
-           "| contender | median s | min | max | previous / this |", "|---|---:|---:|---:|---:|"]
-    for name, s in ghost.items():
-        md.append(f"| {name} | {s['median']:.3f} | {s['min']:.3f} | {s['max']:.3f} | "
-                  f"{ghost[PREVIOUS]['median'] / s['median']:.2f}× |")
+           *ratio_table(ghost, PREVIOUS, ("median s", "previous / this"))]
     md += ["", f"**previous / this step, views = {ratio:.2f}×**. Target ≥ {TARGET}×: "
                f"**{'PASS' if passed else 'FAIL'}**."]
     check = {"name": "previous / this step, views (T = 5, p = 3,969, q = 10)", "value": ratio,
@@ -154,10 +147,7 @@ def report(data: dict[str, Any], how: str) -> dict[str, Any]:
     return {"title": TITLE, "markdown": "\n".join(md), "checks": [check], "data": {"stats": stats}}
 
 
-def run(quick: bool = False) -> dict[str, Any]:
-    """Measure in a child process, and return ``{"title", "markdown", "checks", "data"}``."""
-    data, how = in_child(__file__, quick)
-    return report(data, how)
+run = measured_in_child(__file__, report)
 
 
 if __name__ == "__main__":
