@@ -245,9 +245,10 @@ class Stepper:
     def __init__(self, algorithm: Any, oracle: Any, steps: int) -> None:
         import torch
 
-        from dpopt import train
         from dpopt.accounting import Ledger
         from dpopt.mechanisms import SeededNoise
+
+        from dpopt import train
 
         self.algorithm, self.oracle, self.steps = algorithm, oracle, steps
         self.gens = torch.Generator().manual_seed(0), SeededNoise(1)

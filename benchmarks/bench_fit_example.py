@@ -42,10 +42,10 @@ def measure(epochs: float) -> dict[str, Any]:
     from dpopt import train
     from dpopt.accounting import Ledger
     from dpopt.algorithms.registry import build
+    from dpopt.plan import steps_for_epochs
     from dpopt.data import load
     from dpopt.models import make_model
     from dpopt.oracles import TorchModel
-    from dpopt.plan import steps_for_epochs
 
     mnist = load("mnist", data_dir())
     train_dataset = TensorDataset(torch.as_tensor(mnist.X_train, dtype=torch.float32),

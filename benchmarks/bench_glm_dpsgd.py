@@ -43,7 +43,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from _timing import data_dir, in_child, interleaved, load_sentence, mb, other_processes_share, script, summary
+from _timing import (data_dir, in_child, interleaved, load_sentence, mb, other_processes_share, script,
+                     summary)
 
 TITLE = "One DP-SGD epoch, logistic regression on ijcnn1: dpopt vs Opacus"
 TARGET = 20.0

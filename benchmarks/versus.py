@@ -46,7 +46,6 @@ def _calibration() -> Callable[[], float]:
 def _o2nc_estimator() -> Callable[[], float]:
     import bench_o2nc as bench
     import torch
-
     from dpopt.oracles import zeroth_order as zo
 
     torch.set_num_threads(1)
