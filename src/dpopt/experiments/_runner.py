@@ -208,12 +208,12 @@ def start_rows(rows: Sequence[tuple[Method, Params, float]], problem: Problem, *
     the histories its own runs would give (but for their training time)."""
     runs = [planned(method, params, problem, epsilon=epsilon, delta=delta, seeds=seeds, log_points=log_points,
                     step_fraction=step_fraction) for method, params, epsilon in rows]
-    waits: list[Callable[[], list[History]] | None] = [None] * len(runs)
-    for first, run in enumerate(runs):
-        if waits[first] is not None:
-            continue
-        rows_of_run = [i for i in range(first, len(runs)) if waits[i] is None and (
-            i == first or run.shares_runs_with(runs[i]))]
+    shared: dict[int, list[int]] = {}  # the first row of each run -> the rows it gives
+    for i, run in enumerate(runs):
+        shared.setdefault(next((first for first in shared if runs[first].shares_runs_with(run)), i), []).append(i)
+    waits: dict[int, Callable[[], list[History]]] = {}
+    for first, rows_of_run in shared.items():
+        run = runs[first]
         if len(rows_of_run) == 1:
             waits[first] = _started([Training(run.plan, run.log_every, seed, run.loop) for seed in run.seeds],
                                     problem, pool, key)
@@ -222,9 +222,8 @@ def start_rows(rows: Sequence[tuple[Method, Params, float]], problem: Problem, *
         if pool is not None:  # announced as each row's runs
             pool.expect(-(len(rows_of_run) - 1) * len(run.seeds))
         together = _started([Together(run.plan, run.log_every, seed, loops) for seed in run.seeds], problem, pool, key)
-        for k, i in enumerate(rows_of_run):
-            waits[i] = functools.partial(_output, together, k)
-    return cast(list[Callable[[], list[History]]], waits)
+        waits |= {i: functools.partial(_output, together, k) for k, i in enumerate(rows_of_run)}
+    return [waits[i] for i in range(len(runs))]
 
 
 def _output(together: Callable[[], list[list[History]]], k: int) -> list[History]:
@@ -262,7 +261,7 @@ class Training:
         """The problem's oracle and starting point, the calibrated plan, the logging, the seed and
         the loop (if any)."""
         loop = {} if self.loop is None else {"loop": self.loop}
-        return _described(self.plan, problem, seed=self.seed, log_every=self.log_every, **loop)
+        return _described(self.plan, problem, self.seed, log_every=self.log_every, **loop)
 
 
 @dataclass(frozen=True)
@@ -282,15 +281,15 @@ class Together:
 
     def described(self, problem: Problem) -> dict[str, str]:
         """:meth:`Training.described` with every loop."""
-        return _described(self.plan, problem, seed=self.seed, log_every=self.log_every, loops=self.loops)
+        return _described(self.plan, problem, self.seed, log_every=self.log_every, loops=self.loops)
 
 
-def _described(plan: Plan[Any], problem: Problem, **settings: object) -> dict[str, str]:
-    """The problem's oracle and starting point, the calibrated plan and ``settings``."""
+def _described(plan: Plan[Any], problem: Problem, seed: int, **settings: object) -> dict[str, str]:
+    """The problem's oracle and starting point, the calibrated plan, the seed and ``settings``."""
     theta0 = None if problem.theta0 is None else hashlib.sha256(
         problem.theta0.detach().cpu().numpy().tobytes()).hexdigest()
-    return describe(plan.algorithm, problem.oracle, seed=settings.pop("seed"), theta0=theta0,
-                    train_metrics=problem.train_metrics, steps=plan.steps, delta=plan.delta, **settings)
+    return describe(plan.algorithm, problem.oracle, seed=seed, theta0=theta0, train_metrics=problem.train_metrics,
+                    steps=plan.steps, delta=plan.delta, **settings)
 
 
 def grid_points(grid: Mapping[str, Sequence[object]]) -> list[Params]:

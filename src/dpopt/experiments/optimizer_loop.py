@@ -128,6 +128,8 @@ class OptimizerLoop:
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: SCHEDULES[self.schedule](t / plan.steps))
         start = private.oracle.flat_params().double()
         averages = [None if loop.ema is None else start.clone() for loop in loops]
+        decays = [(average, loop.ema) for average, loop in zip(averages, loops)
+                  if average is not None and loop.ema is not None]
         per_step = plan.algorithm.sampler(0, plan.n).expected_size / plan.n
         records: list[list[dict[str, float]]] = [[] for _ in loops]
         logged: list[dict[str, float]] = []
@@ -142,19 +144,20 @@ class OptimizerLoop:
             private.backward()
             optimizer.step()
             schedule.step()
-            iterate = private.oracle.flat_params().double()
-            for average, loop in zip(averages, loops):
-                if average is not None and loop.ema is not None:
-                    decay = min(loop.ema, (1 + t) / (10 + t))
+            if decays:  # the moving averages, from the iterate (read only where one is kept)
+                iterate = private.oracle.flat_params().double()
+                for average, ema in decays:
+                    decay = min(ema, (1 + t) / (10 + t))
                     average.mul_(decay).add_(iterate, alpha=1 - decay)
             if (t + 1) % log_every == 0 or t + 1 == plan.steps:
                 with clock.paused():
+                    thetas = outputs()
                     shared = {"step": t + 1, "epsilon": private.epsilon()}
-                    for kept, theta in zip(records, outputs()):
+                    for kept, theta in zip(records, thetas):
                         kept.append(shared | {"test_error": problem.test_error(theta),
                                               "expected_passes": (t + 1) * per_step})
                     logged.append({"step": t + 1, "cpu_time_s": clock.cpu, "wall_time_s": clock.wall})
-                if not all(all_finite(theta) for theta in outputs()):
+                if not all(all_finite(theta) for theta in thetas):
                     stopped = f"diverged at step {t + 1}: θ has non-finite entries"
                     break
         clock.stop()

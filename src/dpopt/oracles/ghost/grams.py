@@ -120,7 +120,7 @@ class InputGrams:
 def kept(layer: Layer) -> bool:
     """Whether ``layer``'s input Gram matrices are kept by record: a Linear layer with a trainable
     weight whose shape :func:`kept_shape` accepts."""
-    if layer.stage.kind not in LINEAR_KINDS or layer._trainable("weight") is None:
+    if not _trained_linear(layer):
         return False
     _, T, p, q = layer.shape()
     return kept_shape(T, p, q, layer.a.element_size())
@@ -130,10 +130,15 @@ def kept_norms(layer: Layer) -> bool:
     """Whether ``layer``'s squared input norms are kept by record: a Linear layer at one position
     with a trainable weight (its norm bound ``‖a_i‖²·‖g_i‖²``), whose float64 number a record takes
     no more memory than the record's input."""
-    if layer.stage.kind not in LINEAR_KINDS or layer._trainable("weight") is None:
+    if not _trained_linear(layer):
         return False
     _, T, p, _ = layer.shape()
     return T == 1 and 8 <= p * layer.a.element_size()
+
+
+def _trained_linear(layer: Layer) -> bool:
+    """Whether ``layer`` is a Linear layer with a trainable weight (whose norm bound reads its input)."""
+    return layer.stage.kind in LINEAR_KINDS and layer._trainable("weight") is not None
 
 
 def record_inputs(A: Tensor) -> Tensor:
