@@ -165,7 +165,7 @@ PROJECT_SHAPES = [
     (25, 256, 32, False),   # its second
     (64, 768, 8, False),    # LoRA factors of rank 8
     (64, 8, 768, False),
-    (16, 3969, 10, False),  # more views: the rows are cheaper than T² Gram products
+    (16, 3969, 10, False),  # more views: rows cheaper than T² Gram products formed at every step
 ]
 
 

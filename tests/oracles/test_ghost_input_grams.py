@@ -11,6 +11,11 @@ features into a linear layer) the squared input norms, kept the same way.
   at every step. The mutant cache keyed by position in the batch instead of record index is
   caught by both measurements, and gives some records norms below their true norm (autograd's):
   clipping would no longer bound what they add.
+* More views than the cost rule of a step that forms its input matrices takes (``use_gram``: the
+  direct form at nine views of 300 features) keep their matrices too, and their norms take the
+  Gram form: nothing of the records is read for them after the first time (finding: at nine views
+  of the views' layer, the records were gathered and their weight-gradient rows built every step,
+  0.63 s a DP-SGD step of 4,096 records against 0.16 s at five; kept, 0.28 s: ``bench_views_step.py``).
 * Changing the records' tensor in place drops what was kept (the mutant without the version in
   its key is caught); records read from a Dataset keep nothing; a copy or pickle of the oracle
   keeps none of the matrices.
@@ -36,7 +41,9 @@ N, VIEWS, P, CHUNK = 60, 5, 300, 16
 
 
 #: What is kept at the first layer, by its positions T: Gram matrices of the views, squared norms at one.
-KEPT = {VIEWS: "input_grams", 1: "input_sq_norms"}
+KEPT = {VIEWS: "input_grams", 9: "input_grams", 1: "input_sq_norms"}
+#: The positions tested: five views, nine (beyond ``use_gram``'s choice at P features), one.
+POSITIONS = [VIEWS, 9, 1]
 
 
 def views(seed: int = 0, dtype: torch.dtype = torch.float32, T: int = VIEWS) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,7 +120,7 @@ def test_a_records_squared_norm_has_the_same_bits_wherever_it_lies(dtype):
     assert (alone >= exact).all() and ((alone - exact) / exact).max() < 1e-5
 
 
-@pytest.mark.parametrize("T", [VIEWS, 1])
+@pytest.mark.parametrize("T", POSITIONS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_kept_matrices_give_the_norms_and_sums_of_the_step_bit_for_bit(dtype, T):
     rows, fresh, warm = kept_and_fresh(dtype, T)
@@ -123,6 +130,25 @@ def test_kept_matrices_give_the_norms_and_sums_of_the_step_bit_for_bit(dtype, T)
     assert torch.equal(rows.norms(), fresh.norms())
     w = torch.minimum(torch.ones(len(SECOND), dtype=torch.float64), 0.5 / rows.norms())
     assert torch.equal(rows.weighted_sum(w), fresh.weighted_sum(w))
+
+
+@pytest.mark.parametrize("read_in_place", [True, False])
+def test_nine_views_take_the_gram_form_from_their_kept_matrices(monkeypatch, read_in_place):
+    """Beyond ``use_gram``'s choice (its cost comparison prices input matrices formed at every step),
+    the layer of nine views keeps its input matrices and takes the Gram form, read in place or
+    gathered: no weight-gradient rows are built, and its norms bound autograd's to the rounding."""
+    X, y = views(T=9)
+    assert not ghost.use_gram(9, P, 10, 4) and grams.kept_shape(9, P, 10, 4)
+    if not read_in_place:
+        monkeypatch.setattr(ghost, "reads_in_place", lambda *args: False)
+    model = oracle(X, y)
+    rows = model.per_record(theta_at(model, 2), SECOND)
+    norms, layer = rows.norms(), rows.chunks[0][0]
+    assert isinstance(layer, ghost.in_place.InPlace) is read_in_place
+    assert "input_grams" in layer.__dict__ and "_direct" not in layer.__dict__
+    autograd = oracle(X, y, engine="vmap")
+    true = autograd.per_record(theta_at(autograd, 2), SECOND).norms()
+    assert (norms >= true).all() and ((norms - true) / true).max() < 1e-5
 
 
 def test_the_difference_at_two_points_shares_the_kept_matrices():
@@ -135,7 +161,7 @@ def test_the_difference_at_two_points_shares_the_kept_matrices():
     assert torch.equal(got.norms(), want.norms())
 
 
-@pytest.mark.parametrize("T", [VIEWS, 1])
+@pytest.mark.parametrize("T", POSITIONS)
 def test_the_cache_keyed_by_position_is_caught_and_would_let_records_exceed_the_clip(monkeypatch, T):
     X, y = views(T=T)
     autograd = oracle(X, y, engine="vmap")
@@ -167,7 +193,7 @@ def dpsgd_theta(every_step_fresh: bool, monkeypatch: pytest.MonkeyPatch, T: int 
     return state.theta
 
 
-@pytest.mark.parametrize("T", [VIEWS, 1])
+@pytest.mark.parametrize("T", POSITIONS)
 def test_a_dpsgd_run_gives_the_same_theta_whether_the_matrices_are_kept_or_formed(monkeypatch, T):
     kept_theta = dpsgd_theta(False, monkeypatch, T)
     assert torch.equal(kept_theta, dpsgd_theta(True, monkeypatch, T))
@@ -175,7 +201,7 @@ def test_a_dpsgd_run_gives_the_same_theta_whether_the_matrices_are_kept_or_forme
     assert not torch.equal(kept_theta, dpsgd_theta(False, monkeypatch, T))
 
 
-@pytest.mark.parametrize("T", [VIEWS, 1])
+@pytest.mark.parametrize("T", POSITIONS)
 @pytest.mark.parametrize("mutant", [None, without_version])
 def test_an_in_place_change_of_the_records_drops_the_kept_matrices(monkeypatch, mutant, T):
     if mutant:
@@ -217,9 +243,12 @@ def test_records_from_a_dataset_and_copies_of_the_oracle_keep_none():
     (5, 3969, 10, torch.float32, True),    # augmentation multiplicity's views
     (5, 3969, 10, torch.float64, True),
     (1, 3969, 10, torch.float32, False),   # one position: no Gram matrices
-    (16, 3969, 10, torch.float32, False),  # the direct form, and T² > 64
-    (9, 3969, 1000, torch.float32, False),  # the Gram form, T² = 81 > 64
-    (5, 8, 1000, torch.float32, False),    # the Gram form, matrices (200 bytes) above the record (160)
+    (9, 3969, 10, torch.float32, True),    # nine views: use_gram alone would take the direct form
+    (16, 3969, 10, torch.float32, True),   # T² = 256
+    (17, 3969, 10, torch.float32, False),  # T² = 289 > 256
+    (9, 3969, 1000, torch.float32, True),
+    (5, 8, 1000, torch.float32, False),    # matrices (200 bytes) above the record (160)
+    (16, 32, 1, torch.float32, False),     # matrices (2 kB) above a record's weight gradient (2T² ≥ p·q)
 ])
 def test_which_layers_keep_their_matrices(T, p, q, dtype, keeps):
     stage = ghost.Stage("linear", torch.nn.Linear(p, q), "0", (("weight", "w"),))

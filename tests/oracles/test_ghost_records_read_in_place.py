@@ -33,8 +33,7 @@ from test_ghost_input_grams import ViewsDataset  # a Dataset of the views (tests
 
 N, VIEWS, CHUNK, BLOCK = 300, 5, 37, 5
 F64 = torch.float64
-#: (dtype, p, q): both take the Gram form with their input Gram matrices kept (float32 needs a wider
-#: layer for it: the rule weighs the rows against float64 copies).
+#: (dtype, p, q): both take the Gram form with their input Gram matrices kept.
 SHAPES = {F64: (50, 3), torch.float32: (300, 10)}
 NAN_RECORD = 7  # in the batch, with weight 0
 

@@ -16,9 +16,11 @@ differential privacy", arXiv:2205.10683, §4, the "mixed ghost norm"):
   [T, p]``); for T = 1 it is ``‖a‖²‖g‖²`` (on the patch, per group, for a convolution). Conv2d
   is the Linear rule on ``unfold(a)`` (im2col, one ``gather``), per group. Where ``a`` is the
   data itself (augmentation multiplicity's views into the first layer), ``a aᵀ`` of each record is
-  formed once and kept by the oracle by record index (:class:`InputGrams`): a step forms ``g gᵀ``;
-  and the records are read in place from their tensor, a block at a time, by the layer's forward
-  and again by its sum, the chunk never gathered whole (:mod:`.in_place`).
+  formed once and kept by the oracle by record index (:class:`InputGrams`): a step forms ``g gᵀ``,
+  so the layer takes the Gram form wherever the kept matrices fit (:func:`~.grams.kept_shape`),
+  also beyond :func:`use_gram`'s choice, which prices ``a aᵀ`` formed at every step; and the
+  records are read in place from their tensor, a block at a time, by the layer's forward and
+  again by its sum, the chunk never gathered whole (:mod:`.in_place`).
 * the clipped sum ``Σ_i w_i ∇ℓ_i`` is book-keeping (Bu et al. 2023, "Differentially private
   optimization on large model at small cost", arXiv:2210.00038): the weight-gradient products
   of a backward pass, ``Σ_i w_i g_iᵀ a_i`` per layer (``conv2d_weight`` for convolutions),

@@ -46,7 +46,9 @@ def use_gram(T: int, p: int, q: int, itemsize: int = 8) -> bool:
     CNN's convolutions (T = 25, p = 256, q = 32: 1.8×; T = 196), a GPT block's layers (T = 64,
     p = q = 128: 2.3×; p = 128, q = 512: 1.6×) or LoRA factors of rank 8 (T = 64, p = 768, q = 8:
     5.6×), which keep the direct form; and wherever the previous memory rule, 2·T·(p + q) < p·q in
-    float32, chose the Gram form, which implies this one (T = 16, p = q = 256: 0.25×)."""
+    float32, chose the Gram form, which implies this one (T = 16, p = q = 256: 0.25×). A layer whose
+    input Gram matrices the oracle keeps by record forms none of them in a step and takes the Gram
+    form whatever this rule says (:meth:`Layer.gram_form`, :func:`~.grams.kept_shape`)."""
     if 2 * T * T >= p * q:
         return False
     return itemsize >= 8 or 8 * T * T * (p + q) < p * q * (4 * T + 3 * itemsize)
@@ -200,6 +202,13 @@ class Layer:
     #: (the data's, kept by record: :class:`~.grams.InputGrams`), else formed with the norms.
     INPUT_CACHE = ("input_sq_norms", "input_t", "input_grams")
 
+    def gram_form(self) -> bool:
+        """Whether the weight's norms take the Gram form: at one position (``‖a‖²‖g‖²``), where the
+        oracle gave the records' kept input Gram matrices (``input_grams``: :func:`~.grams.kept_shape`),
+        else as :func:`use_gram` chooses."""
+        _, T, p, q = self.shape()
+        return T == 1 or "input_grams" in self.__dict__ or use_gram(T, p, q, self.a.element_size())
+
     def direct_difference(self) -> bool:
         """Whether the difference with another point takes the direct form (rows at both points)."""
         groups, T, p, q = self.shape()
@@ -215,7 +224,7 @@ class Layer:
         one = (1 + unit(self.a.dtype)) ** 4  # fl(fl(w·g)·a), or fl(w·rows) with rows = fl(g·a) at T = 1, squared
         if self.stage.kind in LINEAR_KINDS and T == 1:  # ‖g aᵀ‖² = ‖a‖²‖g‖², whether or not the rows were built
             return one * self.input_sq_norms * sq_rows(self.g.reshape(B, -1))
-        if "_direct" in self.__dict__ or not (T == 1 or use_gram(T, p, q, self.a.element_size())):  # direct form
+        if "_direct" in self.__dict__ or not self.gram_form():  # direct form
             runs = self._direct[1]
             assert runs is not None  # None only for a Linear layer at one position, returned above
             return one * sq_of_runs(runs, groups * p * q, self.a.dtype)
