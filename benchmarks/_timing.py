@@ -107,6 +107,23 @@ def ratio_table(stats: dict[str, dict[str, float]], baseline: str, columns: tupl
                      f"{stats[baseline]['median'] / s['median']:.2f}× |" for name, s in stats.items()]
 
 
+def patched(call: Callable[..., dict[str, float]], *replacements: tuple[object, str, object]
+            ) -> Callable[..., dict[str, float]]:
+    """``call`` run with each ``(owner, name, value)`` of ``replacements`` set (``owner.name = value``)
+    for the call's duration only, the attributes then restored: a contender timed with a part of the
+    engine replaced by what it was before."""
+    def timed(*args: Any) -> dict[str, float]:
+        saved = [(owner, name, getattr(owner, name)) for owner, name, _ in replacements]
+        for owner, name, value in replacements:
+            setattr(owner, name, value)
+        try:
+            return call(*args)
+        finally:
+            for owner, name, value in saved:
+                setattr(owner, name, value)
+    return timed
+
+
 def at_most(name: str, value: float, target: float) -> tuple[str, dict[str, Any]]:
     """A ratio check "``value`` ≤ ``target``×": its verdict sentence and its row of the targets table."""
     passed = value <= target

@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import (Stepper, interleaved, load_sentence, measured_in_child, other_processes_share,  # noqa: E402
-                     ratio_table, script, summary)
+                     patched, ratio_table, script, summary)
 
 TITLE = "ScatterNet + linear's step: each record's squared input norm kept vs computed every step"
 THREADS, FEATURES, CLASSES = 1, 3969, 10
@@ -53,22 +53,14 @@ def measure(quick: bool) -> dict[str, Any]:
     X = torch.randn(RECORDS, FEATURES, generator=gen)
     y = torch.randint(0, CLASSES, (RECORDS,), generator=gen)
     dpsgd = DPSGD(lr=8.0, clip=0.1, noise_multiplier=1.0, batch_size=BATCH)
-    own = grams.kept_norms
-
     def contender(rule: Any) -> Any:
         stepper = Stepper(dpsgd, TorchModel(make_model("linear", seed=0, inputs=FEATURES), cross_entropy, X, y,
                                             microbatch_size=CHUNK), STEPS_PER_ROUND)
-
-        def timed(steps: int | None = None) -> dict[str, float]:
-            grams.kept_norms = rule
-            try:
-                return stepper(steps)
-            finally:
-                grams.kept_norms = own
+        timed = patched(stepper, (grams, "kept_norms", rule))
         timed(WARM_STEPS)  # nearly every record drawn (each step draws a third of them)
         return timed
 
-    contenders = {COMPUTED: contender(lambda layer: False), KEPT: contender(own)}
+    contenders = {COMPUTED: contender(lambda layer: False), KEPT: contender(grams.kept_norms)}
     repeats, budget = ((2, 2), 0.0) if quick else ((8, 16), 40.0)
     results, others = other_processes_share(lambda: interleaved(contenders, repeats, budget, warm=False))
     return {"results": results, "others": others}

@@ -54,7 +54,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import (Stepper, interleaved, load_sentence, measured_in_child, other_processes_share,  # noqa: E402
-                     ratio_table, script, summary)
+                     patched, ratio_table, script, summary)
 
 TITLE = "Augmentation multiplicity's step (5 views, linear layer): today's step vs the previous"
 THREADS, VIEWS, FEATURES, CLASSES = 1, 5, 3969, 10
@@ -86,46 +86,12 @@ def previous_gather(self: Any, indices: torch.Tensor) -> tuple[torch.Tensor, tor
     return self.X[indices], self.y[indices]
 
 
-Timed = Callable[[], dict[str, float]]
-
-
-def _with_rule(rule: Callable[..., bool] | None, step: Timed, fresh: bool = False) -> Timed:
-    """``step`` run with ``rule`` as the engine's ``use_gram`` (None: the engine's own) and, if
-    ``fresh``, the previous ``Tensors.gather``."""
-    from dpopt.oracles import records
-    from dpopt.oracles.ghost import layers
-
-    def timed() -> dict[str, float]:
-        own, gather = layers.use_gram, records.Tensors.gather
-        layers.use_gram = rule or own
-        records.Tensors.gather = previous_gather if fresh else gather  # type: ignore[method-assign]
-        try:
-            return step()
-        finally:
-            layers.use_gram, records.Tensors.gather = own, gather  # type: ignore[method-assign]
-    return timed
-
-
-def _with_kept_rule(rule: Callable[..., bool], step: Timed) -> Timed:
-    """``step`` run with ``rule`` as the engine's ``kept_shape`` (the grams module's and the
-    in-place reader's name of it)."""
-    from dpopt.oracles.ghost import grams, in_place
-
-    def timed() -> dict[str, float]:
-        own = grams.kept_shape
-        grams.kept_shape = in_place.kept_shape = rule
-        try:
-            return step()
-        finally:
-            grams.kept_shape = in_place.kept_shape = own
-    return timed
-
-
 def measure(quick: bool) -> dict[str, Any]:
     from dpopt.algorithms import DPSGD
     from dpopt.augmentation import mean_over_views
     from dpopt.models import cross_entropy, make_model
-    from dpopt.oracles import TorchModel
+    from dpopt.oracles import TorchModel, records
+    from dpopt.oracles.ghost import grams, in_place, layers
 
     torch.set_num_threads(THREADS)
     gen = torch.Generator().manual_seed(0)
@@ -138,7 +104,7 @@ def measure(quick: bool) -> dict[str, Any]:
                             microbatch_size=CHUNK)
         return Stepper(dpsgd, oracle, STEPS_PER_ROUND)
 
-    def ghost_work() -> Timed:
+    def ghost_work() -> Callable[[], dict[str, float]]:
         """The engine's norms and sum of one batch of BATCH records (its forward and backward, and
         the gather or first read of the records, outside the timer)."""
         oracle = TorchModel(make_model("linear", seed=0, inputs=FEATURES), mean_over_views(cross_entropy), X, y,
@@ -153,13 +119,16 @@ def measure(quick: bool) -> dict[str, Any]:
         return timed
 
     repeats, budget = ((2, 2), 0.0) if quick else ((6, 12), 60.0)
+    # the rule of kept input matrices before, under its two names (the grams module's, the in-place reader's)
+    kept_before = ((grams, "kept_shape", previous_kept_shape), (in_place, "kept_shape", previous_kept_shape))
     results, others = {}, {}
     for what, make in (("step", stepper), ("ghost", ghost_work)):
-        previous = _with_kept_rule(previous_kept_shape, _with_rule(previous_use_gram, make(), fresh=True))
-        contenders = {PREVIOUS: previous, THIS: _with_rule(None, make())}
+        previous = patched(make(), (layers, "use_gram", previous_use_gram),
+                           (records.Tensors, "gather", previous_gather), *kept_before)
+        contenders = {PREVIOUS: previous, THIS: make()}
         results[what], others[what] = other_processes_share(lambda: interleaved(contenders, repeats, budget))
     more = torch.randn(RECORDS, MORE_VIEWS, FEATURES, generator=gen)
-    contenders = {BEFORE_MORE: _with_kept_rule(previous_kept_shape, stepper(more)), THIS_MORE: stepper(more)}
+    contenders = {BEFORE_MORE: patched(stepper(more), *kept_before), THIS_MORE: stepper(more)}
     results["more"], others["more"] = other_processes_share(lambda: interleaved(contenders, repeats, budget))
     return {"results": results, "others": max(others.values())}
 
